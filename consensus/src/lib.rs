@@ -1,0 +1,70 @@
+//! rota-consensus: openraft 0.9 (storage-v2) over RocksDB, with the Raft RPCs
+//! carried by tonic. Generic over the replicated state machine: the log holds
+//! opaque byte payloads and a [`StateMachine`] gives them meaning.
+//!
+//! Durability contract: a vote is on disk before `save_vote` returns, and log
+//! entries are fsynced before openraft is told they are flushed, so an
+//! acknowledged write survives a crash of every replica.
+//!
+//! THIS FILE IS THE PUBLIC CONTRACT. Implementation lives in the modules.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// A replica's id in the Raft group. Never reused for another replica.
+pub type NodeId = u64;
+
+/// The deterministic state machine that committed entries are applied to.
+///
+/// `apply` must be a pure function of the state and the payload: no clock,
+/// no randomness, no I/O. Every replica applies the same entries in the same
+/// order and must reach the same state.
+pub trait StateMachine: Send + Sync + 'static {
+    /// Apply one committed entry's payload at log `index`; the returned bytes
+    /// are handed back to the writer of that entry (on the leader).
+    fn apply(&mut self, index: u64, payload: &[u8]) -> Vec<u8>;
+    /// Serialize the whole state (a point-in-time copy; called under a read lock).
+    fn snapshot(&self) -> Vec<u8>;
+    /// Replace the whole state with a snapshot produced by `snapshot`.
+    fn restore(&mut self, bytes: &[u8]) -> Result<(), String>;
+}
+
+/// Settings of one replica.
+#[derive(Debug, Clone)]
+pub struct ConsensusConfig {
+    pub node_id: NodeId,
+    /// RocksDB lives under this directory (created if missing).
+    pub data_dir: PathBuf,
+    /// Addresses (host:port) of the peers this replica knows from its own
+    /// configuration. They take precedence over the addresses stored in the
+    /// replicated membership, so a proxy can sit between replicas.
+    pub peer_addrs: BTreeMap<NodeId, String>,
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot after this many applied entries since the last one.
+    pub snapshot_every_entries: u64,
+    /// Log entries kept behind the last snapshot, so a slightly lagging
+    /// replica catches up by log rather than by snapshot.
+    pub keep_logs_behind_snapshot: u64,
+    /// Timeout of one Raft RPC to a peer.
+    pub rpc_timeout_ms: u64,
+    pub install_snapshot_timeout_ms: u64,
+}
+
+impl ConsensusConfig {
+    pub fn new(node_id: NodeId, data_dir: PathBuf) -> Self {
+        Self {
+            node_id,
+            data_dir,
+            peer_addrs: BTreeMap::new(),
+            heartbeat_interval_ms: 100,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 800,
+            snapshot_every_entries: 20_000,
+            keep_logs_behind_snapshot: 5_000,
+            rpc_timeout_ms: 1_000,
+            install_snapshot_timeout_ms: 10_000,
+        }
+    }
+}

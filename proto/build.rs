@@ -1,0 +1,5 @@
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto");
+    tonic_prost_build::configure().compile_protos(&["proto/rota.proto", "proto/raft.proto"], &["proto"])?;
+    Ok(())
+}

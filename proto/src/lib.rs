@@ -1,0 +1,13 @@
+//! rota's gRPC contract. `rota.v1` is the public API that the CLI, portals and
+//! agents use; `rota.raft.v1` is the internal transport between replicas.
+//! This crate holds generated code only: no logic.
+
+/// The public API (package `rota.v1`).
+pub mod v1 {
+    tonic::include_proto!("rota.v1");
+}
+
+/// The replica-to-replica Raft transport (package `rota.raft.v1`).
+pub mod raft {
+    tonic::include_proto!("rota.raft.v1");
+}
