@@ -1,1 +1,4 @@
-//! rota-scheduler
+//! rota-scheduler: the replicated cluster state (`state`), and, around it,
+//! the leader loop, the gRPC services and the `rota` binary.
+
+pub mod state;

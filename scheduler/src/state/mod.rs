@@ -1,0 +1,175 @@
+//! The replicated cluster state and its deterministic `apply`.
+//!
+//! Rules that keep replicas identical: apply never reads a clock (time comes
+//! in the `Proposal`), never draws a random number, iterates ordered maps
+//! only, and asserts its invariants: no GPU in two live allocations, a gang
+//! placed whole or not at all.
+
+mod apply;
+pub mod command;
+pub mod dedupe;
+pub mod types;
+pub mod validate;
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+pub use command::*;
+pub use dedupe::DedupeTable;
+pub use types::*;
+
+/// Bounds on the replicated tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateLimits {
+    /// Live (not final) jobs; a submit beyond this is refused.
+    pub max_live_jobs: usize,
+    /// Finished jobs kept for reading; older ones are dropped.
+    pub max_finished_jobs: usize,
+    pub dedupe_capacity: usize,
+    pub max_nodes: usize,
+    pub max_queues: usize,
+    pub max_quotas: usize,
+}
+
+impl Default for StateLimits {
+    fn default() -> Self {
+        Self {
+            max_live_jobs: 200_000,
+            max_finished_jobs: 100_000,
+            dedupe_capacity: 300_000,
+            max_nodes: 10_000,
+            max_queues: 64,
+            max_quotas: 4_096,
+        }
+    }
+}
+
+/// GPU-seconds used, per group and queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Usage {
+    pub gpu_ms: BTreeMap<(String, String), u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterState {
+    pub limits: StateLimits,
+    /// Index of the last applied log entry.
+    pub applied_index: u64,
+    /// The newest leader time seen in the log (Unix ms); never moves back.
+    pub now_ms: u64,
+    pub next_job_id: JobId,
+    pub next_alloc_id: AllocId,
+    pub jobs: BTreeMap<JobId, Job>,
+    pub allocs: BTreeMap<AllocId, Allocation>,
+    pub nodes: BTreeMap<String, Node>,
+    pub queues: BTreeMap<String, QueueConfig>,
+    pub quotas: BTreeMap<String, GroupQuota>,
+    pub dedupe: DedupeTable,
+    /// Which allocation holds each (node, GPU index). Kept in step with `allocs`.
+    pub gpu_owner: BTreeMap<(String, u32), AllocId>,
+    /// Final jobs in the order they ended, for bounded retention.
+    pub finished: VecDeque<JobId>,
+    /// Jobs not in a final state.
+    pub live_jobs: usize,
+    pub usage: Usage,
+}
+
+impl Default for ClusterState {
+    fn default() -> Self {
+        Self::new(StateLimits::default())
+    }
+}
+
+impl ClusterState {
+    pub fn new(limits: StateLimits) -> Self {
+        Self {
+            limits,
+            applied_index: 0,
+            now_ms: 0,
+            next_job_id: 1,
+            next_alloc_id: 1,
+            jobs: BTreeMap::new(),
+            allocs: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            queues: QueueConfig::defaults().into_iter().map(|q| (q.name.clone(), q)).collect(),
+            quotas: BTreeMap::new(),
+            dedupe: DedupeTable::new(limits.dedupe_capacity),
+            gpu_owner: BTreeMap::new(),
+            finished: VecDeque::new(),
+            live_jobs: 0,
+            usage: Usage::default(),
+        }
+    }
+
+    /// Apply one committed log entry. Returns one result per command.
+    pub fn apply_proposal(&mut self, index: u64, proposal: &Proposal) -> Vec<CommandResult> {
+        assert!(index > self.applied_index, "entries are applied in order: {index} after {}", self.applied_index);
+        self.applied_index = index;
+        self.now_ms = self.now_ms.max(proposal.now_ms);
+        proposal.commands.iter().map(|command| self.apply(index, command)).collect()
+    }
+
+    /// The whole state, serialized compactly (bincode).
+    pub fn to_snapshot(&self) -> Vec<u8> {
+        bincode::serialize(self).expect("state serializes")
+    }
+
+    pub fn from_snapshot(bytes: &[u8]) -> Result<ClusterState, String> {
+        bincode::deserialize(bytes).map_err(|e| format!("corrupt state snapshot: {e}"))
+    }
+
+    /// Runtime limit of a job: its own, else its queue's default.
+    pub fn runtime_limit_s(&self, spec: &JobSpec) -> u64 {
+        if spec.runtime_limit_s > 0 {
+            return spec.runtime_limit_s;
+        }
+        self.queues.get(&spec.queue).map_or(24 * 3600, |q| q.default_runtime_s)
+    }
+
+    /// Is this GPU free, healthy and on a node that takes new work?
+    pub fn gpu_is_free(&self, node: &Node, gpu: &GpuInfo) -> bool {
+        node.state == NodeState::Ready && gpu.healthy && !self.gpu_owner.contains_key(&(node.name.clone(), gpu.index))
+    }
+
+    pub fn free_gpus(&self) -> u64 {
+        self.nodes
+            .values()
+            .flat_map(|n| n.gpus.iter().map(move |g| (n, g)))
+            .filter(|(n, g)| self.gpu_is_free(n, g))
+            .count() as u64
+    }
+
+    /// Check the invariants that tie the tables together. O(state); used by
+    /// tests and after restore, not on every apply.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut owners: BTreeMap<(String, u32), AllocId> = BTreeMap::new();
+        for alloc in self.allocs.values() {
+            let job = self.jobs.get(&alloc.job_id).ok_or(format!("alloc {} has no job", alloc.id))?;
+            if job.alloc != Some(alloc.id) {
+                return Err(format!("job {} does not point at its alloc {}", job.id, alloc.id));
+            }
+            if alloc.ranks.len() != job.spec.replicas as usize {
+                return Err(format!("alloc {} is not a whole gang", alloc.id));
+            }
+            for rank in &alloc.ranks {
+                for &gpu in &rank.gpus {
+                    if let Some(other) = owners.insert((rank.node.clone(), gpu), alloc.id) {
+                        return Err(format!("GPU {}:{gpu} held by allocs {other} and {}", rank.node, alloc.id));
+                    }
+                }
+            }
+        }
+        if owners != self.gpu_owner {
+            return Err("gpu_owner index disagrees with allocations".into());
+        }
+        let live = self.jobs.values().filter(|j| !j.state.is_final()).count();
+        if live != self.live_jobs {
+            return Err(format!("live job count {} but {} live jobs", self.live_jobs, live));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
