@@ -1,1 +1,4 @@
-//! placeholder
+//! rota-chaos: drives real rota processes on 127.0.0.1 and checks what they
+//! did from the outside. `cluster` starts and stops replicas by PID.
+
+pub mod cluster;

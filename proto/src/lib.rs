@@ -1,6 +1,8 @@
 //! rota's gRPC contract. `rota.v1` is the public API that the CLI, portals and
 //! agents use; `rota.raft.v1` is the internal transport between replicas.
-//! This crate holds generated code only: no logic.
+//! This crate holds generated code and its codec only: no logic.
+
+pub mod codec;
 
 /// The public API (package `rota.v1`).
 pub mod v1 {

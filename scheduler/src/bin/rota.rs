@@ -1,1 +1,183 @@
-fn main() {}
+//! `rota`: the scheduler replica (`rota server`) and the command line client.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use rota_scheduler::cli::{self, bench::BenchSubmitArgs, output::Format, SubmitArgs};
+use rota_scheduler::client::Client;
+use rota_scheduler::server::{self, ServerConfig};
+
+#[derive(Parser)]
+#[command(name = "rota", version, about = "A highly available GPU cluster scheduler")]
+struct Cli {
+    /// Replica API addresses (host:port), comma separated.
+    #[arg(long, env = "ROTA_ENDPOINTS", global = true, value_delimiter = ',')]
+    endpoints: Vec<String>,
+    /// table or json.
+    #[arg(long, global = true, value_enum, default_value = "table")]
+    output: Format,
+    /// How long a client command keeps retrying through a failover, seconds.
+    #[arg(long, global = true, default_value_t = 30)]
+    timeout_s: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a scheduler replica.
+    Server(ServerArgs),
+    /// Submit a job; prints its id.
+    Submit(SubmitArgs),
+    /// Show one job.
+    Status { job_id: u64 },
+    /// List jobs, newest first.
+    Jobs {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        group: Option<String>,
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+    },
+    /// Cancel a job.
+    Cancel { job_id: u64 },
+    /// Show the replicas, the leader and the Raft indexes.
+    Cluster,
+    /// Show the GPU hosts.
+    Nodes,
+    /// Change the set of replicas without downtime.
+    Member {
+        #[command(subcommand)]
+        action: MemberAction,
+    },
+    /// Benchmarks against a running cluster.
+    Bench {
+        #[command(subcommand)]
+        what: BenchWhat,
+    },
+}
+
+#[derive(Subcommand)]
+enum MemberAction {
+    /// Add replica ID (started with --join) at ADDR: learner first, then voter.
+    Add { id: u64, address: String },
+    /// Remove replica ID from the voters.
+    Remove { id: u64 },
+}
+
+#[derive(Subcommand)]
+enum BenchWhat {
+    /// Durable submit throughput and latency.
+    Submit(BenchSubmitArgs),
+}
+
+#[derive(clap::Args)]
+struct ServerArgs {
+    /// This replica's id; never reuse an id.
+    #[arg(long)]
+    id: u64,
+    /// API and Raft address to listen on.
+    #[arg(long)]
+    listen: SocketAddr,
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Initial members: ID=HOST:PORT,... including this replica.
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
+    /// Join an existing cluster (wait for `rota member add`) instead of founding one.
+    #[arg(long)]
+    join: bool,
+    /// Serve Prometheus metrics on this address.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    #[arg(long, default_value_t = 100)]
+    heartbeat_ms: u64,
+    #[arg(long, default_value_t = 400)]
+    election_min_ms: u64,
+    #[arg(long, default_value_t = 800)]
+    election_max_ms: u64,
+    /// Take a snapshot after this many entries.
+    #[arg(long, default_value_t = 20_000)]
+    snapshot_every: u64,
+    /// Log entries kept behind a snapshot.
+    #[arg(long, default_value_t = 5_000)]
+    keep_logs: u64,
+}
+
+fn parse_peers(peers: &[String]) -> Result<BTreeMap<u64, String>> {
+    let mut parsed = BTreeMap::new();
+    for peer in peers {
+        let (id, addr) = peer.split_once('=').with_context(|| format!("--peers {peer:?}: expected ID=HOST:PORT"))?;
+        let id: u64 = id.parse().with_context(|| format!("--peers {peer:?}: id must be a number"))?;
+        addr.parse::<SocketAddr>().with_context(|| format!("--peers {peer:?}: address must be IP:PORT"))?;
+        if id == 0 {
+            bail!("--peers {peer:?}: ids start at 1");
+        }
+        if parsed.insert(id, addr.to_string()).is_some() {
+            bail!("--peers: id {id} given twice");
+        }
+    }
+    Ok(parsed)
+}
+
+async fn run_server(args: ServerArgs) -> Result<()> {
+    let mut peers = parse_peers(&args.peers)?;
+    if args.join {
+        peers.entry(args.id).or_insert_with(|| args.listen.to_string());
+    }
+    if args.id == 0 {
+        bail!("--id: must be at least 1");
+    }
+    std::fs::create_dir_all(&args.data_dir).with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
+    let config = ServerConfig {
+        id: args.id,
+        listen: args.listen,
+        data_dir: args.data_dir,
+        peers,
+        join: args.join,
+        metrics_listen: args.metrics_listen,
+        heartbeat_interval_ms: args.heartbeat_ms,
+        election_timeout_min_ms: args.election_min_ms,
+        election_timeout_max_ms: args.election_max_ms,
+        snapshot_every_entries: args.snapshot_every,
+        keep_logs_behind_snapshot: args.keep_logs,
+    };
+    server::run(config).await?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    if let Command::Server(server_args) = args.command {
+        return run_server(server_args).await;
+    }
+    let mut client = Client::new(&args.endpoints)?;
+    client.deadline = Duration::from_secs(args.timeout_s);
+    let format = args.output;
+    match args.command {
+        Command::Server(_) => unreachable!("handled above"),
+        Command::Submit(submit) => cli::submit(&client, &submit, format).await,
+        Command::Status { job_id } => cli::status(&client, job_id, format).await,
+        Command::Jobs { state, group, limit } => cli::jobs(&client, state.as_deref(), group.as_deref(), limit, format).await,
+        Command::Cancel { job_id } => cli::cancel(&client, job_id, format).await,
+        Command::Cluster => cli::cluster(&client, format).await,
+        Command::Nodes => cli::nodes(&client, format).await,
+        Command::Member { action: MemberAction::Add { id, address } } => cli::member_add(&client, id, &address, format).await,
+        Command::Member { action: MemberAction::Remove { id } } => cli::member_remove(&client, id, format).await,
+        Command::Bench { what: BenchWhat::Submit(bench) } => {
+            let report = cli::bench::run(&client, &bench).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! A real rota cluster on 127.0.0.1: `rota server` processes on free ports,
+//! each with its own data directory, started, killed, paused and restarted
+//! by PID. Used by the chaos harness and the end-to-end tests.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use rota_proto::v1 as pb;
+use rota_proto::v1::cluster_service_client::ClusterServiceClient;
+use rota_proto::v1::job_service_client::JobServiceClient;
+use tonic::transport::{Channel, Endpoint};
+
+/// Find the `rota` binary: $ROTA_BIN, else beside the running test or tool
+/// (target/<profile>/rota, one level above target/<profile>/deps/).
+pub fn rota_bin() -> Result<PathBuf> {
+    binary("ROTA_BIN", "rota")
+}
+
+pub fn binary(env: &str, name: &str) -> Result<PathBuf> {
+    if let Ok(path) = std::env::var(env) {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe()?;
+    for dir in exe.ancestors().skip(1).take(3) {
+        let candidate = dir.join(name);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!("cannot find the {name} binary near {}; build it (cargo build --release --workspace --bins) or set {env}", exe.display())
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released for the child to take).
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub heartbeat_ms: u64,
+    pub election_min_ms: u64,
+    pub election_max_ms: u64,
+    pub snapshot_every: u64,
+    pub keep_logs: u64,
+    /// Extra environment for every replica (test switches).
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self { heartbeat_ms: 100, election_min_ms: 400, election_max_ms: 800, snapshot_every: 20_000, keep_logs: 5_000, env: vec![] }
+    }
+}
+
+pub struct Replica {
+    pub id: u64,
+    pub addr: String,
+    pub metrics_addr: String,
+    pub data_dir: PathBuf,
+    child: Option<Child>,
+    paused: bool,
+}
+
+impl Replica {
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+pub struct LocalCluster {
+    bin: PathBuf,
+    root: PathBuf,
+    options: ClusterOptions,
+    /// --peers as given to founding members.
+    founding_peers: String,
+    pub replicas: BTreeMap<u64, Replica>,
+}
+
+impl LocalCluster {
+    /// Start `n` replicas (ids 1..=n) under `root`.
+    pub fn start(root: &Path, n: u64, options: ClusterOptions) -> Result<LocalCluster> {
+        let mut replicas = BTreeMap::new();
+        for id in 1..=n {
+            replicas.insert(id, new_replica(root, id)?);
+        }
+        let founding_peers = replicas.values().map(|r| format!("{}={}", r.id, r.addr)).collect::<Vec<_>>().join(",");
+        let mut cluster = LocalCluster { bin: rota_bin()?, root: root.to_path_buf(), options, founding_peers, replicas };
+        for id in 1..=n {
+            cluster.spawn(id, false)?;
+        }
+        Ok(cluster)
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.replicas.values().map(|r| r.addr.clone()).collect()
+    }
+
+    pub fn endpoints_csv(&self) -> String {
+        self.endpoints().join(",")
+    }
+
+    fn spawn(&mut self, id: u64, join: bool) -> Result<()> {
+        let replica = self.replicas.get_mut(&id).context("unknown replica")?;
+        std::fs::create_dir_all(&replica.data_dir)?;
+        let log = File::options().create(true).append(true).open(replica.data_dir.join("server.log"))?;
+        let mut command = Command::new(&self.bin);
+        command
+            .arg("server")
+            .args(["--id", &id.to_string(), "--listen", &replica.addr])
+            .arg("--data-dir")
+            .arg(replica.data_dir.join("db"))
+            .args(["--metrics-listen", &replica.metrics_addr])
+            .args(["--heartbeat-ms", &self.options.heartbeat_ms.to_string()])
+            .args(["--election-min-ms", &self.options.election_min_ms.to_string()])
+            .args(["--election-max-ms", &self.options.election_max_ms.to_string()])
+            .args(["--snapshot-every", &self.options.snapshot_every.to_string()])
+            .args(["--keep-logs", &self.options.keep_logs.to_string()])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if join {
+            command.arg("--join").args(["--peers", &format!("{id}={}", replica.addr)]);
+        } else {
+            command.args(["--peers", &self.founding_peers]);
+        }
+        for (key, value) in &self.options.env {
+            command.env(key, value);
+        }
+        replica.child = Some(command.spawn().with_context(|| format!("starting {}", self.bin.display()))?);
+        replica.paused = false;
+        Ok(())
+    }
+
+    /// Start a new replica with `--join`; add it with `rota member add` afterwards.
+    pub fn start_joining(&mut self, id: u64) -> Result<String> {
+        if self.replicas.contains_key(&id) {
+            bail!("replica id {id} is taken; ids are never reused");
+        }
+        self.replicas.insert(id, new_replica(&self.root, id)?);
+        self.spawn(id, true)?;
+        Ok(self.replicas[&id].addr.clone())
+    }
+
+    /// SIGKILL, by PID.
+    pub fn kill(&mut self, id: u64) -> Result<()> {
+        let replica = self.replicas.get_mut(&id).context("unknown replica")?;
+        if let Some(mut child) = replica.child.take() {
+            if replica.paused {
+                signal(child.id(), libc::SIGCONT);
+            }
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Restart a killed replica from its data directory.
+    pub fn restart(&mut self, id: u64) -> Result<()> {
+        if self.replicas.get(&id).context("unknown replica")?.is_running() {
+            bail!("replica {id} is running");
+        }
+        let joined = !self.founding_peers.split(',').any(|p| p.starts_with(&format!("{id}=")));
+        self.spawn(id, joined)
+    }
+
+    pub fn pause(&mut self, id: u64) -> Result<()> {
+        let replica = self.replicas.get_mut(&id).context("unknown replica")?;
+        signal(replica.pid().context("not running")?, libc::SIGSTOP);
+        replica.paused = true;
+        Ok(())
+    }
+
+    pub fn resume(&mut self, id: u64) -> Result<()> {
+        let replica = self.replicas.get_mut(&id).context("unknown replica")?;
+        signal(replica.pid().context("not running")?, libc::SIGCONT);
+        replica.paused = false;
+        Ok(())
+    }
+
+    /// The status one replica reports, if it answers within a second.
+    pub async fn status(&self, id: u64) -> Option<pb::ClusterStatus> {
+        let replica = self.replicas.get(&id)?;
+        if !replica.is_running() || replica.paused {
+            return None;
+        }
+        let channel = channel(&replica.addr).ok()?;
+        let mut client = ClusterServiceClient::new(channel);
+        let call = client.get_cluster_status(pb::GetClusterStatusRequest {});
+        tokio::time::timeout(Duration::from_secs(1), call).await.ok()?.ok().map(|r| r.into_inner())
+    }
+
+    /// Wait until a running replica is leader and the running replicas agree on it.
+    pub async fn wait_leader(&self, timeout: Duration) -> Result<u64> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(leader) = self.agreed_leader().await {
+                return Ok(leader);
+            }
+            if Instant::now() > deadline {
+                bail!("no agreed leader within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn agreed_leader(&self) -> Option<u64> {
+        let mut seen = None;
+        for (&id, replica) in &self.replicas {
+            if !replica.is_running() || replica.paused {
+                continue;
+            }
+            let status = self.status(id).await?;
+            let running = self.replicas.get(&status.leader_id).is_some_and(|r| r.is_running() && !r.paused);
+            if status.leader_id == 0 || !running || seen.is_some_and(|s| s != status.leader_id) {
+                return None;
+            }
+            seen = Some(status.leader_id);
+        }
+        seen
+    }
+
+    /// Wait until replica `id` has applied at least `index`.
+    pub async fn wait_applied(&self, id: u64, index: u64, timeout: Duration) -> Result<pb::ClusterStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.status(id).await {
+                if status.applied_index >= index {
+                    return Ok(status);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("replica {id} did not apply index {index} within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn jobs_client(&self, id: u64) -> Result<JobServiceClient<Channel>> {
+        Ok(JobServiceClient::new(channel(&self.replicas.get(&id).context("unknown replica")?.addr)?))
+    }
+
+    pub fn cluster_client(&self, id: u64) -> Result<ClusterServiceClient<Channel>> {
+        Ok(ClusterServiceClient::new(channel(&self.replicas.get(&id).context("unknown replica")?.addr)?))
+    }
+
+    /// A replica's server log, for failure messages.
+    pub fn log_tail(&self, id: u64, bytes: usize) -> String {
+        let Some(replica) = self.replicas.get(&id) else { return String::new() };
+        let text = std::fs::read_to_string(replica.data_dir.join("server.log")).unwrap_or_default();
+        text[text.len().saturating_sub(bytes)..].to_string()
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        let ids: Vec<u64> = self.replicas.keys().copied().collect();
+        for id in ids {
+            let _ = self.kill(id);
+        }
+    }
+}
+
+fn new_replica(root: &Path, id: u64) -> Result<Replica> {
+    Ok(Replica {
+        id,
+        addr: format!("127.0.0.1:{}", free_port()?),
+        metrics_addr: format!("127.0.0.1:{}", free_port()?),
+        data_dir: root.join(format!("replica-{id}")),
+        child: None,
+        paused: false,
+    })
+}
+
+pub fn channel(addr: &str) -> Result<Channel> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(10))
+        .tcp_nodelay(true)
+        .connect_lazy())
+}
+
+fn signal(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill(2) on a PID we spawned and have not yet reaped.
+    unsafe {
+        libc::kill(pid as libc::pid_t, signal);
+    }
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Start or stop a local cluster of N rota replicas on 127.0.0.1.
+#
+#   deploy/local/cluster.sh start DIR [N=3] [BASE_PORT=7001]
+#   deploy/local/cluster.sh stop DIR
+#
+# Replica i listens on BASE_PORT+i-1 (API and Raft) and BASE_PORT+100+i-1
+# (Prometheus metrics); its data and log live in DIR/replica-i. The
+# endpoints are written to DIR/endpoints (use: export ROTA_ENDPOINTS=$(cat DIR/endpoints)).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROTA="${ROTA_BIN:-${CARGO_TARGET_DIR:-/var/tmp/rota-target}/release/rota}"
+cmd="${1:-}"; dir="${2:-}"
+[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,10p' "$0"; exit 2; }
+
+start() {
+  local n="${3:-3}" base="${4:-7001}" peers="" endpoints=""
+  [ -x "$ROTA" ] || { echo "no rota binary at $ROTA: run cargo build --release --workspace --bins" >&2; exit 1; }
+  case "$n" in 1|3|5|7) ;; *) echo "N must be 1, 3, 5 or 7" >&2; exit 2;; esac
+  mkdir -p "$dir"
+  for i in $(seq 1 "$n"); do
+    peers+="${peers:+,}$i=127.0.0.1:$((base + i - 1))"
+    endpoints+="${endpoints:+,}127.0.0.1:$((base + i - 1))"
+  done
+  for i in $(seq 1 "$n"); do
+    local rdir="$dir/replica-$i"
+    mkdir -p "$rdir"
+    if [ -f "$rdir/pid" ] && kill -0 "$(cat "$rdir/pid")" 2>/dev/null; then
+      echo "replica $i already running (pid $(cat "$rdir/pid"))"; continue
+    fi
+    nohup "$ROTA" server --id "$i" --listen "127.0.0.1:$((base + i - 1))" \
+      --data-dir "$rdir/db" --peers "$peers" \
+      --metrics-listen "127.0.0.1:$((base + 100 + i - 1))" >>"$rdir/server.log" 2>&1 &
+    echo $! >"$rdir/pid"
+    echo "replica $i: pid $!, api 127.0.0.1:$((base + i - 1)), metrics 127.0.0.1:$((base + 100 + i - 1))"
+  done
+  echo "$endpoints" >"$dir/endpoints"
+  # Wait (bounded) until the replicas agree on a leader.
+  for _ in $(seq 1 100); do
+    if "$ROTA" --endpoints "$endpoints" --timeout-s 1 cluster --output json 2>/dev/null | grep -q '"role": "leader"'; then
+      "$ROTA" --endpoints "$endpoints" cluster; return 0
+    fi
+    sleep 0.2
+  done
+  echo "no leader elected; see $dir/replica-*/server.log" >&2; exit 1
+}
+
+stop() {
+  for pidfile in "$dir"/replica-*/pid; do
+    [ -f "$pidfile" ] || continue
+    local pid; pid="$(cat "$pidfile")"
+    if kill -0 "$pid" 2>/dev/null; then
+      kill "$pid"
+      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+    rm -f "$pidfile"
+  done
+  echo "stopped"
+}
+
+case "$cmd" in
+  start) start "$@";;
+  stop) stop;;
+  *) echo "unknown command $cmd (start|stop)" >&2; exit 2;;
+esac

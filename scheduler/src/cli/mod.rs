@@ -1,0 +1,248 @@
+//! The `rota` command line: client commands and their output (table or JSON).
+
+pub mod bench;
+pub mod output;
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Context as _, Result};
+use rota_proto::v1 as pb;
+
+use crate::client::Client;
+use crate::server::convert::priority_to_pb;
+use crate::state::{JobState, Priority};
+use output::{cluster_json, job_json, node_json, print_cluster, print_job, print_jobs, print_nodes, Format};
+
+/// Arguments of `rota submit`.
+#[derive(Debug, clap::Args)]
+pub struct SubmitArgs {
+    /// Ranks of the gang (all start together or none does).
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u32,
+    /// GPUs per rank.
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u32,
+    #[arg(long, default_value = "default")]
+    pub group: String,
+    #[arg(long, default_value = "training")]
+    pub queue: String,
+    /// high, medium or low.
+    #[arg(long, default_value = "medium")]
+    pub priority: String,
+    /// Idempotency key; a random one is used when absent, so the CLI's own
+    /// retries never create a second job.
+    #[arg(long)]
+    pub request_id: Option<String>,
+    #[arg(long, default_value = "")]
+    pub name: String,
+    /// Required GPU model, e.g. H100-80GB.
+    #[arg(long)]
+    pub gpu_model: Option<String>,
+    #[arg(long, default_value_t = 0)]
+    pub min_gpu_memory_mib: u64,
+    /// Wall-clock limit in seconds (0 = the queue's default).
+    #[arg(long, default_value_t = 0)]
+    pub runtime_limit_s: u64,
+    /// Seconds between SIGTERM and SIGKILL when stopped.
+    #[arg(long, default_value_t = 60)]
+    pub grace_period_s: u64,
+    #[arg(long, default_value_t = 0)]
+    pub max_retries: u32,
+    /// Extra environment, NAME=VALUE; repeatable.
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+pub fn random_request_id() -> String {
+    format!("cli-{:032x}", rand::random::<u128>())
+}
+
+fn parse_env(pairs: &[String]) -> Result<BTreeMap<String, String>> {
+    pairs
+        .iter()
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').with_context(|| format!("--env {pair:?}: expected NAME=VALUE"))?;
+            Ok((name.to_string(), value.to_string()))
+        })
+        .collect()
+}
+
+impl SubmitArgs {
+    pub fn to_request(&self) -> Result<pb::SubmitJobRequest> {
+        if self.command.is_empty() {
+            bail!("command: give the program after `--`, e.g. rota submit -- python train.py");
+        }
+        let priority = Priority::parse(&self.priority).with_context(|| format!("--priority {:?}: expected high, medium or low", self.priority))?;
+        let spec = pb::JobSpec {
+            name: self.name.clone(),
+            group: self.group.clone(),
+            queue: self.queue.clone(),
+            priority: priority_to_pb(priority) as i32,
+            replicas: self.replicas,
+            gpus_per_replica: self.gpus,
+            gpu_model: self.gpu_model.clone().unwrap_or_default(),
+            min_gpu_memory_mib: self.min_gpu_memory_mib,
+            command: self.command.clone(),
+            env: parse_env(&self.env)?.into_iter().collect(),
+            runtime_limit_s: self.runtime_limit_s,
+            grace_period_s: self.grace_period_s,
+            max_retries: self.max_retries,
+        };
+        let request_id = self.request_id.clone().unwrap_or_else(random_request_id);
+        Ok(pb::SubmitJobRequest { spec: Some(spec), request_id })
+    }
+}
+
+pub async fn submit(client: &Client, args: &SubmitArgs, format: Format) -> Result<()> {
+    let request = args.to_request()?;
+    let response = client
+        .retrying(|i| {
+            let mut jobs = client.jobs_at(i);
+            let request = request.clone();
+            async move { jobs.submit_job(request).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    match format {
+        Format::Json => println!(
+            "{}",
+            serde_json::json!({"job_id": response.job_id, "deduplicated": response.deduplicated, "index": response.index})
+        ),
+        Format::Table => println!("{}", response.job_id),
+    }
+    Ok(())
+}
+
+pub async fn get_job(client: &Client, job_id: u64) -> Result<pb::Job> {
+    let response = client
+        .retrying(|i| {
+            let mut jobs = client.jobs_at(i);
+            async move { jobs.get_job(pb::GetJobRequest { job_id }).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    response.job.context("server answered without a job")
+}
+
+pub async fn status(client: &Client, job_id: u64, format: Format) -> Result<()> {
+    let job = get_job(client, job_id).await?;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&job_json(&job))?),
+        Format::Table => print_job(&job),
+    }
+    Ok(())
+}
+
+pub async fn jobs(client: &Client, state: Option<&str>, group: Option<&str>, limit: u32, format: Format) -> Result<()> {
+    let state = match state {
+        None => pb::JobState::Unspecified,
+        Some(text) => {
+            let parsed = JobState::parse(text).with_context(|| {
+                format!("--state {text:?}: expected pending, running, stopping, succeeded, failed or cancelled")
+            })?;
+            crate::server::convert::state_to_pb(parsed)
+        }
+    };
+    let request = pb::ListJobsRequest { state: state as i32, limit, group: group.unwrap_or_default().to_string() };
+    let response = client
+        .retrying(|i| {
+            let mut jobs = client.jobs_at(i);
+            let request = request.clone();
+            async move { jobs.list_jobs(request).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    match format {
+        Format::Json => {
+            let jobs: Vec<_> = response.jobs.iter().map(job_json).collect();
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({"total": response.total, "jobs": jobs}))?)
+        }
+        Format::Table => print_jobs(&response.jobs, response.total),
+    }
+    Ok(())
+}
+
+pub async fn cancel(client: &Client, job_id: u64, format: Format) -> Result<()> {
+    let response = client
+        .retrying(|i| {
+            let mut jobs = client.jobs_at(i);
+            async move { jobs.cancel_job(pb::CancelJobRequest { job_id }).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    let state = output::state_name(response.state);
+    match format {
+        Format::Json => println!("{}", serde_json::json!({"job_id": job_id, "state": state})),
+        Format::Table => println!("job {job_id}: {state}"),
+    }
+    Ok(())
+}
+
+/// The status as the leader sees it (members' matched indexes are known there),
+/// else as the first replica that answers sees it.
+pub async fn cluster_status(client: &Client) -> Result<pb::ClusterStatus> {
+    let first = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.get_cluster_status(pb::GetClusterStatusRequest {}).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    let Some(leader) = client.endpoints().iter().position(|e| *e == first.leader_address) else { return Ok(first) };
+    let mut cluster = client.cluster_at(leader);
+    Ok(cluster.get_cluster_status(pb::GetClusterStatusRequest {}).await.map(|r| r.into_inner()).unwrap_or(first))
+}
+
+pub async fn cluster(client: &Client, format: Format) -> Result<()> {
+    let status = cluster_status(client).await?;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&cluster_json(&status))?),
+        Format::Table => print_cluster(&status),
+    }
+    Ok(())
+}
+
+pub async fn nodes(client: &Client, format: Format) -> Result<()> {
+    let response = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.list_nodes(pb::ListNodesRequest {}).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    match format {
+        Format::Json => {
+            let nodes: Vec<_> = response.nodes.iter().map(node_json).collect();
+            println!("{}", serde_json::to_string_pretty(&nodes)?)
+        }
+        Format::Table => print_nodes(&response.nodes),
+    }
+    Ok(())
+}
+
+pub async fn member_add(client: &Client, id: u64, address: &str, format: Format) -> Result<()> {
+    let request = pb::AddMemberRequest { id, address: address.to_string() };
+    let status = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            let request = request.clone();
+            async move { cluster.add_member(request).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&cluster_json(&status))?),
+        Format::Table => print_cluster(&status),
+    }
+    Ok(())
+}
+
+pub async fn member_remove(client: &Client, id: u64, format: Format) -> Result<()> {
+    let status = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.remove_member(pb::RemoveMemberRequest { id }).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&cluster_json(&status))?),
+        Format::Table => print_cluster(&status),
+    }
+    Ok(())
+}

@@ -1,0 +1,139 @@
+//! How the CLI shows things: a readable table, or JSON for scripts.
+
+use rota_proto::v1 as pb;
+use serde_json::{json, Value};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+pub fn state_name(state: i32) -> &'static str {
+    match pb::JobState::try_from(state) {
+        Ok(pb::JobState::Pending) => "pending",
+        Ok(pb::JobState::Running) => "running",
+        Ok(pb::JobState::Stopping) => "stopping",
+        Ok(pb::JobState::Succeeded) => "succeeded",
+        Ok(pb::JobState::Failed) => "failed",
+        Ok(pb::JobState::Cancelled) => "cancelled",
+        _ => "unknown",
+    }
+}
+
+fn priority_name(priority: i32) -> &'static str {
+    match pb::Priority::try_from(priority) {
+        Ok(pb::Priority::High) => "high",
+        Ok(pb::Priority::Low) => "low",
+        _ => "medium",
+    }
+}
+
+pub fn job_json(job: &pb::Job) -> Value {
+    let spec = job.spec.clone().unwrap_or_default();
+    let allocations: Vec<Value> = job
+        .allocations
+        .iter()
+        .map(|a| json!({"rank": a.rank, "node": a.node, "gpus": a.gpus, "state": a.state, "exit_code": a.exit_code}))
+        .collect();
+    json!({
+        "id": job.id,
+        "state": state_name(job.state),
+        "name": spec.name,
+        "group": spec.group,
+        "queue": spec.queue,
+        "priority": priority_name(spec.priority),
+        "replicas": spec.replicas,
+        "gpus": spec.gpus_per_replica,
+        "gpu_model": spec.gpu_model,
+        "command": spec.command,
+        "runtime_limit_s": spec.runtime_limit_s,
+        "request_id": job.request_id,
+        "submitted_at": job.submitted_at_ms,
+        "started_at": job.started_at_ms,
+        "finished_at": job.finished_at_ms,
+        "reason": job.reason,
+        "estimated_start": job.estimated_start_ms,
+        "attempts": job.attempts,
+        "exit_code": job.exit_code,
+        "master_addr": job.master_addr,
+        "master_port": job.master_port,
+        "allocations": allocations,
+    })
+}
+
+pub fn print_job(job: &pb::Job) {
+    let spec = job.spec.clone().unwrap_or_default();
+    println!("job {}  {}", job.id, state_name(job.state));
+    println!("  group {}  queue {}  priority {}", spec.group, spec.queue, priority_name(spec.priority));
+    println!("  {} x {} GPU  command {:?}", spec.replicas, spec.gpus_per_replica, spec.command);
+    if !job.reason.is_empty() {
+        println!("  reason: {}", job.reason);
+    }
+    for a in &job.allocations {
+        println!("  rank {:>3}  node {}  gpus {:?}  {}", a.rank, a.node, a.gpus, a.state);
+    }
+}
+
+pub fn print_jobs(jobs: &[pb::Job], total: u64) {
+    println!("{:>8}  {:<10} {:<12} {:<10} {:>8}  {}", "ID", "STATE", "GROUP", "QUEUE", "GPUS", "REASON");
+    for job in jobs {
+        let spec = job.spec.clone().unwrap_or_default();
+        let gpus = u64::from(spec.replicas) * u64::from(spec.gpus_per_replica);
+        println!("{:>8}  {:<10} {:<12} {:<10} {:>8}  {}", job.id, state_name(job.state), spec.group, spec.queue, gpus, job.reason);
+    }
+    if total as usize > jobs.len() {
+        println!("({} of {} jobs shown)", jobs.len(), total);
+    }
+}
+
+pub fn cluster_json(status: &pb::ClusterStatus) -> Value {
+    let members: Vec<Value> = status
+        .members
+        .iter()
+        .map(|m| {
+            let applied = if m.id == status.replica_id { status.applied_index } else { m.matched_index };
+            json!({"id": m.id, "address": m.address, "role": m.role, "applied_index": applied, "matched_index": m.matched_index})
+        })
+        .collect();
+    json!({
+        "replica_id": status.replica_id,
+        "leader_id": status.leader_id,
+        "leader_address": status.leader_address,
+        "term": status.term,
+        "last_log_index": status.last_log_index,
+        "commit_index": status.commit_index,
+        "applied_index": status.applied_index,
+        "members": members,
+    })
+}
+
+pub fn print_cluster(status: &pb::ClusterStatus) {
+    println!("leader {} ({})  term {}  commit {}  applied {}", status.leader_id, status.leader_address, status.term, status.commit_index, status.applied_index);
+    println!("{:>4}  {:<22} {:<9} {:>10}", "ID", "ADDRESS", "ROLE", "MATCHED");
+    for m in &status.members {
+        println!("{:>4}  {:<22} {:<9} {:>10}", m.id, m.address, m.role, m.matched_index);
+    }
+}
+
+pub fn node_json(node: &pb::Node) -> Value {
+    let gpus: Vec<Value> = node
+        .gpus
+        .iter()
+        .map(|g| json!({"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib, "healthy": g.healthy, "job_id": g.job_id}))
+        .collect();
+    json!({"name": node.name, "address": node.address, "rack": node.rack, "leaf": node.leaf, "state": node.state, "gpus": gpus})
+}
+
+pub fn print_nodes(nodes: &[pb::Node]) {
+    println!("{:<20} {:<9} {:<8} {:<8} {:>5} {:>5}", "NODE", "STATE", "RACK", "LEAF", "GPUS", "FREE");
+    for node in nodes {
+        let free = node.gpus.iter().filter(|g| g.healthy && g.job_id == 0).count();
+        println!("{:<20} {:<9} {:<8} {:<8} {:>5} {:>5}", node.name, node.state, node.rack, node.leaf, node.gpus.len(), free);
+        for g in &node.gpus {
+            let holder = if g.job_id == 0 { "-".to_string() } else { format!("job {}", g.job_id) };
+            let health = if g.healthy { "ok" } else { "UNHEALTHY" };
+            println!("    gpu {:>2}  {:<12} {:>6} MiB  {:<9}  {}", g.index, g.model, g.memory_mib, health, holder);
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! rota.v1.ClusterService: membership, leadership and nodes.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use rota_proto::v1 as pb;
+use rota_proto::v1::cluster_service_server::ClusterService;
+use tonic::{Request, Response, Status};
+
+use super::convert::node_to_pb;
+use super::forward::{forward_target, forwarded, is_forwarded, Failure};
+use super::Context;
+
+/// Most replicas in one cluster; Raft gains nothing from more than 7 voters.
+const MAX_MEMBERS: usize = 7;
+
+pub struct ClusterApi {
+    ctx: Arc<Context>,
+}
+
+impl ClusterApi {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self { ctx }
+    }
+
+    fn status(&self) -> pb::ClusterStatus {
+        let status = self.ctx.replica.status();
+        let members = status
+            .members
+            .iter()
+            .map(|m| pb::Member {
+                id: m.id,
+                address: m.addr.clone(),
+                role: if Some(m.id) == status.leader_id {
+                    "leader".into()
+                } else if m.voter {
+                    "follower".into()
+                } else {
+                    "learner".into()
+                },
+                matched_index: m.matched_index.unwrap_or(0),
+            })
+            .collect();
+        let leader_address = status
+            .leader_id
+            .and_then(|id| status.members.iter().find(|m| m.id == id))
+            .map(|m| m.addr.clone())
+            .unwrap_or_default();
+        pb::ClusterStatus {
+            replica_id: status.id,
+            leader_id: status.leader_id.unwrap_or(0),
+            leader_address,
+            term: status.term,
+            last_log_index: status.last_log_index.unwrap_or(0),
+            commit_index: status.committed_index.unwrap_or(0),
+            applied_index: status.applied_index.unwrap_or(0),
+            members,
+            snapshot_index: status.snapshot_index.unwrap_or(0),
+            purged_index: status.purged_index.unwrap_or(0),
+        }
+    }
+
+    async fn add_here(&self, message: &pb::AddMemberRequest) -> Result<pb::ClusterStatus, Failure> {
+        if message.id == 0 {
+            return Err(Status::invalid_argument("id: must be at least 1").into());
+        }
+        if message.address.parse::<std::net::SocketAddr>().is_err() {
+            return Err(Status::invalid_argument("address: must be host:port with a numeric host").into());
+        }
+        let status = self.ctx.replica.status();
+        let voters: BTreeSet<u64> = status.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+        if voters.contains(&message.id) {
+            return Ok(self.status());
+        }
+        if voters.len() >= MAX_MEMBERS {
+            return Err(Status::failed_precondition(format!("a cluster has at most {MAX_MEMBERS} replicas")).into());
+        }
+        self.ctx.replica.add_learner(message.id, message.address.clone()).await?;
+        let mut next = voters;
+        next.insert(message.id);
+        self.ctx.replica.change_membership(next).await?;
+        Ok(self.status())
+    }
+
+    async fn remove_here(&self, message: &pb::RemoveMemberRequest) -> Result<pb::ClusterStatus, Failure> {
+        let status = self.ctx.replica.status();
+        let mut voters: BTreeSet<u64> = status.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+        if !voters.remove(&message.id) {
+            return Err(Status::not_found(format!("replica {} is not a voting member", message.id)).into());
+        }
+        if voters.is_empty() {
+            return Err(Status::failed_precondition("cannot remove the last replica").into());
+        }
+        self.ctx.replica.change_membership(voters).await?;
+        Ok(self.status())
+    }
+}
+
+#[tonic::async_trait]
+impl ClusterService for ClusterApi {
+    async fn get_cluster_status(&self, _: Request<pb::GetClusterStatusRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
+        Ok(Response::new(self.status()))
+    }
+
+    async fn list_nodes(&self, _: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let nodes = self.ctx.read(|state| state.nodes.values().map(|n| node_to_pb(state, n)).collect());
+        Ok(Response::new(pb::ListNodesResponse { nodes }))
+    }
+
+    async fn add_member(&self, request: Request<pb::AddMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
+        let was_forwarded = is_forwarded(&request);
+        let message = request.into_inner();
+        match self.add_here(&message).await {
+            Ok(status) => Ok(Response::new(status)),
+            Err(failure) => {
+                let addr = forward_target(was_forwarded, failure)?;
+                self.ctx.forwarder.cluster(&addr)?.add_member(forwarded(message)).await
+            }
+        }
+    }
+
+    async fn remove_member(&self, request: Request<pb::RemoveMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
+        let was_forwarded = is_forwarded(&request);
+        let message = request.into_inner();
+        match self.remove_here(&message).await {
+            Ok(status) => Ok(Response::new(status)),
+            Err(failure) => {
+                let addr = forward_target(was_forwarded, failure)?;
+                self.ctx.forwarder.cluster(&addr)?.remove_member(forwarded(message)).await
+            }
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! A scheduler replica: the consensus replica, the gRPC services on one port
+//! (public API and Raft transport), the proposer, metrics, and bootstrap.
+
+mod cluster;
+pub mod convert;
+mod forward;
+mod jobs;
+mod metrics_loop;
+mod proposer;
+pub mod replicated;
+pub mod status;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rota_consensus::{ConsensusConfig, NodeId, Replica};
+use rota_proto::v1::cluster_service_client::ClusterServiceClient;
+use rota_proto::v1::cluster_service_server::ClusterServiceServer;
+use rota_proto::v1::job_service_server::JobServiceServer;
+use rota_proto::v1::GetClusterStatusRequest;
+use tonic::transport::{Endpoint, Server};
+
+use crate::state::ClusterState;
+pub use proposer::{wall_clock_ms, Proposer};
+pub use replicated::Replicated;
+
+/// Largest gRPC message a replica accepts or sends (requests are far smaller;
+/// this bounds what a malformed or hostile client can make us buffer).
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("consensus: {0}")]
+    Consensus(#[from] rota_consensus::ConsensusError),
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("metrics exporter: {0}")]
+    Metrics(String),
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub id: NodeId,
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Initial members (id -> API address). Must include this replica unless joining.
+    pub peers: BTreeMap<NodeId, String>,
+    /// A joining replica waits to be added with `rota member add`; it never bootstraps.
+    pub join: bool,
+    pub metrics_listen: Option<SocketAddr>,
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    pub snapshot_every_entries: u64,
+    pub keep_logs_behind_snapshot: u64,
+}
+
+/// What the services share.
+pub struct Context {
+    pub replica: Replica<Replicated>,
+    pub proposer: Proposer,
+    forwarder: forward::Forwarder,
+}
+
+impl Context {
+    /// Read the applied state under its lock. Keep `f` short: apply waits.
+    pub fn read<R>(&self, f: impl FnOnce(&ClusterState) -> R) -> R {
+        self.replica.read(|replicated| f(&replicated.state))
+    }
+}
+
+/// Run a replica until the process is stopped.
+pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
+    if !config.join && !config.peers.contains_key(&config.id) {
+        return Err(ServerError::Config(format!("--peers must include this replica's id {}", config.id)));
+    }
+    if let Some(addr) = config.metrics_listen {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .set_buckets(&[0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0])
+            .map_err(|e| ServerError::Metrics(e.to_string()))?
+            .install()
+            .map_err(|e| ServerError::Metrics(e.to_string()))?;
+    }
+    let replica = Replica::open(consensus_config(&config), Replicated::default()).await?;
+    let ctx = Arc::new(Context { proposer: Proposer::start(replica.clone()), replica: replica.clone(), forwarder: Default::default() });
+    tokio::spawn(metrics_loop::run(replica.clone()));
+    let server = Server::builder()
+        .add_service(replica.raft_service())
+        .add_service(
+            JobServiceServer::new(jobs::JobApi::new(ctx.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(ClusterServiceServer::new(cluster::ClusterApi::new(ctx.clone())))
+        .serve(config.listen);
+    tokio::spawn(bootstrap(config.clone(), replica.clone()));
+    tracing::info!(id = config.id, listen = %config.listen, "replica serving");
+    server.await?;
+    Ok(())
+}
+
+fn consensus_config(config: &ServerConfig) -> ConsensusConfig {
+    let mut consensus = ConsensusConfig::new(config.id, config.data_dir.clone());
+    consensus.peer_addrs = config.peers.clone();
+    consensus.heartbeat_interval_ms = config.heartbeat_interval_ms;
+    consensus.election_timeout_min_ms = config.election_timeout_min_ms;
+    consensus.election_timeout_max_ms = config.election_timeout_max_ms;
+    consensus.snapshot_every_entries = config.snapshot_every_entries;
+    consensus.keep_logs_behind_snapshot = config.keep_logs_behind_snapshot;
+    consensus
+}
+
+/// The lowest id initializes a new cluster, once. It first asks the other
+/// peers whether a cluster already exists, so a replica whose data dir was
+/// lost does not found a second cluster beside the first.
+async fn bootstrap(config: ServerConfig, replica: Replica<Replicated>) {
+    let lowest = config.peers.keys().next().copied();
+    if config.join || lowest != Some(config.id) || replica.is_initialized().await {
+        return;
+    }
+    for (id, addr) in config.peers.iter().filter(|(id, _)| **id != config.id) {
+        if peer_has_cluster(addr).await {
+            tracing::warn!(peer = id, "a peer already belongs to a cluster; not initializing a new one");
+            return;
+        }
+    }
+    match replica.initialize(config.peers.clone()).await {
+        Ok(()) => tracing::info!(members = ?config.peers.keys().collect::<Vec<_>>(), "initialized a new cluster"),
+        Err(error) => tracing::error!(%error, "initializing the cluster failed"),
+    }
+}
+
+async fn peer_has_cluster(addr: &str) -> bool {
+    let Ok(endpoint) = Endpoint::from_shared(format!("http://{addr}")) else { return false };
+    let endpoint = endpoint.connect_timeout(Duration::from_millis(500)).timeout(Duration::from_millis(1_000));
+    let Ok(channel) = endpoint.connect().await else { return false };
+    let Ok(status) = ClusterServiceClient::new(channel).get_cluster_status(GetClusterStatusRequest {}).await else {
+        return false;
+    };
+    !status.into_inner().members.is_empty()
+}
