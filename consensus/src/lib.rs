@@ -11,6 +11,25 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+mod error;
+mod log_store;
+mod network;
+mod replica;
+mod service;
+mod state_machine;
+mod types;
+
+pub use error::{ConsensusError, WriteError};
+pub use log_store::LogStore;
+pub use network::{NetworkFactory, PeerClient, MAX_MESSAGE_BYTES};
+pub use replica::{raft_config, ClusterStatus, MemberStatus, Replica, Role, Written, DB_DIR};
+pub use service::RaftService;
+pub use state_machine::{open_storage, SmData, StateMachineStore};
+pub use types::{Entry, LogId, Payload, RaftHandle, SnapshotMeta, StoredMembership, TypeConfig};
+
+/// Re-export of the openraft version this crate is built on.
+pub use openraft;
+
 /// A replica's id in the Raft group. Never reused for another replica.
 pub type NodeId = u64;
 
@@ -33,7 +52,7 @@ pub trait StateMachine: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct ConsensusConfig {
     pub node_id: NodeId,
-    /// RocksDB lives under this directory (created if missing).
+    /// RocksDB lives under this directory, in `raft/` (created if missing).
     pub data_dir: PathBuf,
     /// Addresses (host:port) of the peers this replica knows from its own
     /// configuration. They take precedence over the addresses stored in the

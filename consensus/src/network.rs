@@ -1,0 +1,247 @@
+//! Raft RPCs to peers over tonic (`rota.raft.v1.Raft`).
+//!
+//! Requests are the bincode-encoded openraft request; responses are the
+//! bincode-encoded `Result<response, RaftError>`. A peer's address comes from
+//! `ConsensusConfig::peer_addrs` first and from the membership's
+//! `BasicNode::addr` otherwise. Channels connect lazily and are shared per
+//! address; every RPC runs under a timeout.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use openraft::{AnyError, BasicNode, RPCTypes};
+use rota_proto::raft::raft_client::RaftClient;
+use rota_proto::raft::RaftMessage;
+use serde::de::DeserializeOwned;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::types::TypeConfig;
+use crate::NodeId;
+
+/// Largest Raft message accepted or sent (tonic encode/decode limit).
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+type RpcErr<E> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
+
+struct NetInner {
+    self_id: NodeId,
+    peer_addrs: BTreeMap<NodeId, String>,
+    rpc_timeout: Duration,
+    snapshot_timeout: Duration,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+/// Creates [`PeerClient`]s for openraft. Cheap to clone.
+#[derive(Clone)]
+pub struct NetworkFactory {
+    inner: Arc<NetInner>,
+}
+
+impl NetworkFactory {
+    pub fn new(
+        self_id: NodeId,
+        peer_addrs: BTreeMap<NodeId, String>,
+        rpc_timeout: Duration,
+        snapshot_timeout: Duration,
+    ) -> Self {
+        Self {
+            inner: Arc::new(NetInner {
+                self_id,
+                peer_addrs,
+                rpc_timeout,
+                snapshot_timeout,
+                channels: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The address to reach `target` at: configured peer address first,
+    /// then the one stored in the membership.
+    pub fn resolve(&self, target: NodeId, node: Option<&BasicNode>) -> Option<String> {
+        self.inner
+            .peer_addrs
+            .get(&target)
+            .cloned()
+            .or_else(|| node.map(|n| n.addr.clone()))
+    }
+}
+
+impl NetInner {
+    fn channel(&self, addr: &str) -> Result<Channel, String> {
+        let mut channels = self.channels.lock().map_err(|_| "channel cache poisoned".to_string())?;
+        if let Some(ch) = channels.get(addr) {
+            return Ok(ch.clone());
+        }
+        let uri = if addr.contains("://") {
+            addr.to_string()
+        } else {
+            format!("http://{addr}")
+        };
+        let ch = Endpoint::from_shared(uri)
+            .map_err(|e| format!("invalid peer address {addr:?}: {e}"))?
+            .connect_timeout(self.rpc_timeout)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        channels.insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        let addr = self.resolve(target, Some(node)).unwrap_or_default();
+        PeerClient {
+            net: self.inner.clone(),
+            target,
+            node: node.clone(),
+            addr,
+            client: None,
+        }
+    }
+}
+
+/// The connection to one peer.
+pub struct PeerClient {
+    net: Arc<NetInner>,
+    target: NodeId,
+    node: BasicNode,
+    addr: String,
+    client: Option<RaftClient<Channel>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Msg(String);
+
+fn unreachable<E: std::error::Error>(msg: impl Into<String>) -> RpcErr<E> {
+    RPCError::Unreachable(Unreachable::new(&Msg(msg.into())))
+}
+
+fn network<E: std::error::Error>(msg: impl Into<String>) -> RpcErr<E> {
+    RPCError::Network(NetworkError::new(&Msg(msg.into())))
+}
+
+impl PeerClient {
+    fn client(&mut self) -> Result<RaftClient<Channel>, String> {
+        if let Some(c) = &self.client {
+            return Ok(c.clone());
+        }
+        if self.addr.is_empty() {
+            return Err(format!("no address known for node {}", self.target));
+        }
+        let ch = self.net.channel(&self.addr)?;
+        let c = RaftClient::new(ch)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        self.client = Some(c.clone());
+        Ok(c)
+    }
+
+    async fn call<Resp, E>(&mut self, kind: RPCTypes, payload: Vec<u8>, timeout: Duration) -> Result<Resp, RpcErr<E>>
+    where
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let mut client = self.client().map_err(unreachable)?;
+        let msg = RaftMessage { payload };
+        let fut = async move {
+            match kind {
+                RPCTypes::AppendEntries => client.append_entries(msg).await,
+                RPCTypes::Vote => client.vote(msg).await,
+                RPCTypes::InstallSnapshot => client.install_snapshot(msg).await,
+            }
+        };
+        let reply = match tokio::time::timeout(timeout, fut).await {
+            Err(_) => {
+                return Err(RPCError::Timeout(Timeout {
+                    action: kind,
+                    id: self.net.self_id,
+                    target: self.target,
+                    timeout,
+                }))
+            }
+            Ok(Err(status)) => {
+                let text = format!("{kind} to node {} at {}: {status}", self.target, self.addr);
+                return Err(match status.code() {
+                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Unimplemented => unreachable(text),
+                    tonic::Code::DeadlineExceeded => RPCError::Timeout(Timeout {
+                        action: kind,
+                        id: self.net.self_id,
+                        target: self.target,
+                        timeout,
+                    }),
+                    _ => network(text),
+                });
+            }
+            Ok(Ok(r)) => r.into_inner(),
+        };
+        let res: Result<Resp, RaftError<NodeId, E>> = bincode::deserialize(&reply.payload)
+            .map_err(|e| network(format!("decode {kind} reply from node {}: {e}", self.target)))?;
+        match res {
+            Ok(r) => Ok(r),
+            // The peer's Raft is stopped or failed: back off like for a dead peer.
+            Err(RaftError::Fatal(f)) => Err(RPCError::Unreachable(Unreachable::new(&f))),
+            Err(e) => Err(RPCError::RemoteError(RemoteError::new_with_node(
+                self.target,
+                self.node.clone(),
+                e,
+            ))),
+        }
+    }
+
+    fn timeout(&self, option: &RPCOption) -> Duration {
+        self.net.rpc_timeout.min(option.hard_ttl())
+    }
+}
+
+fn encode<T: serde::Serialize, E: std::error::Error>(v: &T) -> Result<Vec<u8>, RpcErr<E>> {
+    bincode::serialize(v).map_err(|e| RPCError::Network(NetworkError::new(&AnyError::new(&*e))))
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RpcErr<openraft::error::Infallible>> {
+        let n = rpc.entries.len() as u64;
+        let payload = encode(&rpc)?;
+        // Leave headroom for gRPC framing.
+        if payload.len() > MAX_MESSAGE_BYTES - 64 * 1024 && n > 1 {
+            return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(n / 2)));
+        }
+        let timeout = self.timeout(&option);
+        self.call(RPCTypes::AppendEntries, payload, timeout).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<InstallSnapshotError>> {
+        let payload = encode(&rpc)?;
+        let timeout = self.net.snapshot_timeout.min(option.hard_ttl());
+        self.call(RPCTypes::InstallSnapshot, payload, timeout).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcErr<openraft::error::Infallible>> {
+        let payload = encode(&rpc)?;
+        let timeout = self.timeout(&option);
+        self.call(RPCTypes::Vote, payload, timeout).await
+    }
+}

@@ -1,0 +1,398 @@
+//! [`Replica`]: one member of rota's Raft group (openraft node + RocksDB +
+//! tonic transport), generic over the [`StateMachine`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError};
+use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
+use rocksdb::DB;
+use rota_proto::raft::raft_server::RaftServer;
+use tokio::sync::watch;
+
+use crate::log_store::{open_db, LogStore};
+use crate::network::NetworkFactory;
+use crate::service::RaftService;
+use crate::state_machine::{SmData, StateMachineStore};
+use crate::types::{Payload, RaftHandle};
+use crate::{ConsensusConfig, ConsensusError, NodeId, StateMachine, WriteError};
+
+/// Name of the RocksDB directory under `ConsensusConfig::data_dir`.
+pub const DB_DIR: &str = "raft";
+
+/// Result of a committed and applied [`Replica::write`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// Log index of the entry.
+    pub index: u64,
+    /// What [`StateMachine::apply`] returned for it.
+    pub response: Vec<u8>,
+}
+
+/// Raft role of a replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Leader,
+    Follower,
+    Candidate,
+    Learner,
+    Shutdown,
+}
+
+impl From<ServerState> for Role {
+    fn from(s: ServerState) -> Self {
+        match s {
+            ServerState::Leader => Role::Leader,
+            ServerState::Follower => Role::Follower,
+            ServerState::Candidate => Role::Candidate,
+            ServerState::Learner => Role::Learner,
+            ServerState::Shutdown => Role::Shutdown,
+        }
+    }
+}
+
+/// One member of the group as seen by this replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberStatus {
+    pub id: NodeId,
+    /// Address used to reach it (configured peer address, else membership).
+    pub addr: String,
+    /// Voter (true) or learner (false).
+    pub voter: bool,
+    /// Highest log index known replicated to it; only known on the leader.
+    pub matched_index: Option<u64>,
+}
+
+/// Point-in-time view of the group from this replica's metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterStatus {
+    pub id: NodeId,
+    pub role: Role,
+    pub leader_id: Option<NodeId>,
+    pub term: u64,
+    pub last_log_index: Option<u64>,
+    /// Committed index as last persisted by this replica, if known.
+    pub committed_index: Option<u64>,
+    pub applied_index: Option<u64>,
+    /// Last log index covered by this replica's current snapshot.
+    pub snapshot_index: Option<u64>,
+    /// Last purged log index.
+    pub purged_index: Option<u64>,
+    pub members: Vec<MemberStatus>,
+}
+
+struct Inner<S> {
+    cfg: ConsensusConfig,
+    raft: RaftHandle,
+    network: NetworkFactory,
+    state: Arc<RwLock<SmData<S>>>,
+    applied_rx: watch::Receiver<u64>,
+    committed: Arc<AtomicU64>,
+    installed: Arc<AtomicU64>,
+    db: Weak<DB>,
+}
+
+/// A replica of the Raft group. Cheap to clone.
+pub struct Replica<S> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for Replica<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+/// Build and validate openraft's config from ours.
+pub fn raft_config(cfg: &ConsensusConfig) -> Result<Config, ConsensusError> {
+    let bad = |m: &str| Err(ConsensusError::Config(m.to_string()));
+    if cfg.heartbeat_interval_ms == 0 {
+        return bad("heartbeat_interval_ms must be > 0");
+    }
+    if cfg.heartbeat_interval_ms >= cfg.election_timeout_min_ms {
+        return bad("heartbeat_interval_ms must be < election_timeout_min_ms");
+    }
+    if cfg.election_timeout_min_ms >= cfg.election_timeout_max_ms {
+        return bad("election_timeout_min_ms must be < election_timeout_max_ms");
+    }
+    if cfg.snapshot_every_entries == 0 {
+        return bad("snapshot_every_entries must be > 0");
+    }
+    if cfg.rpc_timeout_ms == 0 || cfg.install_snapshot_timeout_ms == 0 {
+        return bad("rpc_timeout_ms and install_snapshot_timeout_ms must be > 0");
+    }
+    let c = Config {
+        cluster_name: "rota".to_string(),
+        heartbeat_interval: cfg.heartbeat_interval_ms,
+        election_timeout_min: cfg.election_timeout_min_ms,
+        election_timeout_max: cfg.election_timeout_max_ms,
+        install_snapshot_timeout: cfg.install_snapshot_timeout_ms.max(cfg.rpc_timeout_ms),
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: cfg.keep_logs_behind_snapshot,
+        purge_batch_size: cfg.snapshot_every_entries.clamp(1, 64),
+        snapshot_max_chunk_size: 4 * 1024 * 1024,
+        ..Config::default()
+    };
+    c.validate().map_err(|e| ConsensusError::Config(e.to_string()))
+}
+
+fn fatal(e: impl std::fmt::Display) -> ConsensusError {
+    ConsensusError::Unavailable(e.to_string())
+}
+
+impl<S: StateMachine> Replica<S> {
+    /// Open the replica's RocksDB under `cfg.data_dir` (restoring the
+    /// persisted snapshot into `initial` and re-applying the committed log)
+    /// and start its Raft node. Serve [`Replica::raft_service`] to let peers
+    /// reach it.
+    pub async fn open(cfg: ConsensusConfig, initial: S) -> Result<Self, ConsensusError> {
+        let config = raft_config(&cfg)?;
+        let db = open_db(&cfg.data_dir.join(DB_DIR))?;
+        let weak = Arc::downgrade(&db);
+        let log = LogStore::new(db.clone())?;
+        let sm = StateMachineStore::new(db, initial)?;
+        let state = sm.state();
+        let applied_rx = sm.applied_watch();
+        let committed = log.committed_handle();
+        let installed = sm.installed_handle();
+        let network = NetworkFactory::new(
+            cfg.node_id,
+            cfg.peer_addrs.clone(),
+            Duration::from_millis(cfg.rpc_timeout_ms),
+            Duration::from_millis(cfg.install_snapshot_timeout_ms),
+        );
+        let raft = openraft::Raft::new(cfg.node_id, Arc::new(config), network.clone(), log, sm)
+            .await
+            .map_err(fatal)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                cfg,
+                raft,
+                network,
+                state,
+                applied_rx,
+                committed,
+                installed,
+                db: weak,
+            }),
+        })
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.inner.cfg.node_id
+    }
+
+    pub fn config(&self) -> &ConsensusConfig {
+        &self.inner.cfg
+    }
+
+    /// The underlying openraft node.
+    pub fn raft(&self) -> &RaftHandle {
+        &self.inner.raft
+    }
+
+    /// The shared in-memory state (application state + last applied + membership).
+    pub fn state(&self) -> Arc<RwLock<SmData<S>>> {
+        self.inner.state.clone()
+    }
+
+    /// Run `f` on the current application state under the read lock.
+    pub fn read<R>(&self, f: impl FnOnce(&S) -> R) -> R {
+        let g = self.inner.state.read().unwrap_or_else(PoisonError::into_inner);
+        f(&g.app)
+    }
+
+    /// Last applied log index, updated after each applied batch or
+    /// installed snapshot (0 before anything was applied).
+    pub fn applied_watch(&self) -> watch::Receiver<u64> {
+        self.inner.applied_rx.clone()
+    }
+
+    /// Wait until the applied index reaches `index`.
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> Result<(), ConsensusError> {
+        let mut rx = self.applied_watch();
+        let res = tokio::time::timeout(timeout, rx.wait_for(|&a| a >= index))
+            .await
+            .map(|r| r.map(|_| ()));
+        match res {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(ConsensusError::Unavailable("state machine closed".into())),
+            Err(_) => Err(ConsensusError::Unavailable(format!(
+                "applied index did not reach {index} within {timeout:?}"
+            ))),
+        }
+    }
+
+    /// Number of snapshots received from a leader and installed since open.
+    pub fn installed_snapshots(&self) -> u64 {
+        self.inner.installed.load(Ordering::Acquire)
+    }
+
+    /// The tonic service peers call; add it to the public tonic server.
+    /// Its decode/encode limits are set to [`crate::MAX_MESSAGE_BYTES`].
+    pub fn raft_service(&self) -> RaftServer<RaftService> {
+        RaftService::new(self.inner.raft.clone()).into_server()
+    }
+
+    pub async fn is_initialized(&self) -> bool {
+        self.inner.raft.is_initialized().await.unwrap_or(false)
+    }
+
+    /// Initialize the group with `members` (id -> address) as voters. A
+    /// no-op when this replica already has a log or membership.
+    pub async fn initialize(&self, members: BTreeMap<NodeId, String>) -> Result<(), ConsensusError> {
+        let nodes: BTreeMap<NodeId, BasicNode> = members.into_iter().map(|(id, addr)| (id, BasicNode { addr })).collect();
+        match self.inner.raft.initialize(nodes).await {
+            Ok(()) => Ok(()),
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Err(RaftError::APIError(e)) => Err(ConsensusError::Initialize(e.to_string())),
+            Err(RaftError::Fatal(f)) => Err(fatal(f)),
+        }
+    }
+
+    fn leader_addr(&self, leader_id: Option<NodeId>, node: Option<&BasicNode>) -> Option<String> {
+        let id = leader_id?;
+        self.inner.network.resolve(id, node).or_else(|| {
+            let m = self.inner.raft.metrics();
+            let m = m.borrow();
+            m.membership_config.membership().get_node(&id).map(|n| n.addr.clone())
+        })
+    }
+
+    fn forward(&self, f: ForwardToLeader<NodeId, BasicNode>) -> WriteError {
+        WriteError::ForwardToLeader {
+            leader_id: f.leader_id,
+            leader_addr: self.leader_addr(f.leader_id, f.leader_node.as_ref()),
+        }
+    }
+
+    /// Replicate `payload`; returns once it is committed and applied here
+    /// (this replica must be the leader).
+    pub async fn write(&self, payload: Vec<u8>) -> Result<Written, WriteError> {
+        match self.inner.raft.client_write(Payload(payload)).await {
+            Ok(resp) => Ok(Written {
+                index: resp.log_id.index,
+                response: resp.data,
+            }),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(self.forward(f)),
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                Err(WriteError::Unavailable(e.to_string()))
+            }
+            Err(RaftError::Fatal(f)) => Err(WriteError::Unavailable(f.to_string())),
+        }
+    }
+
+    /// Confirm leadership with a quorum and wait until everything committed
+    /// before this call is applied here; reads after it are linearizable.
+    pub async fn ensure_linearizable(&self) -> Result<(), WriteError> {
+        match self.inner.raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => Err(self.forward(f)),
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
+                Err(WriteError::Unavailable(e.to_string()))
+            }
+            Err(RaftError::Fatal(f)) => Err(WriteError::Unavailable(f.to_string())),
+        }
+    }
+
+    /// Snapshot of this replica's view of the group.
+    pub fn status(&self) -> ClusterStatus {
+        let m = self.inner.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let is_leader = m.state == ServerState::Leader;
+        let members = membership
+            .nodes()
+            .map(|(id, node)| {
+                let mut matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(id).cloned())
+                    .flatten()
+                    .map(|l| l.index);
+                if *id == m.id && is_leader && matched.is_none() {
+                    matched = m.last_log_index;
+                }
+                MemberStatus {
+                    id: *id,
+                    addr: self.inner.network.resolve(*id, Some(node)).unwrap_or_default(),
+                    voter: voters.contains(id),
+                    matched_index: matched,
+                }
+            })
+            .collect();
+        let committed = match self.inner.committed.load(Ordering::Acquire) {
+            0 => None,
+            n => Some(n - 1),
+        };
+        ClusterStatus {
+            id: m.id,
+            role: m.state.into(),
+            leader_id: m.current_leader,
+            term: m.current_term,
+            last_log_index: m.last_log_index,
+            committed_index: committed,
+            applied_index: m.last_applied.map(|l| l.index),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            purged_index: m.purged.map(|l| l.index),
+            members,
+        }
+    }
+
+    fn map_change(&self, e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ConsensusError {
+        match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => self.forward(f).into(),
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => ConsensusError::Membership(e.to_string()),
+            RaftError::Fatal(f) => fatal(f),
+        }
+    }
+
+    /// Add `id` at `addr` as a learner; returns once it has caught up.
+    pub async fn add_learner(&self, id: NodeId, addr: String) -> Result<(), ConsensusError> {
+        self.inner
+            .raft
+            .add_learner(id, BasicNode { addr }, true)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.map_change(e))
+    }
+
+    /// Make `voters` the voter set (each must already be a member). Removed
+    /// voters leave the group.
+    pub async fn change_membership(&self, voters: BTreeSet<NodeId>) -> Result<(), ConsensusError> {
+        self.inner
+            .raft
+            .change_membership(voters, false)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.map_change(e))
+    }
+
+    /// Build a snapshot now (asynchronously).
+    pub async fn trigger_snapshot(&self) -> Result<(), ConsensusError> {
+        self.inner.raft.trigger().snapshot().await.map_err(fatal)
+    }
+
+    /// Start an election now.
+    pub async fn trigger_elect(&self) -> Result<(), ConsensusError> {
+        self.inner.raft.trigger().elect().await.map_err(fatal)
+    }
+
+    /// Stop the Raft node and wait until its RocksDB is closed, so the data
+    /// dir can be reopened.
+    pub async fn shutdown(&self) -> Result<(), ConsensusError> {
+        self.inner.raft.shutdown().await.map_err(fatal)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.inner.db.strong_count() > 0 {
+            if Instant::now() >= deadline {
+                return Err(ConsensusError::Storage("storage still in use 30s after shutdown".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,63 @@
+//! The server side of `rota.raft.v1.Raft`: decodes openraft requests and
+//! hands them to the local Raft node.
+
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use rota_proto::raft::raft_server::{Raft, RaftServer};
+use rota_proto::raft::RaftMessage;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::{Request, Response, Status};
+
+use crate::network::MAX_MESSAGE_BYTES;
+use crate::types::{RaftHandle, TypeConfig};
+use crate::NodeId;
+
+/// tonic service for the Raft transport. Cheap to clone.
+#[derive(Clone)]
+pub struct RaftService {
+    raft: RaftHandle,
+}
+
+impl RaftService {
+    pub fn new(raft: RaftHandle) -> Self {
+        Self { raft }
+    }
+
+    /// Wrap into a tonic server with the message size limits set.
+    pub fn into_server(self) -> RaftServer<RaftService> {
+        RaftServer::new(self)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+}
+
+fn decode<T: DeserializeOwned>(req: Request<RaftMessage>, what: &str) -> Result<T, Status> {
+    bincode::deserialize(&req.into_inner().payload)
+        .map_err(|e| Status::invalid_argument(format!("undecodable {what} request: {e}")))
+}
+
+fn reply<T: Serialize>(res: &T) -> Result<Response<RaftMessage>, Status> {
+    let payload = bincode::serialize(res).map_err(|e| Status::internal(format!("encode raft reply: {e}")))?;
+    Ok(Response::new(RaftMessage { payload }))
+}
+
+#[tonic::async_trait]
+impl Raft for RaftService {
+    async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let req: AppendEntriesRequest<TypeConfig> = decode(request, "append_entries")?;
+        let res = self.raft.append_entries(req).await;
+        reply(&res)
+    }
+
+    async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let req: VoteRequest<NodeId> = decode(request, "vote")?;
+        let res = self.raft.vote(req).await;
+        reply(&res)
+    }
+
+    async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let req: InstallSnapshotRequest<TypeConfig> = decode(request, "install_snapshot")?;
+        let res = self.raft.install_snapshot(req).await;
+        reply(&res)
+    }
+}

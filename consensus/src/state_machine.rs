@@ -1,0 +1,279 @@
+//! The state machine side of openraft storage-v2 (`RaftStateMachine`).
+//!
+//! The application state `S` lives in memory, together with the last applied
+//! log id and the last membership, in one [`SmData`] under one lock, so a
+//! snapshot is a point-in-time copy of all three. The current snapshot
+//! (meta + data) is persisted in the `sm` column family; a restarted replica
+//! starts from it and openraft re-applies the committed log after it.
+
+use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use openraft::storage::RaftStateMachine;
+use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, Snapshot};
+use rocksdb::{WriteOptions, DB};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::log_store::{blocking, cf, decode, encode, sto_err, sto_msg, CF_SM};
+use crate::types::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
+use crate::{ConsensusError, StateMachine};
+
+const KEY_SNAPSHOT: &[u8] = b"snapshot";
+
+/// The in-memory replicated state: the application state machine plus the
+/// Raft bookkeeping that must be captured with it in a snapshot.
+pub struct SmData<S> {
+    pub app: S,
+    pub last_applied: Option<LogId>,
+    pub last_membership: StoredMembership,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta,
+    data: Vec<u8>,
+}
+
+/// openraft state machine store over a [`StateMachine`]. Cheap to clone
+/// (it is also its own snapshot builder).
+pub struct StateMachineStore<S> {
+    db: Arc<DB>,
+    state: Arc<RwLock<SmData<S>>>,
+    applied_tx: Arc<watch::Sender<u64>>,
+    installed: Arc<AtomicU64>,
+    persist_lock: Arc<Mutex<()>>,
+}
+
+impl<S> Clone for StateMachineStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            db: self.db.clone(),
+            state: self.state.clone(),
+            applied_tx: self.applied_tx.clone(),
+            installed: self.installed.clone(),
+            persist_lock: self.persist_lock.clone(),
+        }
+    }
+}
+
+fn poisoned() -> StorageError {
+    sto_msg(ErrorSubject::StateMachine, ErrorVerb::Write, "state machine lock poisoned")
+}
+
+fn read_stored(db: &DB) -> Result<Option<StoredSnapshot>, StorageError> {
+    let cf = cf(db, CF_SM)?;
+    match db.get_cf(cf, KEY_SNAPSHOT) {
+        Ok(Some(bytes)) => Ok(Some(decode(&bytes, ErrorSubject::Snapshot(None))?)),
+        Ok(None) => Ok(None),
+        Err(e) => Err(sto_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, &e)),
+    }
+}
+
+/// Persist `snap` as the current snapshot unless a newer one is already
+/// stored (a slow build racing an install). Synced.
+fn persist(db: &DB, lock: &Mutex<()>, snap: &StoredSnapshot) -> Result<(), StorageError> {
+    let subject = || ErrorSubject::Snapshot(Some(snap.meta.signature()));
+    let _guard = lock.lock().map_err(|_| sto_msg(subject(), ErrorVerb::Write, "snapshot lock poisoned"))?;
+    if let Some(cur) = read_stored(db)? {
+        if cur.meta.last_log_id > snap.meta.last_log_id {
+            return Ok(());
+        }
+    }
+    let bytes = encode(snap, subject())?;
+    let cf = cf(db, CF_SM)?;
+    let mut wo = WriteOptions::default();
+    wo.set_sync(true);
+    db.put_cf_opt(cf, KEY_SNAPSHOT, bytes, &wo)
+        .map_err(|e| sto_err(subject(), ErrorVerb::Write, &e))
+}
+
+impl<S: StateMachine> StateMachineStore<S> {
+    /// Load the persisted snapshot (if any) into `initial`.
+    pub(crate) fn new(db: Arc<DB>, mut initial: S) -> Result<Self, ConsensusError> {
+        let stored = read_stored(&db).map_err(|e| ConsensusError::Storage(e.to_string()))?;
+        let (last_applied, last_membership) = match stored {
+            Some(s) => {
+                initial
+                    .restore(&s.data)
+                    .map_err(|e| ConsensusError::Storage(format!("restore snapshot {}: {e}", s.meta.snapshot_id)))?;
+                (s.meta.last_log_id, s.meta.last_membership)
+            }
+            None => (None, StoredMembership::default()),
+        };
+        let (applied_tx, _) = watch::channel(last_applied.as_ref().map(|l| l.index).unwrap_or(0));
+        Ok(Self {
+            db,
+            state: Arc::new(RwLock::new(SmData {
+                app: initial,
+                last_applied,
+                last_membership,
+            })),
+            applied_tx: Arc::new(applied_tx),
+            installed: Arc::new(AtomicU64::new(0)),
+            persist_lock: Arc::new(Mutex::new(())),
+        })
+    }
+
+    /// The shared in-memory state.
+    pub fn state(&self) -> Arc<RwLock<SmData<S>>> {
+        self.state.clone()
+    }
+
+    /// Last applied log index, published after each applied batch (0 before
+    /// anything was applied).
+    pub fn applied_watch(&self) -> watch::Receiver<u64> {
+        self.applied_tx.subscribe()
+    }
+
+    /// Number of snapshots received from a leader and installed since open.
+    pub fn installed_snapshots(&self) -> u64 {
+        self.installed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn installed_handle(&self) -> Arc<AtomicU64> {
+        self.installed.clone()
+    }
+
+    /// Meta of the persisted current snapshot, if any.
+    pub fn current_snapshot_meta(&self) -> Result<Option<SnapshotMeta>, ConsensusError> {
+        read_stored(&self.db)
+            .map(|s| s.map(|s| s.meta))
+            .map_err(|e| ConsensusError::Storage(e.to_string()))
+    }
+}
+
+fn snapshot_id(last: &Option<LogId>) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    match last {
+        Some(l) => format!("{}-{}-{}-{nanos}", l.leader_id.term, l.leader_id.node_id, l.index),
+        None => format!("none-{nanos}"),
+    }
+}
+
+impl<S: StateMachine> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<S> {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let state = self.state.clone();
+        let (data, last_applied, last_membership) = blocking(ErrorSubject::Snapshot(None), move || {
+            let g = state.read().map_err(|_| poisoned())?;
+            Ok((g.app.snapshot(), g.last_applied, g.last_membership.clone()))
+        })
+        .await?;
+        let meta = SnapshotMeta {
+            snapshot_id: snapshot_id(&last_applied),
+            last_log_id: last_applied,
+            last_membership,
+        };
+        let stored = StoredSnapshot { meta, data };
+        let db = self.db.clone();
+        let lock = self.persist_lock.clone();
+        let stored = blocking(ErrorSubject::Snapshot(None), move || {
+            persist(&db, &lock, &stored)?;
+            Ok(stored)
+        })
+        .await?;
+        tracing::info!(snapshot = %stored.meta, bytes = stored.data.len(), "built snapshot");
+        Ok(Snapshot {
+            meta: stored.meta,
+            snapshot: Box::new(Cursor::new(stored.data)),
+        })
+    }
+}
+
+impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let g = self.state.read().map_err(|_| poisoned())?;
+        Ok((g.last_applied, g.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<u8>>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + openraft::OptionalSend,
+        I::IntoIter: openraft::OptionalSend,
+    {
+        let mut responses = Vec::new();
+        let mut last = None;
+        for entry in entries {
+            let mut guard = self.state.write().map_err(|_| poisoned())?;
+            let data = &mut *guard;
+            data.last_applied = Some(entry.log_id);
+            let resp = match entry.payload {
+                EntryPayload::Blank => Vec::new(),
+                EntryPayload::Normal(payload) => data.app.apply(entry.log_id.index, &payload.0),
+                EntryPayload::Membership(m) => {
+                    data.last_membership = StoredMembership::new(Some(entry.log_id), m);
+                    Vec::new()
+                }
+            };
+            drop(guard);
+            last = Some(entry.log_id.index);
+            responses.push(resp);
+        }
+        if let Some(index) = last {
+            self.applied_tx.send_replace(index);
+        }
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<Cursor<Vec<u8>>>) -> Result<(), StorageError> {
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data: snapshot.into_inner(),
+        };
+        let state = self.state.clone();
+        let db = self.db.clone();
+        let lock = self.persist_lock.clone();
+        let signature = meta.signature();
+        blocking(ErrorSubject::Snapshot(Some(signature.clone())), move || {
+            {
+                let mut g = state.write().map_err(|_| poisoned())?;
+                g.app
+                    .restore(&stored.data)
+                    .map_err(|e| sto_msg(ErrorSubject::Snapshot(Some(signature)), ErrorVerb::Read, e))?;
+                g.last_applied = stored.meta.last_log_id;
+                g.last_membership = stored.meta.last_membership.clone();
+            }
+            persist(&db, &lock, &stored)
+        })
+        .await?;
+        self.installed.fetch_add(1, Ordering::AcqRel);
+        if let Some(l) = &meta.last_log_id {
+            self.applied_tx.send_replace(l.index);
+        }
+        tracing::info!(snapshot = %meta, "installed snapshot");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let db = self.db.clone();
+        let stored = blocking(ErrorSubject::Snapshot(None), move || read_stored(&db)).await?;
+        Ok(stored.map(|s| Snapshot {
+            meta: s.meta,
+            snapshot: Box::new(Cursor::new(s.data)),
+        }))
+    }
+}
+
+/// Open both openraft stores of one replica over one RocksDB instance at
+/// `path`. `initial` is the state used when no snapshot is persisted.
+pub fn open_storage<S: StateMachine>(
+    path: &std::path::Path,
+    initial: S,
+) -> Result<(crate::LogStore, StateMachineStore<S>), ConsensusError> {
+    let db = crate::log_store::open_db(path)?;
+    let log = crate::LogStore::new(db.clone())?;
+    let sm = StateMachineStore::new(db, initial)?;
+    Ok((log, sm))
+}

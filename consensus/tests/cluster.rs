@@ -1,0 +1,110 @@
+//! Three replicas in one process over real tonic servers on 127.0.0.1:
+//! replication, redirects, leader failover and a restarted replica rejoining.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{assert_same, init_tracing, Cluster, WAIT};
+use rota_consensus::{Role, WriteError};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicate_failover_and_rejoin() {
+    init_tracing();
+    let mut c = Cluster::start(3, |_| {}).await;
+
+    for id in 1..=3 {
+        assert!(!c.replica(id).is_initialized().await);
+    }
+    let members: BTreeMap<u64, String> = c.addrs.clone();
+    c.replica(1).initialize(members.clone()).await.expect("initialize");
+    // Initializing again is a no-op.
+    c.replica(1).initialize(members.clone()).await.expect("initialize twice");
+    assert!(c.replica(1).is_initialized().await);
+
+    let leader = c.wait_leader().await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+
+    // A follower redirects writes to the leader, with its address.
+    match c.replica(follower).write(b"x=1".to_vec()).await {
+        Err(WriteError::ForwardToLeader {
+            leader_id,
+            leader_addr,
+        }) => {
+            assert_eq!(leader_id, Some(leader));
+            assert_eq!(leader_addr.as_deref(), Some(c.addrs[&leader].as_str()));
+        }
+        other => panic!("expected ForwardToLeader, got {other:?}"),
+    }
+    assert!(matches!(
+        c.replica(follower).ensure_linearizable().await,
+        Err(WriteError::ForwardToLeader { leader_id: Some(l), .. }) if l == leader
+    ));
+
+    // 100 writes; each response is the previous value of the key.
+    let mut last = 0;
+    for i in 0..100 {
+        let w = c.write(&format!("k{}=v{i}", i % 50)).await;
+        assert!(w.index > last, "indexes increase");
+        last = w.index;
+        let expected = if i >= 50 { format!("v{}", i - 50) } else { String::new() };
+        assert_eq!(String::from_utf8(w.response).unwrap(), expected);
+    }
+    let states = c.wait_all_applied(last).await;
+    let s = assert_same(&states);
+    assert_eq!(s.applied, 100);
+    assert_eq!(s.map.len(), 50);
+    assert_eq!(s.map["k0"], "v50");
+    c.replica(leader).ensure_linearizable().await.expect("leader is linearizable");
+
+    // The leader's status lists three voters that all reach `last`.
+    let st = c.replica(leader).status();
+    assert_eq!(st.role, Role::Leader);
+    assert_eq!(st.leader_id, Some(leader));
+    assert_eq!(st.members.len(), 3);
+    assert!(st.members.iter().all(|m| m.voter));
+    for m in &st.members {
+        assert_eq!(m.addr, c.addrs[&m.id]);
+    }
+    c.replica(leader)
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(
+            |m| {
+                m.replication
+                    .as_ref()
+                    .is_some_and(|r| r.len() == 3 && r.values().all(|l| l.is_some_and(|l| l.index >= last)))
+            },
+            "all replicated",
+        )
+        .await
+        .expect("replication metrics");
+    let st = c.replica(leader).status();
+    assert!(st.members.iter().all(|m| m.matched_index >= Some(last)), "{st:?}");
+    assert!(st.committed_index >= Some(last));
+    assert_eq!(st.applied_index, Some(last));
+
+    // Stop the leader: the other two elect a new one and writes continue.
+    c.stop_node(leader).await;
+    let new_leader = c.wait_leader().await;
+    assert_ne!(new_leader, leader);
+    assert!(c.replica(new_leader).status().term > st.term);
+    for i in 0..20 {
+        last = c.write(&format!("after{i}={i}")).await.index;
+    }
+    let s2 = assert_same(&c.wait_all_applied(last).await);
+    assert_eq!(s2.applied, 120);
+
+    // The old leader restarts from its data dir: it has its applied state
+    // back at once (log replay), then catches up with the rest.
+    c.start_node(leader).await;
+    let back = c.replica(leader).read(|s| s.clone());
+    assert!(back.applied >= 100, "restarted replica replayed its log: {}", back.applied);
+    assert_eq!(back.map["k0"], "v50");
+    last = c.write("rejoined=yes").await.index;
+    let s3 = assert_same(&c.wait_all_applied(last).await);
+    assert_eq!(s3.applied, 121);
+    assert_eq!(c.wait_leader().await, new_leader);
+
+    c.shutdown().await;
+}

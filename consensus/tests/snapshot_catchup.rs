@@ -1,0 +1,53 @@
+//! A replica that was down while the leader snapshotted and purged its log
+//! catches up by snapshot installation.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{assert_same, init_tracing, Cluster, WAIT};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lagging_replica_installs_snapshot() {
+    init_tracing();
+    let mut c = Cluster::start(3, |cfg| {
+        cfg.snapshot_every_entries = 10;
+        cfg.keep_logs_behind_snapshot = 2;
+    })
+    .await;
+    let members: BTreeMap<u64, String> = c.addrs.clone();
+    c.replica(1).initialize(members).await.unwrap();
+    let leader = c.wait_leader().await;
+    let lagging = (1..=3).find(|id| *id != leader).unwrap();
+
+    let mut last = 0;
+    for i in 0..5 {
+        last = c.write(&format!("early{i}={i}")).await.index;
+    }
+    c.wait_all_applied(last).await;
+    c.stop_node(lagging).await;
+
+    for i in 0..100 {
+        last = c.write(&format!("k{i}={i}")).await.index;
+    }
+    // The leader's log no longer holds what the lagging replica needs.
+    c.replica(leader)
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(|m| m.purged.is_some_and(|p| p.index >= 80), "leader purged")
+        .await
+        .unwrap();
+
+    c.start_node(lagging).await;
+    let s = assert_same(&c.wait_all_applied(last).await);
+    assert_eq!(s.applied, 105);
+    assert!(
+        c.replica(lagging).installed_snapshots() >= 1,
+        "caught up without a snapshot: {:?}",
+        c.replica(lagging).status()
+    );
+    let st = c.replica(lagging).status();
+    assert!(st.snapshot_index >= Some(80), "{st:?}");
+
+    c.shutdown().await;
+}
