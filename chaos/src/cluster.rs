@@ -15,6 +15,8 @@ use rota_proto::v1::cluster_service_client::ClusterServiceClient;
 use rota_proto::v1::job_service_client::JobServiceClient;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::proxy::LinkProxy;
+
 /// Find the `rota` binary: $ROTA_BIN, else beside the running test or tool
 /// (target/<profile>/rota, one level above target/<profile>/deps/).
 pub fn rota_bin() -> Result<PathBuf> {
@@ -74,6 +76,10 @@ impl Replica {
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
 }
 
 pub struct LocalCluster {
@@ -82,6 +88,8 @@ pub struct LocalCluster {
     options: ClusterOptions,
     /// --peers as given to founding members.
     founding_peers: String,
+    /// Per-replica --peers, where replicas reach each other through proxies.
+    peers_of: BTreeMap<u64, String>,
     pub replicas: BTreeMap<u64, Replica>,
 }
 
@@ -93,11 +101,38 @@ impl LocalCluster {
             replicas.insert(id, new_replica(root, id)?);
         }
         let founding_peers = replicas.values().map(|r| format!("{}={}", r.id, r.addr)).collect::<Vec<_>>().join(",");
-        let mut cluster = LocalCluster { bin: rota_bin()?, root: root.to_path_buf(), options, founding_peers, replicas };
+        let mut cluster =
+            LocalCluster { bin: rota_bin()?, root: root.to_path_buf(), options, founding_peers, peers_of: BTreeMap::new(), replicas };
         for id in 1..=n {
             cluster.spawn(id, false)?;
         }
         Ok(cluster)
+    }
+
+    /// Like `start`, but replica i reaches replica j through a proxy of the
+    /// link i -> j, so links can be cut. Clients still reach every replica directly.
+    pub async fn start_proxied(root: &Path, n: u64, options: ClusterOptions) -> Result<(LocalCluster, Vec<LinkProxy>)> {
+        let mut replicas = BTreeMap::new();
+        for id in 1..=n {
+            replicas.insert(id, new_replica(root, id)?);
+        }
+        let mut links = Vec::new();
+        let mut peers_of = BTreeMap::new();
+        for from in 1..=n {
+            let mut peers = vec![format!("{from}={}", replicas[&from].addr)];
+            for to in (1..=n).filter(|to| *to != from) {
+                let link = LinkProxy::start(from, to, replicas[&to].addr.clone()).await?;
+                peers.push(format!("{to}={}", link.listen_addr));
+                links.push(link);
+            }
+            peers_of.insert(from, peers.join(","));
+        }
+        let founding_peers = replicas.values().map(|r| format!("{}={}", r.id, r.addr)).collect::<Vec<_>>().join(",");
+        let mut cluster = LocalCluster { bin: rota_bin()?, root: root.to_path_buf(), options, founding_peers, peers_of, replicas };
+        for id in 1..=n {
+            cluster.spawn(id, false)?;
+        }
+        Ok((cluster, links))
     }
 
     pub fn endpoints(&self) -> Vec<String> {
@@ -130,7 +165,7 @@ impl LocalCluster {
         if join {
             command.arg("--join").args(["--peers", &format!("{id}={}", replica.addr)]);
         } else {
-            command.args(["--peers", &self.founding_peers]);
+            command.args(["--peers", self.peers_of.get(&id).unwrap_or(&self.founding_peers)]);
         }
         for (key, value) in &self.options.env {
             command.env(key, value);

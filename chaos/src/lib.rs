@@ -1,4 +1,18 @@
-//! rota-chaos: drives real rota processes on 127.0.0.1 and checks what they
-//! did from the outside. `cluster` starts and stops replicas by PID.
+//! rota-chaos: drives real rota processes on 127.0.0.1, injects faults, and
+//! checks what happened from the outside.
+//!
+//! - `cluster`: replicas started, killed, paused and restarted by PID
+//! - `proxy`: a TCP proxy per replica-to-replica link, to cut and heal links
+//! - `workload`: submits, resubmits, cancels, probes; jobs write marker files
+//! - `faults`: the fault kinds
+//! - `history`: what the harness saw, on its own clock
+//! - `check`: the checkers; `run`: one run; `report`: its summary
 
+pub mod check;
 pub mod cluster;
+pub mod faults;
+pub mod history;
+pub mod proxy;
+pub mod report;
+pub mod run;
+pub mod workload;

@@ -144,7 +144,7 @@ pub async fn jobs(client: &Client, state: Option<&str>, group: Option<&str>, lim
             crate::server::convert::state_to_pb(parsed)
         }
     };
-    let request = pb::ListJobsRequest { state: state as i32, limit, group: group.unwrap_or_default().to_string() };
+    let request = pb::ListJobsRequest { state: state as i32, limit, group: group.unwrap_or_default().to_string(), before_id: 0 };
     let response = client
         .retrying(|i| {
             let mut jobs = client.jobs_at(i);

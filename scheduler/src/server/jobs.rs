@@ -68,7 +68,7 @@ impl JobApi {
             n => n,
         };
         self.ctx.replica.ensure_linearizable().await?;
-        Ok(self.ctx.read(|state| list_jobs(state, wanted, &message.group, limit as usize)))
+        Ok(self.ctx.read(|state| list_jobs(state, wanted, &message.group, message.before_id, limit as usize)))
     }
 
     async fn cancel_here(&self, message: &pb::CancelJobRequest) -> Result<pb::CancelJobResponse, Failure> {
@@ -81,10 +81,12 @@ impl JobApi {
     }
 }
 
-fn list_jobs(state: &ClusterState, wanted: Option<JobState>, group: &str, limit: usize) -> pb::ListJobsResponse {
+fn list_jobs(state: &ClusterState, wanted: Option<JobState>, group: &str, before_id: u64, limit: usize) -> pb::ListJobsResponse {
+    let below = if before_id == 0 { u64::MAX } else { before_id };
     let matching = state
         .jobs
-        .values()
+        .range(..below)
+        .map(|(_, job)| job)
         .rev()
         .filter(|job| wanted.is_none_or(|s| job.state == s))
         .filter(|job| group.is_empty() || job.spec.group == group);

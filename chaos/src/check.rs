@@ -1,0 +1,282 @@
+//! The checkers. Each reads what the harness recorded and what the jobs wrote
+//! to their marker files; none trusts the cluster's own account of itself
+//! beyond the final job records it is asked for.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::history::{Ack, Fault, Resubmit};
+
+/// Violations listed per check at most (the count is always exact).
+const MAX_DETAILS: usize = 20;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub passed: bool,
+    /// Skipped: the run could not test it (say why in details).
+    pub skipped: bool,
+    pub violations: u64,
+    pub details: Vec<String>,
+}
+
+impl Check {
+    fn new(name: &'static str, violations: Vec<String>) -> Check {
+        let count = violations.len() as u64;
+        Check { name, passed: count == 0, skipped: false, violations: count, details: violations.into_iter().take(MAX_DETAILS).collect() }
+    }
+
+    pub fn skipped(name: &'static str, why: &str) -> Check {
+        Check { name, passed: true, skipped: true, violations: 0, details: vec![why.to_string()] }
+    }
+}
+
+/// What the harness read back about one job at the end.
+#[derive(Debug, Clone)]
+pub struct FinalJob {
+    pub id: u64,
+    pub request_id: String,
+    pub state: String,
+    pub started_at_ms: u64,
+    pub finished_at_ms: u64,
+    pub attempts: u32,
+}
+
+/// Every acknowledged submit exists, exactly once, under the job id it was acknowledged with.
+pub fn acknowledged_exactly_once(acks: &[Ack], jobs: &[FinalJob], resubmits: &[Resubmit]) -> Check {
+    let mut by_request: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for job in jobs.iter().filter(|j| !j.request_id.is_empty()) {
+        by_request.entry(&job.request_id).or_default().push(job.id);
+    }
+    let mut violations = Vec::new();
+    for ack in acks {
+        match by_request.get(ack.request_id.as_str()).map(Vec::as_slice) {
+            None | Some([]) => violations.push(format!("request {} acknowledged as job {} at {} ms is lost", ack.request_id, ack.job_id, ack.acked_ms)),
+            Some([id]) if *id == ack.job_id => {}
+            Some([id]) => violations.push(format!("request {} acknowledged as job {} is stored as job {id}", ack.request_id, ack.job_id)),
+            Some(ids) => violations.push(format!("request {} stored {} times: jobs {ids:?}", ack.request_id, ids.len())),
+        }
+    }
+    for resubmit in resubmits.iter().filter(|r| r.first_job_id != r.again_job_id) {
+        violations.push(format!(
+            "request {} sent again returned job {} instead of {}",
+            resubmit.request_id, resubmit.again_job_id, resubmit.first_job_id
+        ));
+    }
+    Check::new("acknowledged_submits_exist_exactly_once", violations)
+}
+
+/// Every job ends once the faults stop.
+pub fn liveness(jobs: &[FinalJob], acked: &BTreeSet<u64>) -> Check {
+    let violations = jobs
+        .iter()
+        .filter(|j| acked.contains(&j.id))
+        .filter(|j| !matches!(j.state.as_str(), "succeeded" | "failed" | "cancelled"))
+        .map(|j| format!("job {} is still {} after the settle period", j.id, j.state))
+        .collect();
+    Check::new("every_job_reaches_a_final_state", violations)
+}
+
+/// One rank's life as its marker files tell it.
+#[derive(Debug, Clone)]
+pub struct RankRun {
+    pub job_id: u64,
+    pub rank: u32,
+    pub pid: u32,
+    pub node: String,
+    pub gpus: Vec<u32>,
+    pub start_ms: u64,
+    /// Written by the job itself when it finished its work.
+    pub end_ms: Option<u64>,
+}
+
+/// Read `<job>-<rank>-<pid>.start` / `.end` marker files.
+pub fn read_markers(dir: &Path) -> Vec<RankRun> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut runs = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("start") {
+            continue;
+        }
+        let Some(run) = parse_start(&std::fs::read_to_string(&path).unwrap_or_default()) else { continue };
+        let end_ms = std::fs::read_to_string(path.with_extension("end"))
+            .ok()
+            .and_then(|text| text.split_whitespace().next().and_then(|t| t.parse().ok()));
+        runs.push(RankRun { end_ms, ..run });
+    }
+    runs.sort_by_key(|r| (r.job_id, r.rank, r.start_ms));
+    runs
+}
+
+fn parse_start(text: &str) -> Option<RankRun> {
+    let mut fields = text.split_whitespace();
+    let start_ms = fields.next()?.parse().ok()?;
+    let pid = fields.next()?.parse().ok()?;
+    let job_id = fields.next()?.parse().ok()?;
+    let rank = fields.next()?.parse().ok()?;
+    let node = fields.next()?.to_string();
+    let gpus = fields.next().unwrap_or("").split(',').filter_map(|g| g.parse().ok()).collect();
+    Some(RankRun { job_id, rank, pid, node, gpus, start_ms, end_ms: None })
+}
+
+/// No GPU was held by two running ranks at once. A rank that wrote no end
+/// marker is taken to hold its GPUs until its job's recorded finish (or
+/// forever, if it never finished): the conservative reading.
+pub fn gpus_exclusive(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>) -> Check {
+    let mut by_gpu: BTreeMap<(&str, u32), Vec<(u64, u64, &RankRun)>> = BTreeMap::new();
+    for run in runs {
+        let end = run.end_ms.or_else(|| jobs.get(&run.job_id).map(|j| j.finished_at_ms).filter(|&t| t > 0)).unwrap_or(u64::MAX);
+        for &gpu in &run.gpus {
+            by_gpu.entry((run.node.as_str(), gpu)).or_default().push((run.start_ms, end, run));
+        }
+    }
+    let mut violations = Vec::new();
+    for ((node, gpu), mut spans) in by_gpu {
+        spans.sort_by_key(|s| s.0);
+        for pair in spans.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            if b.0 < a.1 {
+                violations.push(format!(
+                    "GPU {node}:{gpu} held by job {} rank {} (pid {}, {}..{} ms) and job {} rank {} (pid {}, from {} ms)",
+                    a.2.job_id, a.2.rank, a.2.pid, a.0, a.1, b.2.job_id, b.2.rank, b.2.pid, b.0
+                ));
+            }
+        }
+    }
+    Check::new("no_gpu_held_by_two_running_ranks", violations)
+}
+
+/// No running rank was killed or restarted by a fault: every rank of a job
+/// that was not cancelled started once and finished its work itself.
+pub fn no_rank_killed(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, cancelled: &BTreeSet<u64>) -> Check {
+    let mut by_rank: BTreeMap<(u64, u32), Vec<&RankRun>> = BTreeMap::new();
+    for run in runs {
+        by_rank.entry((run.job_id, run.rank)).or_default().push(run);
+    }
+    let mut violations = Vec::new();
+    for ((job_id, rank), starts) in by_rank {
+        if cancelled.contains(&job_id) {
+            continue;
+        }
+        if starts.len() > 1 {
+            let pids: Vec<u32> = starts.iter().map(|r| r.pid).collect();
+            violations.push(format!("job {job_id} rank {rank} was started {} times (pids {pids:?})", starts.len()));
+        } else if starts[0].end_ms.is_none() {
+            let state = jobs.get(&job_id).map_or("unknown", |j| j.state.as_str());
+            violations.push(format!(
+                "job {job_id} rank {rank} (pid {}, started {} ms) never finished its work; job is {state}",
+                starts[0].pid, starts[0].start_ms
+            ));
+        }
+    }
+    Check::new("no_running_rank_killed_or_restarted", violations)
+}
+
+/// Failover of one leader fault, measured from outside.
+#[derive(Debug, Clone, Serialize)]
+pub struct Failover {
+    pub kind: String,
+    pub at_ms: u64,
+    /// Fault to the first acknowledged submit sent after it.
+    pub submit_ms: Option<u64>,
+    /// Fault to the first job started by a scheduling decision after it.
+    pub schedule_ms: Option<u64>,
+}
+
+pub fn failovers(faults: &[Fault], probes: &[Ack], jobs: &[FinalJob]) -> Vec<Failover> {
+    faults
+        .iter()
+        .filter(|f| f.kind.ends_with("leader"))
+        .map(|fault| {
+            let submit_ms = probes.iter().filter(|p| p.sent_ms >= fault.at_ms).map(|p| p.acked_ms - fault.at_ms).min();
+            let schedule_ms = jobs.iter().filter(|j| j.started_at_ms > fault.at_ms).map(|j| j.started_at_ms - fault.at_ms).min();
+            Failover { kind: fault.kind.clone(), at_ms: fault.at_ms, submit_ms, schedule_ms }
+        })
+        .collect()
+}
+
+/// Every leader fault recovered within `limit_ms`.
+pub fn failover_bound(failovers: &[Failover], limit_ms: u64) -> Check {
+    let violations = failovers
+        .iter()
+        .filter(|f| f.submit_ms.is_none_or(|ms| ms > limit_ms))
+        .map(|f| format!("{} at {} ms: submits recovered after {:?} ms (limit {limit_ms})", f.kind, f.at_ms, f.submit_ms))
+        .collect();
+    Check::new("every_failover_under_limit", violations)
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Distribution {
+    pub count: usize,
+    pub min_ms: u64,
+    pub median_ms: u64,
+    pub p99_ms: u64,
+    pub max_ms: u64,
+}
+
+pub fn distribution(mut values: Vec<u64>) -> Distribution {
+    if values.is_empty() {
+        return Distribution::default();
+    }
+    values.sort_unstable();
+    let at = |p: f64| values[(((values.len() - 1) as f64) * p).round() as usize];
+    Distribution { count: values.len(), min_ms: values[0], median_ms: at(0.5), p99_ms: at(0.99), max_ms: values[values.len() - 1] }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(job_id: u64, pid: u32, gpus: &[u32], start_ms: u64, end_ms: Option<u64>) -> RankRun {
+        RankRun { job_id, rank: 0, pid, node: "n1".into(), gpus: gpus.to_vec(), start_ms, end_ms }
+    }
+
+    fn job(id: u64, state: &str, finished_at_ms: u64) -> FinalJob {
+        FinalJob { id, request_id: format!("r{id}"), state: state.into(), started_at_ms: 0, finished_at_ms, attempts: 1 }
+    }
+
+    #[test]
+    fn overlapping_gpu_use_is_caught() {
+        let jobs = BTreeMap::from([(1, job(1, "succeeded", 0)), (2, job(2, "succeeded", 0))]);
+        let fine = [run(1, 10, &[0, 1], 100, Some(200)), run(2, 11, &[1], 250, Some(300))];
+        assert!(gpus_exclusive(&fine, &jobs).passed);
+        let clash = [run(1, 10, &[0, 1], 100, Some(200)), run(2, 11, &[1], 150, Some(300))];
+        let check = gpus_exclusive(&clash, &jobs);
+        assert!(!check.passed);
+        assert!(check.details[0].contains("n1:1"));
+    }
+
+    #[test]
+    fn a_rank_without_end_holds_its_gpus_until_its_job_finished() {
+        let jobs = BTreeMap::from([(1, job(1, "cancelled", 500)), (2, job(2, "succeeded", 0))]);
+        let clash = [run(1, 10, &[0], 100, None), run(2, 11, &[0], 400, Some(600))];
+        assert!(!gpus_exclusive(&clash, &jobs).passed);
+    }
+
+    #[test]
+    fn killed_and_restarted_ranks_are_caught() {
+        let jobs = BTreeMap::from([(1, job(1, "succeeded", 900)), (2, job(2, "failed", 900))]);
+        let restarted = [run(1, 10, &[0], 100, None), run(1, 12, &[0], 300, Some(400))];
+        assert!(!no_rank_killed(&restarted, &jobs, &BTreeSet::new()).passed);
+        let killed = [run(2, 11, &[1], 100, None)];
+        assert!(!no_rank_killed(&killed, &jobs, &BTreeSet::new()).passed);
+        assert!(no_rank_killed(&killed, &jobs, &BTreeSet::from([2])).passed, "a cancelled job's rank may die");
+    }
+
+    #[test]
+    fn lost_and_duplicated_submits_are_caught() {
+        let ack = |r: &str, id| Ack { request_id: r.into(), job_id: id, sent_ms: 0, acked_ms: 1, attempts: 1 };
+        let jobs = vec![job(1, "succeeded", 0), FinalJob { id: 3, ..job(1, "succeeded", 0) }];
+        let check = acknowledged_exactly_once(&[ack("r1", 1), ack("r2", 2)], &jobs, &[]);
+        assert_eq!(check.violations, 2, "{:?}", check.details);
+    }
+
+    #[test]
+    fn distribution_percentiles() {
+        let d = distribution((1..=100).collect());
+        assert_eq!((d.min_ms, d.median_ms, d.p99_ms, d.max_ms), (1, 51, 99, 100));
+    }
+}

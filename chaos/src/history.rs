@@ -1,0 +1,71 @@
+//! What the harness saw, with its own clock: every acknowledged submit, every
+//! probe, every fault. Checks read this, never the cluster's own claims.
+
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Ack {
+    pub request_id: String,
+    pub job_id: u64,
+    pub sent_ms: u64,
+    pub acked_ms: u64,
+    /// Attempts it took (more than one: retried through a fault).
+    pub attempts: u32,
+}
+
+/// A submit whose request id was sent again on purpose after its ack.
+#[derive(Debug, Clone, Serialize)]
+pub struct Resubmit {
+    pub request_id: String,
+    pub first_job_id: u64,
+    pub again_job_id: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Fault {
+    pub kind: String,
+    /// Replica or agent the fault hit.
+    pub target: String,
+    pub at_ms: u64,
+    pub healed_ms: Option<u64>,
+    /// Leader before the fault (for leader faults).
+    pub leader_before: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+pub struct History {
+    pub acks: Mutex<Vec<Ack>>,
+    pub probes: Mutex<Vec<Ack>>,
+    pub resubmits: Mutex<Vec<Resubmit>>,
+    pub cancels: Mutex<Vec<(u64, u64)>>,
+    pub faults: Mutex<Vec<Fault>>,
+    /// Submits that never got an answer before the run ended (not acknowledged).
+    pub unacked: Mutex<u64>,
+}
+
+impl History {
+    pub fn record_ack(&self, ack: Ack) {
+        self.acks.lock().expect("history lock").push(ack);
+    }
+
+    pub fn record_probe(&self, ack: Ack) {
+        self.probes.lock().expect("history lock").push(ack);
+    }
+
+    pub fn record_fault(&self, fault: Fault) -> usize {
+        let mut faults = self.faults.lock().expect("history lock");
+        faults.push(fault);
+        faults.len() - 1
+    }
+
+    pub fn heal_fault(&self, index: usize) {
+        self.faults.lock().expect("history lock")[index].healed_ms = Some(now_ms());
+    }
+}

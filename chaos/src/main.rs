@@ -1,0 +1,105 @@
+//! `rota-chaos run ...`: a chaos run against real processes on 127.0.0.1.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use rota_chaos::cluster::ClusterOptions;
+use rota_chaos::faults::parse_faults;
+use rota_chaos::report::summary;
+use rota_chaos::run::{run, RunConfig};
+
+#[derive(Parser)]
+#[command(name = "rota-chaos", about = "Kill, pause and partition rota replicas; check that nothing is lost")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a cluster, drive a workload, inject faults, check, report.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    #[arg(long, default_value_t = 3)]
+    replicas: u64,
+    #[arg(long, default_value_t = 0)]
+    agents: u32,
+    #[arg(long, default_value_t = 60)]
+    duration_s: u64,
+    /// Comma separated: kill-leader, pause-leader, partition-leader, kill-follower, restart-agent.
+    #[arg(long, default_value = "kill-leader,pause-leader")]
+    faults: String,
+    /// Seconds between faults.
+    #[arg(long, default_value_t = 10)]
+    interval_s: u64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Seconds jobs get to finish after the faults stop.
+    #[arg(long, default_value_t = 90)]
+    settle_s: u64,
+    #[arg(long, default_value_t = 4)]
+    submitters: usize,
+    #[arg(long, default_value_t = 50)]
+    submit_interval_ms: u64,
+    #[arg(long, default_value_t = 100)]
+    heartbeat_ms: u64,
+    #[arg(long, default_value_t = 400)]
+    election_min_ms: u64,
+    #[arg(long, default_value_t = 800)]
+    election_max_ms: u64,
+    /// Keep data dirs, logs and markers here (default: a temporary dir, kept only on failure).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// text or json.
+    #[arg(long, default_value = "text")]
+    output: String,
+    /// Write the JSON report here as well.
+    #[arg(long)]
+    report: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(
+        tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "warn".into()),
+    ).init();
+    let Command::Run(args) = Cli::parse().command;
+    if !matches!(args.replicas, 3 | 5 | 7) {
+        anyhow::bail!("--replicas: 3, 5 or 7");
+    }
+    let config = RunConfig {
+        replicas: args.replicas,
+        agents: args.agents,
+        duration_s: args.duration_s,
+        faults: parse_faults(&args.faults)?,
+        interval_s: args.interval_s,
+        seed: args.seed,
+        settle_s: args.settle_s,
+        submitters: args.submitters,
+        submit_interval_ms: args.submit_interval_ms,
+        cluster: ClusterOptions {
+            heartbeat_ms: args.heartbeat_ms,
+            election_min_ms: args.election_min_ms,
+            election_max_ms: args.election_max_ms,
+            ..ClusterOptions::default()
+        },
+        dir: args.dir,
+    };
+    let report = run(config).await?;
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(path) = &args.report {
+        std::fs::write(path, &json)?;
+    }
+    match args.output.as_str() {
+        "json" => println!("{json}"),
+        _ => print!("{}", summary(&report)),
+    }
+    if !report.passed {
+        std::process::exit(1);
+    }
+    Ok(())
+}

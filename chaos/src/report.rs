@@ -1,0 +1,50 @@
+//! The readable summary of a run (the JSON is the Report itself).
+
+use rota_proto::v1 as pb;
+
+use crate::run::Report;
+
+pub fn state_name(state: i32) -> &'static str {
+    match pb::JobState::try_from(state) {
+        Ok(pb::JobState::Pending) => "pending",
+        Ok(pb::JobState::Running) => "running",
+        Ok(pb::JobState::Stopping) => "stopping",
+        Ok(pb::JobState::Succeeded) => "succeeded",
+        Ok(pb::JobState::Failed) => "failed",
+        Ok(pb::JobState::Cancelled) => "cancelled",
+        _ => "unknown",
+    }
+}
+
+pub fn summary(report: &Report) -> String {
+    let mut out = String::new();
+    let verdict = if report.passed { "PASSED" } else { "FAILED" };
+    out += &format!(
+        "chaos run {verdict}: {} replicas, {} agents, {} s, seed {}\n",
+        report.replicas, report.agents, report.duration_s, report.seed
+    );
+    out += &format!(
+        "submits: {} acknowledged, {} unacknowledged, {} sent again, {} cancels, {} probes\n",
+        report.acknowledged_submits, report.unacknowledged_submits, report.resubmits, report.cancels, report.probes
+    );
+    out += &format!("faults: {}\n", report.faults.len());
+    let d = &report.failover_submit;
+    out += &format!(
+        "failover to first acknowledged submit (ms): n={} min {} median {} p99 {} max {}\n",
+        d.count, d.min_ms, d.median_ms, d.p99_ms, d.max_ms
+    );
+    let d = &report.failover_schedule;
+    out += &format!(
+        "failover to first scheduling decision (ms): n={} min {} median {} p99 {} max {}\n",
+        d.count, d.min_ms, d.median_ms, d.p99_ms, d.max_ms
+    );
+    for check in &report.checks {
+        let mark = if check.skipped { "SKIP" } else if check.passed { "ok" } else { "FAIL" };
+        out += &format!("  [{mark}] {} ({} violations)\n", check.name, check.violations);
+        for detail in &check.details {
+            out += &format!("        {detail}\n");
+        }
+    }
+    out += &format!("data: {}\n", report.dir);
+    out
+}

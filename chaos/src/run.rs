@@ -1,0 +1,247 @@
+//! One chaos run: start a cluster, drive the workload, inject faults on a
+//! seeded schedule, let the cluster settle, then check and report.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rota_proto::v1 as pb;
+use serde::Serialize;
+
+use crate::check::{self, Check, Distribution, Failover, FinalJob};
+use crate::cluster::{ClusterOptions, LocalCluster};
+use crate::faults::FaultKind;
+use crate::history::{now_ms, Fault, History};
+use crate::proxy::LinkProxy;
+use crate::workload::{self, Clients, WorkloadConfig};
+
+/// A failover slower than this fails the run.
+pub const FAILOVER_LIMIT_MS: u64 = 60_000;
+const ELECTION_WAIT: Duration = Duration::from_secs(60);
+const LIST_PAGE: u32 = 5_000;
+
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub replicas: u64,
+    pub agents: u32,
+    pub duration_s: u64,
+    pub faults: Vec<FaultKind>,
+    pub interval_s: u64,
+    pub seed: u64,
+    /// After the faults stop, how long jobs get to finish.
+    pub settle_s: u64,
+    pub submitters: usize,
+    pub submit_interval_ms: u64,
+    pub cluster: ClusterOptions,
+    /// Where data dirs, logs and markers go; a temporary dir when absent.
+    pub dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub passed: bool,
+    pub replicas: u64,
+    pub agents: u32,
+    pub seed: u64,
+    pub duration_s: u64,
+    pub acknowledged_submits: usize,
+    pub unacknowledged_submits: u64,
+    pub resubmits: usize,
+    pub cancels: usize,
+    pub probes: usize,
+    pub faults: Vec<Fault>,
+    pub failovers: Vec<Failover>,
+    pub failover_submit: Distribution,
+    pub failover_schedule: Distribution,
+    pub checks: Vec<Check>,
+    pub dir: String,
+}
+
+pub async fn run(config: RunConfig) -> Result<Report> {
+    let temp = tempfile::tempdir()?;
+    let dir = config.dir.clone().unwrap_or_else(|| temp.path().to_path_buf());
+    let markers = dir.join("markers");
+    std::fs::create_dir_all(&markers)?;
+    let (mut cluster, links) = LocalCluster::start_proxied(&dir, config.replicas, config.cluster.clone()).await?;
+    cluster.wait_leader(ELECTION_WAIT).await.context("first election")?;
+    let clients = Clients::new(&cluster.endpoints())?;
+    let history = Arc::new(History::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let workload_config = WorkloadConfig {
+        seed: config.seed,
+        submitters: config.submitters,
+        submit_interval_ms: config.submit_interval_ms,
+        marker_dir: markers.display().to_string(),
+        max_gpus: 16,
+        runnable: config.agents > 0,
+    };
+    let mut tasks = vec![tokio::spawn(workload::probe(clients.clone(), history.clone(), config.seed, stop.clone()))];
+    for i in 0..config.submitters {
+        tasks.push(tokio::spawn(workload::submitter(i, clients.clone(), history.clone(), workload_config.clone(), stop.clone())));
+    }
+
+    inject_faults(&mut cluster, &links, &history, &config).await?;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await?;
+    }
+    cluster.wait_leader(ELECTION_WAIT).await.context("election after the faults")?;
+    let acked: BTreeSet<u64> = history.acks.lock().expect("history lock").iter().map(|a| a.job_id).collect();
+    if workload_config.runnable {
+        settle(&clients, &acked, Duration::from_secs(config.settle_s)).await;
+    }
+    let jobs = read_all_jobs(&clients).await?;
+    let report = build_report(&config, &history, &jobs, &markers, dir.display().to_string());
+    if config.dir.is_none() && !report.passed {
+        // Keep the evidence of a failed run.
+        let kept = temp.keep();
+        tracing::warn!(dir = %kept.display(), "run failed; data kept");
+    }
+    Ok(report)
+}
+
+/// Every `interval_s`, one fault drawn from `faults` by the seeded RNG; each
+/// is healed after its duration, and the next waits for an agreed leader.
+async fn inject_faults(cluster: &mut LocalCluster, links: &[LinkProxy], history: &History, config: &RunConfig) -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(config.seed);
+    let started = Instant::now();
+    let total = Duration::from_secs(config.duration_s);
+    let interval = Duration::from_secs(config.interval_s.max(1));
+    let mut next = started + interval;
+    while next + Duration::from_secs(1) < started + total {
+        tokio::time::sleep_until(next.into()).await;
+        let kind = config.faults[rng.gen_range(0..config.faults.len())];
+        let leader = cluster.wait_leader(ELECTION_WAIT).await.context("leader before a fault")?;
+        inject_one(cluster, links, history, kind, leader, &mut rng).await?;
+        cluster.wait_leader(ELECTION_WAIT).await.with_context(|| format!("leader after {}", kind.name()))?;
+        next = Instant::now().max(next + interval);
+    }
+    tokio::time::sleep_until((started + total).into()).await;
+    Ok(())
+}
+
+async fn inject_one(cluster: &mut LocalCluster, links: &[LinkProxy], history: &History, kind: FaultKind, leader: u64, rng: &mut StdRng) -> Result<()> {
+    let followers: Vec<u64> = cluster.replicas.keys().copied().filter(|id| *id != leader).collect();
+    let target = match kind {
+        FaultKind::KillFollower => followers[rng.gen_range(0..followers.len())],
+        _ => leader,
+    };
+    let fault = Fault { kind: kind.name().into(), target: format!("replica-{target}"), at_ms: now_ms(), healed_ms: None, leader_before: Some(leader) };
+    tracing::info!(kind = kind.name(), target, "fault");
+    let index = history.record_fault(fault);
+    match kind {
+        FaultKind::KillLeader | FaultKind::KillFollower => cluster.kill(target)?,
+        FaultKind::PauseLeader => cluster.pause(target)?,
+        FaultKind::PartitionLeader => links.iter().filter(|l| l.from == target || l.to == target).for_each(LinkProxy::cut),
+        FaultKind::RestartAgent => anyhow::bail!("restart-agent needs agents (--agents N)"),
+    }
+    tokio::time::sleep(kind.duration()).await;
+    match kind {
+        FaultKind::KillLeader | FaultKind::KillFollower => cluster.restart(target)?,
+        FaultKind::PauseLeader => cluster.resume(target)?,
+        FaultKind::PartitionLeader => links.iter().filter(|l| l.from == target || l.to == target).for_each(LinkProxy::heal),
+        FaultKind::RestartAgent => {}
+    }
+    history.heal_fault(index);
+    Ok(())
+}
+
+/// Wait (bounded) until every acknowledged job is final.
+async fn settle(clients: &Clients, acked: &BTreeSet<u64>, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let mut open: BTreeSet<u64> = acked.clone();
+    while !open.is_empty() && Instant::now() < deadline {
+        let mut still_open = BTreeSet::new();
+        for &id in &open {
+            let final_state = clients.get(id).await.map(|j| matches!(j.state(), pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled));
+            if !final_state.unwrap_or(false) {
+                still_open.insert(id);
+            }
+        }
+        open = still_open;
+        if !open.is_empty() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// Every job the cluster has, page by page (newest first).
+async fn read_all_jobs(clients: &Clients) -> Result<Vec<FinalJob>> {
+    let mut jobs = Vec::new();
+    let mut before_id = 0;
+    loop {
+        let request = pb::ListJobsRequest { limit: LIST_PAGE, before_id, ..Default::default() };
+        let (page, _) = clients
+            .call(0, 60_000, |mut c| {
+                let request = request.clone();
+                async move { c.list_jobs(request).await }
+            })
+            .await;
+        let page = page.context("listing jobs")?;
+        let Some(last) = page.jobs.last() else { break };
+        before_id = last.id;
+        jobs.extend(page.jobs.iter().map(|j| FinalJob {
+            id: j.id,
+            request_id: j.request_id.clone(),
+            state: crate::report::state_name(j.state).to_string(),
+            started_at_ms: j.started_at_ms,
+            finished_at_ms: j.finished_at_ms,
+            attempts: j.attempts,
+        }));
+        if page.jobs.len() < LIST_PAGE as usize {
+            break;
+        }
+    }
+    Ok(jobs)
+}
+
+fn build_report(config: &RunConfig, history: &History, jobs: &[FinalJob], markers: &std::path::Path, dir: String) -> Report {
+    let acks = history.acks.lock().expect("history lock").clone();
+    let probes = history.probes.lock().expect("history lock").clone();
+    let resubmits = history.resubmits.lock().expect("history lock").clone();
+    let cancels = history.cancels.lock().expect("history lock").clone();
+    let faults = history.faults.lock().expect("history lock").clone();
+    let mut all_acks = acks.clone();
+    all_acks.extend(probes.iter().cloned());
+    let mut checks = vec![check::acknowledged_exactly_once(&all_acks, jobs, &resubmits)];
+    let by_id: BTreeMap<u64, FinalJob> = jobs.iter().map(|j| (j.id, j.clone())).collect();
+    if config.agents > 0 {
+        let runs = check::read_markers(markers);
+        let cancelled: BTreeSet<u64> = cancels.iter().map(|c| c.0).chain(probes.iter().map(|p| p.job_id)).collect();
+        let acked: BTreeSet<u64> = acks.iter().map(|a| a.job_id).collect();
+        checks.push(check::gpus_exclusive(&runs, &by_id));
+        checks.push(check::no_rank_killed(&runs, &by_id, &cancelled));
+        checks.push(check::liveness(jobs, &acked));
+    } else {
+        for name in ["no_gpu_held_by_two_running_ranks", "no_running_rank_killed_or_restarted", "every_job_reaches_a_final_state"] {
+            checks.push(Check::skipped(name, "no agents in this run (--agents 0): no job runs"));
+        }
+    }
+    let failovers = check::failovers(&faults, &probes, jobs);
+    checks.push(check::failover_bound(&failovers, FAILOVER_LIMIT_MS));
+    let failover_submit = check::distribution(failovers.iter().filter_map(|f| f.submit_ms).collect());
+    let failover_schedule = check::distribution(failovers.iter().filter_map(|f| f.schedule_ms).collect());
+    Report {
+        passed: checks.iter().all(|c| c.passed),
+        replicas: config.replicas,
+        agents: config.agents,
+        seed: config.seed,
+        duration_s: config.duration_s,
+        acknowledged_submits: acks.len(),
+        unacknowledged_submits: *history.unacked.lock().expect("history lock"),
+        resubmits: resubmits.len(),
+        cancels: cancels.len(),
+        probes: probes.len(),
+        faults,
+        failovers,
+        failover_submit,
+        failover_schedule,
+        checks,
+        dir,
+    }
+}
