@@ -10,7 +10,7 @@
 //! ordered, so they are durable as soon as any later synced write is.
 
 use std::fmt::Debug;
-use std::ops::{Bound, RangeBounds};
+use std::ops::{Bound, Deref, RangeBounds};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,6 +20,7 @@ use openraft::{AnyError, ErrorSubject, ErrorVerb, RaftLogReader, StorageIOError,
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::sync::oneshot;
 
 use crate::types::{Entry, LogId, StorageError, TypeConfig};
 use crate::{ConsensusError, NodeId};
@@ -32,8 +33,26 @@ const KEY_VOTE: &[u8] = b"vote";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
 const KEY_COMMITTED: &[u8] = b"committed";
 
+/// The replica's RocksDB. Dropping the last handle closes the database and
+/// then (fields drop in order) the close signal, so a waiter on
+/// [`DbClosed`] knows the directory lock is released.
+pub(crate) struct Db {
+    db: DB,
+    _closed: oneshot::Sender<()>,
+}
+
+impl Deref for Db {
+    type Target = DB;
+    fn deref(&self) -> &DB {
+        &self.db
+    }
+}
+
+/// Resolves once the RocksDB instance is closed.
+pub(crate) type DbClosed = oneshot::Receiver<()>;
+
 /// Open (or create) the replica's RocksDB with all column families.
-pub(crate) fn open_db(path: &Path) -> Result<Arc<DB>, ConsensusError> {
+pub(crate) fn open_db(path: &Path) -> Result<(Arc<Db>, DbClosed), ConsensusError> {
     std::fs::create_dir_all(path)
         .map_err(|e| ConsensusError::Storage(format!("create {}: {e}", path.display())))?;
     let mut opts = Options::default();
@@ -44,7 +63,8 @@ pub(crate) fn open_db(path: &Path) -> Result<Arc<DB>, ConsensusError> {
         .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
     let db = DB::open_cf_descriptors(&opts, path, cfs)
         .map_err(|e| ConsensusError::Storage(format!("open rocksdb at {}: {e}", path.display())))?;
-    Ok(Arc::new(db))
+    let (tx, rx) = oneshot::channel();
+    Ok((Arc::new(Db { db, _closed: tx }), rx))
 }
 
 pub(crate) fn cf<'a>(db: &'a DB, name: &str) -> Result<&'a ColumnFamily, StorageError> {
@@ -111,13 +131,13 @@ fn synced() -> WriteOptions {
 /// reader).
 #[derive(Clone)]
 pub struct LogStore {
-    db: Arc<DB>,
+    db: Arc<Db>,
     /// Last committed index + 1 as saved by openraft (0: none).
     committed: Arc<AtomicU64>,
 }
 
 impl LogStore {
-    pub(crate) fn new(db: Arc<DB>) -> Result<Self, ConsensusError> {
+    pub(crate) fn new(db: Arc<Db>) -> Result<Self, ConsensusError> {
         let store = LogStore {
             db,
             committed: Arc::new(AtomicU64::new(0)),

@@ -3,16 +3,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError};
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
-use rocksdb::DB;
 use rota_proto::raft::raft_server::RaftServer;
 use tokio::sync::watch;
 
-use crate::log_store::{open_db, LogStore};
+use crate::log_store::{open_db, DbClosed, LogStore};
 use crate::network::NetworkFactory;
 use crate::service::RaftService;
 use crate::state_machine::{SmData, StateMachineStore};
@@ -91,7 +90,7 @@ struct Inner<S> {
     applied_rx: watch::Receiver<u64>,
     committed: Arc<AtomicU64>,
     installed: Arc<AtomicU64>,
-    db: Weak<DB>,
+    db_closed: Mutex<Option<DbClosed>>,
 }
 
 /// A replica of the Raft group. Cheap to clone.
@@ -151,8 +150,7 @@ impl<S: StateMachine> Replica<S> {
     /// reach it.
     pub async fn open(cfg: ConsensusConfig, initial: S) -> Result<Self, ConsensusError> {
         let config = raft_config(&cfg)?;
-        let db = open_db(&cfg.data_dir.join(DB_DIR))?;
-        let weak = Arc::downgrade(&db);
+        let (db, db_closed) = open_db(&cfg.data_dir.join(DB_DIR))?;
         let log = LogStore::new(db.clone())?;
         let sm = StateMachineStore::new(db, initial)?;
         let state = sm.state();
@@ -177,7 +175,7 @@ impl<S: StateMachine> Replica<S> {
                 applied_rx,
                 committed,
                 installed,
-                db: weak,
+                db_closed: Mutex::new(Some(db_closed)),
             }),
         })
     }
@@ -386,12 +384,12 @@ impl<S: StateMachine> Replica<S> {
     /// dir can be reopened.
     pub async fn shutdown(&self) -> Result<(), ConsensusError> {
         self.inner.raft.shutdown().await.map_err(fatal)?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.inner.db.strong_count() > 0 {
-            if Instant::now() >= deadline {
-                return Err(ConsensusError::Storage("storage still in use 30s after shutdown".into()));
+        let closed = self.inner.db_closed.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(closed) = closed {
+            // The sender is dropped (not sent) right after RocksDB closed.
+            if tokio::time::timeout(Duration::from_secs(30), closed).await.is_err() {
+                return Err(ConsensusError::Storage("storage still open 30s after shutdown".into()));
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         Ok(())
     }

@@ -14,10 +14,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, Snapshot};
 use rocksdb::{WriteOptions, DB};
+
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::log_store::{blocking, cf, decode, encode, sto_err, sto_msg, CF_SM};
+use crate::log_store::{blocking, cf, decode, encode, open_db, sto_err, sto_msg, Db, CF_SM};
 use crate::types::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 use crate::{ConsensusError, StateMachine};
 
@@ -40,7 +41,7 @@ struct StoredSnapshot {
 /// openraft state machine store over a [`StateMachine`]. Cheap to clone
 /// (it is also its own snapshot builder).
 pub struct StateMachineStore<S> {
-    db: Arc<DB>,
+    db: Arc<Db>,
     state: Arc<RwLock<SmData<S>>>,
     applied_tx: Arc<watch::Sender<u64>>,
     installed: Arc<AtomicU64>,
@@ -92,7 +93,7 @@ fn persist(db: &DB, lock: &Mutex<()>, snap: &StoredSnapshot) -> Result<(), Stora
 
 impl<S: StateMachine> StateMachineStore<S> {
     /// Load the persisted snapshot (if any) into `initial`.
-    pub(crate) fn new(db: Arc<DB>, mut initial: S) -> Result<Self, ConsensusError> {
+    pub(crate) fn new(db: Arc<Db>, mut initial: S) -> Result<Self, ConsensusError> {
         let stored = read_stored(&db).map_err(|e| ConsensusError::Storage(e.to_string()))?;
         let (last_applied, last_membership) = match stored {
             Some(s) => {
@@ -272,7 +273,7 @@ pub fn open_storage<S: StateMachine>(
     path: &std::path::Path,
     initial: S,
 ) -> Result<(crate::LogStore, StateMachineStore<S>), ConsensusError> {
-    let db = crate::log_store::open_db(path)?;
+    let (db, _closed) = open_db(path)?;
     let log = crate::LogStore::new(db.clone())?;
     let sm = StateMachineStore::new(db, initial)?;
     Ok((log, sm))
