@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError};
+use openraft::error::{
+    CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError,
+};
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use rota_proto::raft::raft_server::RaftServer;
 use tokio::sync::watch;
@@ -136,7 +138,8 @@ pub fn raft_config(cfg: &ConsensusConfig) -> Result<Config, ConsensusError> {
         snapshot_max_chunk_size: 4 * 1024 * 1024,
         ..Config::default()
     };
-    c.validate().map_err(|e| ConsensusError::Config(e.to_string()))
+    c.validate()
+        .map_err(|e| ConsensusError::Config(e.to_string()))
 }
 
 fn fatal(e: impl std::fmt::Display) -> ConsensusError {
@@ -200,7 +203,11 @@ impl<S: StateMachine> Replica<S> {
 
     /// Run `f` on the current application state under the read lock.
     pub fn read<R>(&self, f: impl FnOnce(&S) -> R) -> R {
-        let g = self.inner.state.read().unwrap_or_else(PoisonError::into_inner);
+        let g = self
+            .inner
+            .state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         f(&g.app)
     }
 
@@ -242,8 +249,14 @@ impl<S: StateMachine> Replica<S> {
 
     /// Initialize the group with `members` (id -> address) as voters. A
     /// no-op when this replica already has a log or membership.
-    pub async fn initialize(&self, members: BTreeMap<NodeId, String>) -> Result<(), ConsensusError> {
-        let nodes: BTreeMap<NodeId, BasicNode> = members.into_iter().map(|(id, addr)| (id, BasicNode { addr })).collect();
+    pub async fn initialize(
+        &self,
+        members: BTreeMap<NodeId, String>,
+    ) -> Result<(), ConsensusError> {
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .into_iter()
+            .map(|(id, addr)| (id, BasicNode { addr }))
+            .collect();
         match self.inner.raft.initialize(nodes).await {
             Ok(()) => Ok(()),
             Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
@@ -257,7 +270,10 @@ impl<S: StateMachine> Replica<S> {
         self.inner.network.resolve(id, node).or_else(|| {
             let m = self.inner.raft.metrics();
             let m = m.borrow();
-            m.membership_config.membership().get_node(&id).map(|n| n.addr.clone())
+            m.membership_config
+                .membership()
+                .get_node(&id)
+                .map(|n| n.addr.clone())
         })
     }
 
@@ -289,7 +305,9 @@ impl<S: StateMachine> Replica<S> {
     pub async fn ensure_linearizable(&self) -> Result<(), WriteError> {
         match self.inner.raft.ensure_linearizable().await {
             Ok(_) => Ok(()),
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => Err(self.forward(f)),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(self.forward(f))
+            }
             Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
                 Err(WriteError::Unavailable(e.to_string()))
             }
@@ -317,7 +335,11 @@ impl<S: StateMachine> Replica<S> {
                 }
                 MemberStatus {
                     id: *id,
-                    addr: self.inner.network.resolve(*id, Some(node)).unwrap_or_default(),
+                    addr: self
+                        .inner
+                        .network
+                        .resolve(*id, Some(node))
+                        .unwrap_or_default(),
                     voter: voters.contains(id),
                     matched_index: matched,
                 }
@@ -341,10 +363,15 @@ impl<S: StateMachine> Replica<S> {
         }
     }
 
-    fn map_change(&self, e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ConsensusError {
+    fn map_change(
+        &self,
+        e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>,
+    ) -> ConsensusError {
         match e {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => self.forward(f).into(),
-            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => ConsensusError::Membership(e.to_string()),
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+                ConsensusError::Membership(e.to_string())
+            }
             RaftError::Fatal(f) => fatal(f),
         }
     }
@@ -384,11 +411,21 @@ impl<S: StateMachine> Replica<S> {
     /// dir can be reopened.
     pub async fn shutdown(&self) -> Result<(), ConsensusError> {
         self.inner.raft.shutdown().await.map_err(fatal)?;
-        let closed = self.inner.db_closed.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let closed = self
+            .inner
+            .db_closed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Some(closed) = closed {
             // The sender is dropped (not sent) right after RocksDB closed.
-            if tokio::time::timeout(Duration::from_secs(30), closed).await.is_err() {
-                return Err(ConsensusError::Storage("storage still open 30s after shutdown".into()));
+            if tokio::time::timeout(Duration::from_secs(30), closed)
+                .await
+                .is_err()
+            {
+                return Err(ConsensusError::Storage(
+                    "storage still open 30s after shutdown".into(),
+                ));
             }
         }
         Ok(())

@@ -6,6 +6,9 @@
 //! (meta + data) is persisted in the `sm` column family; a restarted replica
 //! starts from it and openraft re-applies the committed log after it.
 
+// openraft's StorageError (the error type its storage traits require) is large.
+#![allow(clippy::result_large_err)]
+
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -61,7 +64,11 @@ impl<S> Clone for StateMachineStore<S> {
 }
 
 fn poisoned() -> StorageError {
-    sto_msg(ErrorSubject::StateMachine, ErrorVerb::Write, "state machine lock poisoned")
+    sto_msg(
+        ErrorSubject::StateMachine,
+        ErrorVerb::Write,
+        "state machine lock poisoned",
+    )
 }
 
 fn read_stored(db: &DB) -> Result<Option<StoredSnapshot>, StorageError> {
@@ -77,7 +84,9 @@ fn read_stored(db: &DB) -> Result<Option<StoredSnapshot>, StorageError> {
 /// stored (a slow build racing an install). Synced.
 fn persist(db: &DB, lock: &Mutex<()>, snap: &StoredSnapshot) -> Result<(), StorageError> {
     let subject = || ErrorSubject::Snapshot(Some(snap.meta.signature()));
-    let _guard = lock.lock().map_err(|_| sto_msg(subject(), ErrorVerb::Write, "snapshot lock poisoned"))?;
+    let _guard = lock
+        .lock()
+        .map_err(|_| sto_msg(subject(), ErrorVerb::Write, "snapshot lock poisoned"))?;
     if let Some(cur) = read_stored(db)? {
         if cur.meta.last_log_id > snap.meta.last_log_id {
             return Ok(());
@@ -97,9 +106,9 @@ impl<S: StateMachine> StateMachineStore<S> {
         let stored = read_stored(&db).map_err(|e| ConsensusError::Storage(e.to_string()))?;
         let (last_applied, last_membership) = match stored {
             Some(s) => {
-                initial
-                    .restore(&s.data)
-                    .map_err(|e| ConsensusError::Storage(format!("restore snapshot {}: {e}", s.meta.snapshot_id)))?;
+                initial.restore(&s.data).map_err(|e| {
+                    ConsensusError::Storage(format!("restore snapshot {}: {e}", s.meta.snapshot_id))
+                })?;
                 (s.meta.last_log_id, s.meta.last_membership)
             }
             None => (None, StoredMembership::default()),
@@ -147,9 +156,15 @@ impl<S: StateMachine> StateMachineStore<S> {
 }
 
 fn snapshot_id(last: &Option<LogId>) -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     match last {
-        Some(l) => format!("{}-{}-{}-{nanos}", l.leader_id.term, l.leader_id.node_id, l.index),
+        Some(l) => format!(
+            "{}-{}-{}-{nanos}",
+            l.leader_id.term, l.leader_id.node_id, l.index
+        ),
         None => format!("none-{nanos}"),
     }
 }
@@ -157,11 +172,12 @@ fn snapshot_id(last: &Option<LogId>) -> String {
 impl<S: StateMachine> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<S> {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let state = self.state.clone();
-        let (data, last_applied, last_membership) = blocking(ErrorSubject::Snapshot(None), move || {
-            let g = state.read().map_err(|_| poisoned())?;
-            Ok((g.app.snapshot(), g.last_applied, g.last_membership.clone()))
-        })
-        .await?;
+        let (data, last_applied, last_membership) =
+            blocking(ErrorSubject::Snapshot(None), move || {
+                let g = state.read().map_err(|_| poisoned())?;
+                Ok((g.app.snapshot(), g.last_applied, g.last_membership.clone()))
+            })
+            .await?;
         let meta = SnapshotMeta {
             snapshot_id: snapshot_id(&last_applied),
             last_log_id: last_applied,
@@ -228,7 +244,11 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
-    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<Cursor<Vec<u8>>>) -> Result<(), StorageError> {
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
         let stored = StoredSnapshot {
             meta: meta.clone(),
             data: snapshot.into_inner(),
@@ -240,9 +260,9 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
         blocking(ErrorSubject::Snapshot(Some(signature.clone())), move || {
             {
                 let mut g = state.write().map_err(|_| poisoned())?;
-                g.app
-                    .restore(&stored.data)
-                    .map_err(|e| sto_msg(ErrorSubject::Snapshot(Some(signature)), ErrorVerb::Read, e))?;
+                g.app.restore(&stored.data).map_err(|e| {
+                    sto_msg(ErrorSubject::Snapshot(Some(signature)), ErrorVerb::Read, e)
+                })?;
                 g.last_applied = stored.meta.last_log_id;
                 g.last_membership = stored.meta.last_membership.clone();
             }
