@@ -370,7 +370,22 @@ impl<S: StateMachine> Replica<S> {
         match e {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => self.forward(f).into(),
             RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
-                ConsensusError::Membership(e.to_string())
+                // openraft validates the change before checking leadership; a
+                // non-leader cannot change membership either way.
+                let (state, leader) = {
+                    let m = self.inner.raft.metrics();
+                    let m = m.borrow();
+                    (m.state, m.current_leader)
+                };
+                if state != ServerState::Leader {
+                    self.forward(ForwardToLeader {
+                        leader_id: leader,
+                        leader_node: None,
+                    })
+                    .into()
+                } else {
+                    ConsensusError::Membership(e.to_string())
+                }
             }
             RaftError::Fatal(f) => fatal(f),
         }
