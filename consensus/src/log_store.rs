@@ -9,17 +9,24 @@
 //! returned. Purge and the committed log id are not synced: RocksDB's WAL is
 //! ordered, so they are durable as soon as any later synced write is.
 
+// openraft's StorageError (the error type its storage traits require) is large.
+#![allow(clippy::result_large_err)]
+
 use std::fmt::Debug;
-use std::ops::{Bound, RangeBounds};
+use std::ops::{Bound, Deref, RangeBounds};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{AnyError, ErrorSubject, ErrorVerb, RaftLogReader, StorageIOError, Vote};
-use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{
+    ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch,
+    WriteOptions, DB,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::sync::oneshot;
 
 use crate::types::{Entry, LogId, StorageError, TypeConfig};
 use crate::{ConsensusError, NodeId};
@@ -32,8 +39,26 @@ const KEY_VOTE: &[u8] = b"vote";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
 const KEY_COMMITTED: &[u8] = b"committed";
 
+/// The replica's RocksDB. Dropping the last handle closes the database and
+/// then (fields drop in order) the close signal, so a waiter on
+/// [`DbClosed`] knows the directory lock is released.
+pub(crate) struct Db {
+    db: DB,
+    _closed: oneshot::Sender<()>,
+}
+
+impl Deref for Db {
+    type Target = DB;
+    fn deref(&self) -> &DB {
+        &self.db
+    }
+}
+
+/// Resolves once the RocksDB instance is closed.
+pub(crate) type DbClosed = oneshot::Receiver<()>;
+
 /// Open (or create) the replica's RocksDB with all column families.
-pub(crate) fn open_db(path: &Path) -> Result<Arc<DB>, ConsensusError> {
+pub(crate) fn open_db(path: &Path) -> Result<(Arc<Db>, DbClosed), ConsensusError> {
     std::fs::create_dir_all(path)
         .map_err(|e| ConsensusError::Storage(format!("create {}: {e}", path.display())))?;
     let mut opts = Options::default();
@@ -44,7 +69,8 @@ pub(crate) fn open_db(path: &Path) -> Result<Arc<DB>, ConsensusError> {
         .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
     let db = DB::open_cf_descriptors(&opts, path, cfs)
         .map_err(|e| ConsensusError::Storage(format!("open rocksdb at {}: {e}", path.display())))?;
-    Ok(Arc::new(db))
+    let (tx, rx) = oneshot::channel();
+    Ok((Arc::new(Db { db, _closed: tx }), rx))
 }
 
 pub(crate) fn cf<'a>(db: &'a DB, name: &str) -> Result<&'a ColumnFamily, StorageError> {
@@ -66,15 +92,25 @@ pub(crate) fn sto_err(
     StorageIOError::new(subject, verb, AnyError::new(e)).into()
 }
 
-pub(crate) fn sto_msg(subject: ErrorSubject<NodeId>, verb: ErrorVerb, msg: impl ToString) -> StorageError {
+pub(crate) fn sto_msg(
+    subject: ErrorSubject<NodeId>,
+    verb: ErrorVerb,
+    msg: impl ToString,
+) -> StorageError {
     StorageIOError::new(subject, verb, AnyError::error(msg)).into()
 }
 
-pub(crate) fn encode<T: Serialize>(v: &T, subject: ErrorSubject<NodeId>) -> Result<Vec<u8>, StorageError> {
+pub(crate) fn encode<T: Serialize>(
+    v: &T,
+    subject: ErrorSubject<NodeId>,
+) -> Result<Vec<u8>, StorageError> {
     bincode::serialize(v).map_err(|e| sto_err(subject, ErrorVerb::Write, &*e))
 }
 
-pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8], subject: ErrorSubject<NodeId>) -> Result<T, StorageError> {
+pub(crate) fn decode<T: DeserializeOwned>(
+    bytes: &[u8],
+    subject: ErrorSubject<NodeId>,
+) -> Result<T, StorageError> {
     bincode::deserialize(bytes).map_err(|e| sto_err(subject, ErrorVerb::Read, &*e))
 }
 
@@ -95,9 +131,13 @@ fn index_key(index: u64) -> [u8; 8] {
 }
 
 fn key_index(key: &[u8]) -> Result<u64, StorageError> {
-    let arr: [u8; 8] = key
-        .try_into()
-        .map_err(|_| sto_msg(ErrorSubject::Logs, ErrorVerb::Read, format!("bad log key of {} bytes", key.len())))?;
+    let arr: [u8; 8] = key.try_into().map_err(|_| {
+        sto_msg(
+            ErrorSubject::Logs,
+            ErrorVerb::Read,
+            format!("bad log key of {} bytes", key.len()),
+        )
+    })?;
     Ok(u64::from_be_bytes(arr))
 }
 
@@ -111,13 +151,13 @@ fn synced() -> WriteOptions {
 /// reader).
 #[derive(Clone)]
 pub struct LogStore {
-    db: Arc<DB>,
+    db: Arc<Db>,
     /// Last committed index + 1 as saved by openraft (0: none).
     committed: Arc<AtomicU64>,
 }
 
 impl LogStore {
-    pub(crate) fn new(db: Arc<DB>) -> Result<Self, ConsensusError> {
+    pub(crate) fn new(db: Arc<Db>) -> Result<Self, ConsensusError> {
         let store = LogStore {
             db,
             committed: Arc::new(AtomicU64::new(0)),
@@ -146,7 +186,11 @@ impl LogStore {
         self.committed.store(v, Ordering::Release);
     }
 
-    fn get_meta<T: DeserializeOwned>(&self, key: &[u8], subject: ErrorSubject<NodeId>) -> Result<Option<T>, StorageError> {
+    fn get_meta<T: DeserializeOwned>(
+        &self,
+        key: &[u8],
+        subject: ErrorSubject<NodeId>,
+    ) -> Result<Option<T>, StorageError> {
         let cf = cf(&self.db, CF_META)?;
         match self.db.get_cf(cf, key) {
             Ok(Some(bytes)) => Ok(Some(decode(&bytes, subject)?)),
@@ -188,7 +232,10 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let cf = cf(&self.db, CF_LOG)?;
         let key = index_key(start);
         let mut out = Vec::new();
-        for item in self.db.iterator_cf(cf, IteratorMode::From(&key, Direction::Forward)) {
+        for item in self
+            .db
+            .iterator_cf(cf, IteratorMode::From(&key, Direction::Forward))
+        {
             let (k, v) = item.map_err(|e| sto_err(ErrorSubject::Logs, ErrorVerb::Read, &e))?;
             let index = key_index(&k)?;
             if !range.contains(&index) {
@@ -205,7 +252,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged_log_id = self.last_purged()?;
-        let last_log_id = self.last_log_id()?.or_else(|| last_purged_log_id.clone());
+        let last_log_id = self.last_log_id()?.or(last_purged_log_id);
         Ok(LogState {
             last_purged_log_id,
             last_log_id,
@@ -234,7 +281,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         let cf = cf(&self.db, CF_META)?;
         let res = match &committed {
-            Some(c) => self.db.put_cf(cf, KEY_COMMITTED, encode(c, ErrorSubject::Store)?),
+            Some(c) => self
+                .db
+                .put_cf(cf, KEY_COMMITTED, encode(c, ErrorSubject::Store)?),
             None => self.db.delete_cf(cf, KEY_COMMITTED),
         };
         res.map_err(|e| sto_err(ErrorSubject::Store, ErrorVerb::Write, &e))?;
@@ -246,14 +295,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.get_meta(KEY_COMMITTED, ErrorSubject::Store)
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
         let mut rows = Vec::new();
         for entry in entries {
-            rows.push((index_key(entry.log_id.index), encode(&entry, ErrorSubject::Log(entry.log_id))?));
+            rows.push((
+                index_key(entry.log_id.index),
+                encode(&entry, ErrorSubject::Log(entry.log_id))?,
+            ));
         }
         let db = self.db.clone();
         let res = blocking(ErrorSubject::Logs, move || {

@@ -11,12 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::error::{
-    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout, Unreachable,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
 };
 use openraft::{AnyError, BasicNode, RPCTypes};
 use rota_proto::raft::raft_client::RaftClient;
@@ -77,7 +78,10 @@ impl NetworkFactory {
 
 impl NetInner {
     fn channel(&self, addr: &str) -> Result<Channel, String> {
-        let mut channels = self.channels.lock().map_err(|_| "channel cache poisoned".to_string())?;
+        let mut channels = self
+            .channels
+            .lock()
+            .map_err(|_| "channel cache poisoned".to_string())?;
         if let Some(ch) = channels.get(addr) {
             return Ok(ch.clone());
         }
@@ -148,7 +152,12 @@ impl PeerClient {
         Ok(c)
     }
 
-    async fn call<Resp, E>(&mut self, kind: RPCTypes, payload: Vec<u8>, timeout: Duration) -> Result<Resp, RpcErr<E>>
+    async fn call<Resp, E>(
+        &mut self,
+        kind: RPCTypes,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Resp, RpcErr<E>>
     where
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
@@ -174,7 +183,9 @@ impl PeerClient {
             Ok(Err(status)) => {
                 let text = format!("{kind} to node {} at {}: {status}", self.target, self.addr);
                 return Err(match status.code() {
-                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Unimplemented => unreachable(text),
+                    tonic::Code::Unavailable
+                    | tonic::Code::Unknown
+                    | tonic::Code::Unimplemented => unreachable(text),
                     tonic::Code::DeadlineExceeded => RPCError::Timeout(Timeout {
                         action: kind,
                         id: self.net.self_id,
@@ -187,7 +198,12 @@ impl PeerClient {
             Ok(Ok(r)) => r.into_inner(),
         };
         let res: Result<Resp, RaftError<NodeId, E>> = bincode::deserialize(&reply.payload)
-            .map_err(|e| network(format!("decode {kind} reply from node {}: {e}", self.target)))?;
+            .map_err(|e| {
+                network(format!(
+                    "decode {kind} reply from node {}: {e}",
+                    self.target
+                ))
+            })?;
         match res {
             Ok(r) => Ok(r),
             // The peer's Raft is stopped or failed: back off like for a dead peer.
@@ -205,6 +221,8 @@ impl PeerClient {
     }
 }
 
+// RPCError is openraft's (large) error type for network calls.
+#[allow(clippy::result_large_err)]
 fn encode<T: serde::Serialize, E: std::error::Error>(v: &T) -> Result<Vec<u8>, RpcErr<E>> {
     bincode::serialize(v).map_err(|e| RPCError::Network(NetworkError::new(&AnyError::new(&*e))))
 }
@@ -219,7 +237,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         let payload = encode(&rpc)?;
         // Leave headroom for gRPC framing.
         if payload.len() > MAX_MESSAGE_BYTES - 64 * 1024 && n > 1 {
-            return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(n / 2)));
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(n / 2),
+            ));
         }
         let timeout = self.timeout(&option);
         self.call(RPCTypes::AppendEntries, payload, timeout).await

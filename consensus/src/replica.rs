@@ -3,16 +3,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
-use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError};
+use openraft::error::{
+    CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError,
+};
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
-use rocksdb::DB;
 use rota_proto::raft::raft_server::RaftServer;
 use tokio::sync::watch;
 
-use crate::log_store::{open_db, LogStore};
+use crate::log_store::{open_db, DbClosed, LogStore};
 use crate::network::NetworkFactory;
 use crate::service::RaftService;
 use crate::state_machine::{SmData, StateMachineStore};
@@ -91,7 +92,7 @@ struct Inner<S> {
     applied_rx: watch::Receiver<u64>,
     committed: Arc<AtomicU64>,
     installed: Arc<AtomicU64>,
-    db: Weak<DB>,
+    db_closed: Mutex<Option<DbClosed>>,
 }
 
 /// A replica of the Raft group. Cheap to clone.
@@ -137,7 +138,8 @@ pub fn raft_config(cfg: &ConsensusConfig) -> Result<Config, ConsensusError> {
         snapshot_max_chunk_size: 4 * 1024 * 1024,
         ..Config::default()
     };
-    c.validate().map_err(|e| ConsensusError::Config(e.to_string()))
+    c.validate()
+        .map_err(|e| ConsensusError::Config(e.to_string()))
 }
 
 fn fatal(e: impl std::fmt::Display) -> ConsensusError {
@@ -151,8 +153,7 @@ impl<S: StateMachine> Replica<S> {
     /// reach it.
     pub async fn open(cfg: ConsensusConfig, initial: S) -> Result<Self, ConsensusError> {
         let config = raft_config(&cfg)?;
-        let db = open_db(&cfg.data_dir.join(DB_DIR))?;
-        let weak = Arc::downgrade(&db);
+        let (db, db_closed) = open_db(&cfg.data_dir.join(DB_DIR))?;
         let log = LogStore::new(db.clone())?;
         let sm = StateMachineStore::new(db, initial)?;
         let state = sm.state();
@@ -177,7 +178,7 @@ impl<S: StateMachine> Replica<S> {
                 applied_rx,
                 committed,
                 installed,
-                db: weak,
+                db_closed: Mutex::new(Some(db_closed)),
             }),
         })
     }
@@ -202,7 +203,11 @@ impl<S: StateMachine> Replica<S> {
 
     /// Run `f` on the current application state under the read lock.
     pub fn read<R>(&self, f: impl FnOnce(&S) -> R) -> R {
-        let g = self.inner.state.read().unwrap_or_else(PoisonError::into_inner);
+        let g = self
+            .inner
+            .state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         f(&g.app)
     }
 
@@ -244,8 +249,14 @@ impl<S: StateMachine> Replica<S> {
 
     /// Initialize the group with `members` (id -> address) as voters. A
     /// no-op when this replica already has a log or membership.
-    pub async fn initialize(&self, members: BTreeMap<NodeId, String>) -> Result<(), ConsensusError> {
-        let nodes: BTreeMap<NodeId, BasicNode> = members.into_iter().map(|(id, addr)| (id, BasicNode { addr })).collect();
+    pub async fn initialize(
+        &self,
+        members: BTreeMap<NodeId, String>,
+    ) -> Result<(), ConsensusError> {
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .into_iter()
+            .map(|(id, addr)| (id, BasicNode { addr }))
+            .collect();
         match self.inner.raft.initialize(nodes).await {
             Ok(()) => Ok(()),
             Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
@@ -259,7 +270,10 @@ impl<S: StateMachine> Replica<S> {
         self.inner.network.resolve(id, node).or_else(|| {
             let m = self.inner.raft.metrics();
             let m = m.borrow();
-            m.membership_config.membership().get_node(&id).map(|n| n.addr.clone())
+            m.membership_config
+                .membership()
+                .get_node(&id)
+                .map(|n| n.addr.clone())
         })
     }
 
@@ -291,7 +305,9 @@ impl<S: StateMachine> Replica<S> {
     pub async fn ensure_linearizable(&self) -> Result<(), WriteError> {
         match self.inner.raft.ensure_linearizable().await {
             Ok(_) => Ok(()),
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => Err(self.forward(f)),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(self.forward(f))
+            }
             Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
                 Err(WriteError::Unavailable(e.to_string()))
             }
@@ -319,7 +335,11 @@ impl<S: StateMachine> Replica<S> {
                 }
                 MemberStatus {
                     id: *id,
-                    addr: self.inner.network.resolve(*id, Some(node)).unwrap_or_default(),
+                    addr: self
+                        .inner
+                        .network
+                        .resolve(*id, Some(node))
+                        .unwrap_or_default(),
                     voter: voters.contains(id),
                     matched_index: matched,
                 }
@@ -343,10 +363,30 @@ impl<S: StateMachine> Replica<S> {
         }
     }
 
-    fn map_change(&self, e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ConsensusError {
+    fn map_change(
+        &self,
+        e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>,
+    ) -> ConsensusError {
         match e {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => self.forward(f).into(),
-            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => ConsensusError::Membership(e.to_string()),
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+                // openraft validates the change before checking leadership; a
+                // non-leader cannot change membership either way.
+                let (state, leader) = {
+                    let m = self.inner.raft.metrics();
+                    let m = m.borrow();
+                    (m.state, m.current_leader)
+                };
+                if state != ServerState::Leader {
+                    self.forward(ForwardToLeader {
+                        leader_id: leader,
+                        leader_node: None,
+                    })
+                    .into()
+                } else {
+                    ConsensusError::Membership(e.to_string())
+                }
+            }
             RaftError::Fatal(f) => fatal(f),
         }
     }
@@ -386,12 +426,22 @@ impl<S: StateMachine> Replica<S> {
     /// dir can be reopened.
     pub async fn shutdown(&self) -> Result<(), ConsensusError> {
         self.inner.raft.shutdown().await.map_err(fatal)?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.inner.db.strong_count() > 0 {
-            if Instant::now() >= deadline {
-                return Err(ConsensusError::Storage("storage still in use 30s after shutdown".into()));
+        let closed = self
+            .inner
+            .db_closed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(closed) = closed {
+            // The sender is dropped (not sent) right after RocksDB closed.
+            if tokio::time::timeout(Duration::from_secs(30), closed)
+                .await
+                .is_err()
+            {
+                return Err(ConsensusError::Storage(
+                    "storage still open 30s after shutdown".into(),
+                ));
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         Ok(())
     }

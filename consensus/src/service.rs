@@ -37,13 +37,17 @@ fn decode<T: DeserializeOwned>(req: Request<RaftMessage>, what: &str) -> Result<
 }
 
 fn reply<T: Serialize>(res: &T) -> Result<Response<RaftMessage>, Status> {
-    let payload = bincode::serialize(res).map_err(|e| Status::internal(format!("encode raft reply: {e}")))?;
+    let payload =
+        bincode::serialize(res).map_err(|e| Status::internal(format!("encode raft reply: {e}")))?;
     Ok(Response::new(RaftMessage { payload }))
 }
 
 #[tonic::async_trait]
 impl Raft for RaftService {
-    async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+    async fn append_entries(
+        &self,
+        request: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
         let req: AppendEntriesRequest<TypeConfig> = decode(request, "append_entries")?;
         let res = self.raft.append_entries(req).await;
         reply(&res)
@@ -55,7 +59,10 @@ impl Raft for RaftService {
         reply(&res)
     }
 
-    async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+    async fn install_snapshot(
+        &self,
+        request: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
         let req: InstallSnapshotRequest<TypeConfig> = decode(request, "install_snapshot")?;
         let res = self.raft.install_snapshot(req).await;
         reply(&res)

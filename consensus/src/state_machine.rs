@@ -6,6 +6,9 @@
 //! (meta + data) is persisted in the `sm` column family; a restarted replica
 //! starts from it and openraft re-applies the committed log after it.
 
+// openraft's StorageError (the error type its storage traits require) is large.
+#![allow(clippy::result_large_err)]
+
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -14,10 +17,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, Snapshot};
 use rocksdb::{WriteOptions, DB};
+
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::log_store::{blocking, cf, decode, encode, sto_err, sto_msg, CF_SM};
+use crate::log_store::{blocking, cf, decode, encode, open_db, sto_err, sto_msg, Db, CF_SM};
 use crate::types::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 use crate::{ConsensusError, StateMachine};
 
@@ -40,7 +44,7 @@ struct StoredSnapshot {
 /// openraft state machine store over a [`StateMachine`]. Cheap to clone
 /// (it is also its own snapshot builder).
 pub struct StateMachineStore<S> {
-    db: Arc<DB>,
+    db: Arc<Db>,
     state: Arc<RwLock<SmData<S>>>,
     applied_tx: Arc<watch::Sender<u64>>,
     installed: Arc<AtomicU64>,
@@ -60,7 +64,11 @@ impl<S> Clone for StateMachineStore<S> {
 }
 
 fn poisoned() -> StorageError {
-    sto_msg(ErrorSubject::StateMachine, ErrorVerb::Write, "state machine lock poisoned")
+    sto_msg(
+        ErrorSubject::StateMachine,
+        ErrorVerb::Write,
+        "state machine lock poisoned",
+    )
 }
 
 fn read_stored(db: &DB) -> Result<Option<StoredSnapshot>, StorageError> {
@@ -76,7 +84,9 @@ fn read_stored(db: &DB) -> Result<Option<StoredSnapshot>, StorageError> {
 /// stored (a slow build racing an install). Synced.
 fn persist(db: &DB, lock: &Mutex<()>, snap: &StoredSnapshot) -> Result<(), StorageError> {
     let subject = || ErrorSubject::Snapshot(Some(snap.meta.signature()));
-    let _guard = lock.lock().map_err(|_| sto_msg(subject(), ErrorVerb::Write, "snapshot lock poisoned"))?;
+    let _guard = lock
+        .lock()
+        .map_err(|_| sto_msg(subject(), ErrorVerb::Write, "snapshot lock poisoned"))?;
     if let Some(cur) = read_stored(db)? {
         if cur.meta.last_log_id > snap.meta.last_log_id {
             return Ok(());
@@ -92,13 +102,13 @@ fn persist(db: &DB, lock: &Mutex<()>, snap: &StoredSnapshot) -> Result<(), Stora
 
 impl<S: StateMachine> StateMachineStore<S> {
     /// Load the persisted snapshot (if any) into `initial`.
-    pub(crate) fn new(db: Arc<DB>, mut initial: S) -> Result<Self, ConsensusError> {
+    pub(crate) fn new(db: Arc<Db>, mut initial: S) -> Result<Self, ConsensusError> {
         let stored = read_stored(&db).map_err(|e| ConsensusError::Storage(e.to_string()))?;
         let (last_applied, last_membership) = match stored {
             Some(s) => {
-                initial
-                    .restore(&s.data)
-                    .map_err(|e| ConsensusError::Storage(format!("restore snapshot {}: {e}", s.meta.snapshot_id)))?;
+                initial.restore(&s.data).map_err(|e| {
+                    ConsensusError::Storage(format!("restore snapshot {}: {e}", s.meta.snapshot_id))
+                })?;
                 (s.meta.last_log_id, s.meta.last_membership)
             }
             None => (None, StoredMembership::default()),
@@ -146,9 +156,15 @@ impl<S: StateMachine> StateMachineStore<S> {
 }
 
 fn snapshot_id(last: &Option<LogId>) -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     match last {
-        Some(l) => format!("{}-{}-{}-{nanos}", l.leader_id.term, l.leader_id.node_id, l.index),
+        Some(l) => format!(
+            "{}-{}-{}-{nanos}",
+            l.leader_id.term, l.leader_id.node_id, l.index
+        ),
         None => format!("none-{nanos}"),
     }
 }
@@ -156,11 +172,12 @@ fn snapshot_id(last: &Option<LogId>) -> String {
 impl<S: StateMachine> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<S> {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let state = self.state.clone();
-        let (data, last_applied, last_membership) = blocking(ErrorSubject::Snapshot(None), move || {
-            let g = state.read().map_err(|_| poisoned())?;
-            Ok((g.app.snapshot(), g.last_applied, g.last_membership.clone()))
-        })
-        .await?;
+        let (data, last_applied, last_membership) =
+            blocking(ErrorSubject::Snapshot(None), move || {
+                let g = state.read().map_err(|_| poisoned())?;
+                Ok((g.app.snapshot(), g.last_applied, g.last_membership.clone()))
+            })
+            .await?;
         let meta = SnapshotMeta {
             snapshot_id: snapshot_id(&last_applied),
             last_log_id: last_applied,
@@ -227,7 +244,11 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
-    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<Cursor<Vec<u8>>>) -> Result<(), StorageError> {
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
         let stored = StoredSnapshot {
             meta: meta.clone(),
             data: snapshot.into_inner(),
@@ -239,9 +260,9 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
         blocking(ErrorSubject::Snapshot(Some(signature.clone())), move || {
             {
                 let mut g = state.write().map_err(|_| poisoned())?;
-                g.app
-                    .restore(&stored.data)
-                    .map_err(|e| sto_msg(ErrorSubject::Snapshot(Some(signature)), ErrorVerb::Read, e))?;
+                g.app.restore(&stored.data).map_err(|e| {
+                    sto_msg(ErrorSubject::Snapshot(Some(signature)), ErrorVerb::Read, e)
+                })?;
                 g.last_applied = stored.meta.last_log_id;
                 g.last_membership = stored.meta.last_membership.clone();
             }
@@ -272,7 +293,7 @@ pub fn open_storage<S: StateMachine>(
     path: &std::path::Path,
     initial: S,
 ) -> Result<(crate::LogStore, StateMachineStore<S>), ConsensusError> {
-    let db = crate::log_store::open_db(path)?;
+    let (db, _closed) = open_db(path)?;
     let log = crate::LogStore::new(db.clone())?;
     let sm = StateMachineStore::new(db, initial)?;
     Ok((log, sm))

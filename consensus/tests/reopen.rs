@@ -16,8 +16,12 @@ async fn reopen_restores_snapshot_and_log() {
     cfg.snapshot_every_entries = 25;
     cfg.keep_logs_behind_snapshot = 5;
 
-    let r = Replica::open(cfg.clone(), KvMachine::default()).await.unwrap();
-    r.initialize(BTreeMap::from([(1, "127.0.0.1:1".to_string())])).await.unwrap();
+    let r = Replica::open(cfg.clone(), KvMachine::default())
+        .await
+        .unwrap();
+    r.initialize(BTreeMap::from([(1, "127.0.0.1:1".to_string())]))
+        .await
+        .unwrap();
     let mut last = 0;
     for i in 0..60 {
         // The single voter becomes leader after its election timeout.
@@ -39,7 +43,9 @@ async fn reopen_restores_snapshot_and_log() {
     r.raft()
         .wait(Some(WAIT))
         .metrics(
-            |m| m.snapshot.is_some_and(|s| s.index >= 49) && m.purged.is_some_and(|p| p.index >= 44),
+            |m| {
+                m.snapshot.is_some_and(|s| s.index >= 49) && m.purged.is_some_and(|p| p.index >= 44)
+            },
             "snapshot + purge",
         )
         .await

@@ -11,9 +11,15 @@ use tempfile::TempDir;
 struct Builder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachineStore<KvMachine>, TempDir> for Builder {
-    async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore<KvMachine>), StorageError<u64>> {
+    async fn build(
+        &self,
+    ) -> Result<(TempDir, LogStore, StateMachineStore<KvMachine>), StorageError<u64>> {
         let dir = tempfile::tempdir().map_err(|e| {
-            StorageError::from_io_error(openraft::ErrorSubject::Store, openraft::ErrorVerb::Write, e)
+            StorageError::from_io_error(
+                openraft::ErrorSubject::Store,
+                openraft::ErrorVerb::Write,
+                e,
+            )
         })?;
         let (log, sm) = open_storage(dir.path(), KvMachine::default()).map_err(|e| {
             StorageError::from_io_error(
@@ -27,7 +33,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore<KvMachine>, TempDir> f
 }
 
 #[test]
-fn openraft_storage_suite() -> Result<(), StorageError<u64>> {
-    Suite::test_all(Builder)?;
-    Ok(())
+fn openraft_storage_suite() {
+    if let Err(e) = Suite::test_all(Builder) {
+        panic!("openraft storage suite failed: {e}");
+    }
 }
