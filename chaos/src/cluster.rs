@@ -55,7 +55,7 @@ pub struct ClusterOptions {
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        Self { heartbeat_ms: 100, election_min_ms: 400, election_max_ms: 800, snapshot_every: 20_000, keep_logs: 5_000, env: vec![] }
+        Self { heartbeat_ms: 50, election_min_ms: 100, election_max_ms: 200, snapshot_every: 20_000, keep_logs: 5_000, env: vec![] }
     }
 }
 

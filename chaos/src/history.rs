@@ -48,6 +48,8 @@ pub struct History {
     pub faults: Mutex<Vec<Fault>>,
     /// Submits that never got an answer before the run ended (not acknowledged).
     pub unacked: Mutex<u64>,
+    /// Why, for the first few of them.
+    pub unacked_errors: Mutex<Vec<String>>,
 }
 
 impl History {

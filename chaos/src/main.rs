@@ -45,11 +45,11 @@ struct RunArgs {
     submitters: usize,
     #[arg(long, default_value_t = 50)]
     submit_interval_ms: u64,
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 50)]
     heartbeat_ms: u64,
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 100)]
     election_min_ms: u64,
-    #[arg(long, default_value_t = 800)]
+    #[arg(long, default_value_t = 200)]
     election_max_ms: u64,
     /// Keep data dirs, logs and markers here (default: a temporary dir, kept only on failure).
     #[arg(long)]

@@ -146,9 +146,16 @@ pub async fn submitter(index: usize, clients: Clients, history: Arc<History>, co
         let request = pb::SubmitJobRequest { spec: Some(job_spec(&mut rng, &config)), request_id: request_id.clone() };
         let sent_ms = now_ms();
         let (result, attempts) = clients.submit(index, &request, SUBMIT_DEADLINE_MS).await;
-        let Ok(response) = result else {
-            *history.unacked.lock().expect("history lock") += 1;
-            continue;
+        let response = match result {
+            Ok(response) => response,
+            Err(status) => {
+                *history.unacked.lock().expect("history lock") += 1;
+                let mut errors = history.unacked_errors.lock().expect("history lock");
+                if errors.len() < 20 {
+                    errors.push(format!("{request_id} after {attempts} attempts: {status}"));
+                }
+                continue;
+            }
         };
         history.record_ack(Ack { request_id: request_id.clone(), job_id: response.job_id, sent_ms, acked_ms: now_ms(), attempts });
         if n % 10 == 0 {

@@ -93,6 +93,27 @@ struct Inner<S> {
     committed: Arc<AtomicU64>,
     installed: Arc<AtomicU64>,
     db_closed: Mutex<Option<DbClosed>>,
+    quorum_contact: Arc<std::sync::Mutex<QuorumContact>>,
+}
+
+/// The leader's last known quorum acknowledgement: openraft reports its age
+/// only when it publishes metrics, so the age is kept with the time it was read.
+#[derive(Debug, Clone, Copy)]
+struct QuorumContact {
+    age_ms: Option<u64>,
+    read_at: std::time::Instant,
+}
+
+/// Keep `contact` current from the metrics stream, until the replica stops.
+async fn track_quorum_contact(raft: RaftHandle, contact: Arc<std::sync::Mutex<QuorumContact>>) {
+    let mut metrics = raft.metrics();
+    loop {
+        let age_ms = metrics.borrow().millis_since_quorum_ack;
+        *contact.lock().expect("quorum contact lock") = QuorumContact { age_ms, read_at: std::time::Instant::now() };
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// A replica of the Raft group. Cheap to clone.
@@ -169,6 +190,8 @@ impl<S: StateMachine> Replica<S> {
         let raft = openraft::Raft::new(cfg.node_id, Arc::new(config), network.clone(), log, sm)
             .await
             .map_err(fatal)?;
+        let quorum_contact = Arc::new(std::sync::Mutex::new(QuorumContact { age_ms: None, read_at: std::time::Instant::now() }));
+        tokio::spawn(track_quorum_contact(raft.clone(), quorum_contact.clone()));
         Ok(Self {
             inner: Arc::new(Inner {
                 cfg,
@@ -179,6 +202,7 @@ impl<S: StateMachine> Replica<S> {
                 committed,
                 installed,
                 db_closed: Mutex::new(Some(db_closed)),
+                quorum_contact,
             }),
         })
     }
@@ -316,6 +340,15 @@ impl<S: StateMachine> Replica<S> {
     }
 
     /// Snapshot of this replica's view of the group.
+    /// On a leader: milliseconds since a quorum last acknowledged it (now,
+    /// not as of the last metrics report). `None` on a non-leader, or before
+    /// a first acknowledgement. A leader cut off from its followers sees this
+    /// grow and should stop taking requests it cannot commit.
+    pub fn quorum_contact_age_ms(&self) -> Option<u64> {
+        let contact = *self.inner.quorum_contact.lock().expect("quorum contact lock");
+        contact.age_ms.map(|age| age + contact.read_at.elapsed().as_millis() as u64)
+    }
+
     pub fn status(&self) -> ClusterStatus {
         let m = self.inner.raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();

@@ -82,7 +82,7 @@ impl Client {
             return Err(ClientError::TooManyEndpoints(endpoints.len()));
         }
         let channels = endpoints.iter().map(|e| channel(e)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Client { endpoints, channels, deadline: Duration::from_secs(30), attempt_timeout: Duration::from_secs(10) })
+        Ok(Client { endpoints, channels, deadline: Duration::from_secs(30), attempt_timeout: Duration::from_secs(3) })
     }
 
     pub fn endpoints(&self) -> &[String] {

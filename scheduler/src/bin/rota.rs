@@ -95,11 +95,14 @@ struct ServerArgs {
     /// Serve Prometheus metrics on this address.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
-    #[arg(long, default_value_t = 100)]
+    /// Leader heartbeat interval.
+    #[arg(long, default_value_t = 50)]
     heartbeat_ms: u64,
-    #[arg(long, default_value_t = 400)]
+    /// A follower campaigns after the leader lease (= election-max-ms) plus a
+    /// random time in election-min-ms..election-max-ms without a heartbeat.
+    #[arg(long, default_value_t = 100)]
     election_min_ms: u64,
-    #[arg(long, default_value_t = 800)]
+    #[arg(long, default_value_t = 200)]
     election_max_ms: u64,
     /// Take a snapshot after this many entries.
     #[arg(long, default_value_t = 20_000)]

@@ -37,7 +37,14 @@ impl JobApi {
         let spec = spec_from_pb(message.spec).map_err(|r| rejection(&r))?;
         let request_id = Some(message.request_id).filter(|id| !id.is_empty());
         self.ctx.read(|state| validate_submit(state, request_id.as_deref(), &spec)).map_err(|r| rejection(&r))?;
-        let (index, result) = self.ctx.proposer.propose(Command::SubmitJob { request_id, spec }).await?;
+        self.ctx.leader_in_contact()?;
+        let command = Command::SubmitJob { request_id, spec };
+        if self.ctx.unsafe_ack_before_commit {
+            let proposer = self.ctx.proposer.clone();
+            tokio::spawn(async move { proposer.propose(command).await });
+            return Ok(pb::SubmitJobResponse { job_id: 0, deduplicated: false, index: 0 });
+        }
+        let (index, result) = self.ctx.proposer.propose(command).await?;
         match result {
             CommandResult::Submitted { job_id, deduplicated } => {
                 metrics::counter!("rota_submits_total", "result" => if deduplicated { "deduplicated" } else { "created" }).increment(1);
@@ -52,6 +59,7 @@ impl JobApi {
     }
 
     async fn get_here(&self, message: &pb::GetJobRequest) -> Result<pb::GetJobResponse, Failure> {
+        self.ctx.leader_in_contact()?;
         self.ctx.replica.ensure_linearizable().await?;
         let job = self.ctx.read(|state| state.jobs.get(&message.job_id).map(|job| job_to_pb(state, job)));
         let job = job.ok_or_else(|| Status::not_found(format!("job {} not found", message.job_id)))?;
@@ -67,11 +75,13 @@ impl JobApi {
             }
             n => n,
         };
+        self.ctx.leader_in_contact()?;
         self.ctx.replica.ensure_linearizable().await?;
         Ok(self.ctx.read(|state| list_jobs(state, wanted, &message.group, message.before_id, limit as usize)))
     }
 
     async fn cancel_here(&self, message: &pb::CancelJobRequest) -> Result<pb::CancelJobResponse, Failure> {
+        self.ctx.leader_in_contact()?;
         let (_, result) = self.ctx.proposer.propose(Command::CancelJob { job_id: message.job_id }).await?;
         match result {
             CommandResult::Cancelled { state, .. } => Ok(pb::CancelJobResponse { state: state_to_pb(state) as i32 }),

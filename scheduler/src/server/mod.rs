@@ -30,6 +30,8 @@ pub use replicated::Replicated;
 /// Largest gRPC message a replica accepts or sends (requests are far smaller;
 /// this bounds what a malformed or hostile client can make us buffer).
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// Streams a client may reset before being accepted, per connection.
+const MAX_PENDING_RESETS: usize = 1_024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -65,9 +67,28 @@ pub struct Context {
     pub replica: Replica<Replicated>,
     pub proposer: Proposer,
     forwarder: forward::Forwarder,
+    /// The leader lease: followers may elect another leader once a leader
+    /// has gone this long without hearing from a quorum.
+    lease_ms: u64,
+    /// TEST ONLY (`ROTA_TEST_ACK_BEFORE_COMMIT=1`): acknowledge a submit as
+    /// soon as it is queued, before it commits. A deliberately broken build,
+    /// so the chaos harness can prove its checkers catch lost submits.
+    pub unsafe_ack_before_commit: bool,
 }
 
 impl Context {
+    /// Refuse leader work while this leader has not heard from a quorum for
+    /// a lease: it is probably cut off, and the client does better to try
+    /// another replica at once than to wait for a commit that will not come.
+    pub fn leader_in_contact(&self) -> Result<(), tonic::Status> {
+        match self.replica.quorum_contact_age_ms() {
+            Some(age_ms) if age_ms > self.lease_ms => Err(tonic::Status::unavailable(format!(
+                "this leader has not heard from a quorum for {age_ms} ms; try another replica"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Read the applied state under its lock. Keep `f` short: apply waits.
     pub fn read<R>(&self, f: impl FnOnce(&ClusterState) -> R) -> R {
         self.replica.read(|replicated| f(&replicated.state))
@@ -88,9 +109,22 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
             .map_err(|e| ServerError::Metrics(e.to_string()))?;
     }
     let replica = Replica::open(consensus_config(&config), Replicated::default()).await?;
-    let ctx = Arc::new(Context { proposer: Proposer::start(replica.clone()), replica: replica.clone(), forwarder: Default::default() });
+    let ctx = Arc::new(Context {
+        proposer: Proposer::start(replica.clone()),
+        replica: replica.clone(),
+        forwarder: Default::default(),
+        lease_ms: config.election_timeout_max_ms,
+        unsafe_ack_before_commit: std::env::var("ROTA_TEST_ACK_BEFORE_COMMIT").is_ok_and(|v| v == "1"),
+    });
+    if ctx.unsafe_ack_before_commit {
+        tracing::error!("ROTA_TEST_ACK_BEFORE_COMMIT=1: submits are acknowledged before they commit; never use this outside tests");
+    }
     tokio::spawn(metrics_loop::run(replica.clone()));
+    // Clients that give up on slow attempts during a failover reset their
+    // streams; hyper's default allowance for that (20 pending resets) is made
+    // for hostile peers and would cut off honest clients with GOAWAY.
     let server = Server::builder()
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .add_service(replica.raft_service())
         .add_service(
             JobServiceServer::new(jobs::JobApi::new(ctx.clone()))
