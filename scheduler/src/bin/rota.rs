@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use rota_scheduler::cli::{self, bench::BenchSubmitArgs, output::Format, SubmitArgs};
+use rota_scheduler::cli::{self, bench::BenchSubmitArgs, drill::DrillArgs, output::Format, SubmitArgs};
 use rota_scheduler::client::Client;
 use rota_scheduler::server::{self, ServerConfig};
 
@@ -55,6 +55,8 @@ enum Command {
         #[command(subcommand)]
         action: MemberAction,
     },
+    /// Failover drill: move the leader (no process is stopped) and measure recovery.
+    Drill(DrillArgs),
     /// Benchmarks against a running cluster.
     Bench {
         #[command(subcommand)]
@@ -177,6 +179,11 @@ async fn main() -> Result<()> {
         Command::Nodes => cli::nodes(&client, format).await,
         Command::Member { action: MemberAction::Add { id, address } } => cli::member_add(&client, id, &address, format).await,
         Command::Member { action: MemberAction::Remove { id } } => cli::member_remove(&client, id, format).await,
+        Command::Drill(drill) => {
+            let report = cli::drill::run(&client, &drill).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
         Command::Bench { what: BenchWhat::Submit(bench) } => {
             let report = cli::bench::run(&client, &bench).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);

@@ -1,6 +1,7 @@
 //! The `rota` command line: client commands and their output (table or JSON).
 
 pub mod bench;
+pub mod drill;
 pub mod output;
 
 use std::collections::BTreeMap;

@@ -119,6 +119,18 @@ impl ClusterService for ClusterApi {
         }
     }
 
+    async fn campaign(&self, request: Request<pb::CampaignRequest>) -> Result<Response<pb::CampaignResponse>, Status> {
+        let status = self.ctx.replica.status();
+        if request.into_inner().replica_id != status.id {
+            return Err(Status::invalid_argument(format!("replica_id: this is replica {}", status.id)));
+        }
+        if status.leader_id == Some(status.id) {
+            return Err(Status::failed_precondition("this replica already leads; send the drill to a follower"));
+        }
+        self.ctx.replica.trigger_elect().await.map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(pb::CampaignResponse { leader_before: status.leader_id.unwrap_or(0), term_before: status.term }))
+    }
+
     async fn remove_member(&self, request: Request<pb::RemoveMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
         let was_forwarded = is_forwarded(&request);
         let message = request.into_inner();
