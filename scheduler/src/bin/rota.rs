@@ -107,6 +107,9 @@ struct ServerArgs {
     /// Log entries kept behind a snapshot.
     #[arg(long, default_value_t = 5_000)]
     keep_logs: u64,
+    /// A node silent this long is declared down and its jobs requeued.
+    #[arg(long, default_value_t = 30_000)]
+    node_ttl_ms: u64,
 }
 
 fn parse_peers(peers: &[String]) -> Result<BTreeMap<u64, String>> {
@@ -146,6 +149,7 @@ async fn run_server(args: ServerArgs) -> Result<()> {
         election_timeout_max_ms: args.election_max_ms,
         snapshot_every_entries: args.snapshot_every,
         keep_logs_behind_snapshot: args.keep_logs,
+        node_ttl_ms: args.node_ttl_ms,
     };
     server::run(config).await?;
     Ok(())

@@ -1,10 +1,12 @@
 //! A scheduler replica: the consensus replica, the gRPC services on one port
 //! (public API and Raft transport), the proposer, metrics, and bootstrap.
 
+mod agents;
 mod cluster;
 pub mod convert;
 mod forward;
 mod jobs;
+pub mod leader;
 mod metrics_loop;
 mod proposer;
 pub mod replicated;
@@ -17,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rota_consensus::{ConsensusConfig, NodeId, Replica};
+use rota_proto::v1::agent_service_server::AgentServiceServer;
 use rota_proto::v1::cluster_service_client::ClusterServiceClient;
 use rota_proto::v1::cluster_service_server::ClusterServiceServer;
 use rota_proto::v1::job_service_server::JobServiceServer;
@@ -58,6 +61,8 @@ pub struct ServerConfig {
     pub election_timeout_max_ms: u64,
     pub snapshot_every_entries: u64,
     pub keep_logs_behind_snapshot: u64,
+    /// A node without a heartbeat for this long is declared down (leader only).
+    pub node_ttl_ms: u64,
 }
 
 /// What the services share.
@@ -65,6 +70,8 @@ pub struct Context {
     pub replica: Replica<Replicated>,
     pub proposer: Proposer,
     forwarder: forward::Forwarder,
+    /// The leader's in-memory heartbeat table (empty while not leading).
+    pub leader: leader::Leadership,
 }
 
 impl Context {
@@ -88,8 +95,14 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
             .map_err(|e| ServerError::Metrics(e.to_string()))?;
     }
     let replica = Replica::open(consensus_config(&config), Replicated::default()).await?;
-    let ctx = Arc::new(Context { proposer: Proposer::start(replica.clone()), replica: replica.clone(), forwarder: Default::default() });
+    let ctx = Arc::new(Context {
+        proposer: Proposer::start(replica.clone()),
+        replica: replica.clone(),
+        forwarder: Default::default(),
+        leader: leader::Leadership::new(config.node_ttl_ms),
+    });
     tokio::spawn(metrics_loop::run(replica.clone()));
+    tokio::spawn(leader::run(ctx.clone()));
     let server = Server::builder()
         .add_service(replica.raft_service())
         .add_service(
@@ -98,6 +111,11 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(ClusterServiceServer::new(cluster::ClusterApi::new(ctx.clone())))
+        .add_service(
+            AgentServiceServer::new(agents::AgentApi::new(ctx.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
         .serve(config.listen);
     tokio::spawn(bootstrap(config.clone(), replica.clone()));
     tracing::info!(id = config.id, listen = %config.listen, "replica serving");
