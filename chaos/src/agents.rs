@@ -26,7 +26,11 @@ pub struct AgentOptions {
 
 impl Default for AgentOptions {
     fn default() -> Self {
-        Self { fake_gpus: Some("8xH100-80GB".into()), heartbeat_ms: 200, extra_args: Vec::new() }
+        Self {
+            fake_gpus: Some("8xH100-80GB".into()),
+            heartbeat_ms: 200,
+            extra_args: Vec::new(),
+        }
     }
 }
 
@@ -44,7 +48,12 @@ pub struct LocalAgent {
 
 impl LocalAgent {
     /// Start an agent named `name` under `root/agent-NAME`.
-    pub fn start(root: &Path, name: &str, endpoints_csv: &str, options: AgentOptions) -> Result<LocalAgent> {
+    pub fn start(
+        root: &Path,
+        name: &str,
+        endpoints_csv: &str,
+        options: AgentOptions,
+    ) -> Result<LocalAgent> {
         let mut agent = LocalAgent {
             name: name.to_string(),
             data_dir: root.join(format!("agent-{name}")),
@@ -61,8 +70,15 @@ impl LocalAgent {
 
     fn spawn(&mut self) -> Result<()> {
         std::fs::create_dir_all(&self.data_dir)?;
-        let log = File::options().create(true).append(true).open(self.data_dir.join("agent.log"))?;
-        let port = self.address.rsplit_once(':').map(|(_, p)| p.to_string()).unwrap_or_default();
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.data_dir.join("agent.log"))?;
+        let port = self
+            .address
+            .rsplit_once(':')
+            .map(|(_, p)| p.to_string())
+            .unwrap_or_default();
         let mut command = Command::new(&self.bin);
         command
             .args(["--endpoints", &self.endpoints, "--node-name", &self.name])
@@ -77,7 +93,11 @@ impl LocalAgent {
         if let Some(fake) = &self.options.fake_gpus {
             command.args(["--fake-gpus", fake]);
         }
-        self.child = Some(command.spawn().with_context(|| format!("starting {}", self.bin.display()))?);
+        self.child = Some(
+            command
+                .spawn()
+                .with_context(|| format!("starting {}", self.bin.display()))?,
+        );
         self.paused = false;
         Ok(())
     }
@@ -128,10 +148,16 @@ impl LocalAgent {
 
     /// SIGKILL every rank (process group) and shim this agent's data dir records.
     pub fn kill_ranks(&self) {
-        let Ok(entries) = std::fs::read_dir(self.data_dir.join("ranks")) else { return };
+        let Ok(entries) = std::fs::read_dir(self.data_dir.join("ranks")) else {
+            return;
+        };
         for entry in entries.flatten() {
-            let Ok(text) = std::fs::read_to_string(entry.path().join("pids.json")) else { continue };
-            let Ok(pids) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
+            let Ok(text) = std::fs::read_to_string(entry.path().join("pids.json")) else {
+                continue;
+            };
+            let Ok(pids) = serde_json::from_str::<serde_json::Value>(&text) else {
+                continue;
+            };
             if entry.path().join("exit.json").exists() {
                 continue;
             }

@@ -46,6 +46,18 @@ enum Command {
     },
     /// Cancel a job.
     Cancel { job_id: u64 },
+    /// Print a rank's output, read from the agent of the node that ran it.
+    Logs {
+        job_id: u64,
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
+        /// stderr instead of stdout.
+        #[arg(long)]
+        stderr: bool,
+        /// Keep printing until the rank ends.
+        #[arg(long, short)]
+        follow: bool,
+    },
     /// Show the replicas, the leader and the Raft indexes.
     Cluster,
     /// Show the GPU hosts.
@@ -174,6 +186,7 @@ async fn main() -> Result<()> {
         Command::Status { job_id } => cli::status(&client, job_id, format).await,
         Command::Jobs { state, group, limit } => cli::jobs(&client, state.as_deref(), group.as_deref(), limit, format).await,
         Command::Cancel { job_id } => cli::cancel(&client, job_id, format).await,
+        Command::Logs { job_id, rank, stderr, follow } => cli::logs(&client, job_id, rank, stderr, follow).await,
         Command::Cluster => cli::cluster(&client, format).await,
         Command::Nodes => cli::nodes(&client, format).await,
         Command::Member { action: MemberAction::Add { id, address } } => cli::member_add(&client, id, &address, format).await,

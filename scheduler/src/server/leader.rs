@@ -22,7 +22,10 @@ use rota_consensus::{Role, WriteError};
 
 use super::proposer::wall_clock_ms;
 use super::Context;
-use crate::state::{gpu_matches, ClusterState, Command, Job, JobState, NodeState, PendingNote, Placement, Plan, RankPlacement};
+use crate::state::{
+    gpu_matches, ClusterState, Command, Job, JobState, NodeState, PendingNote, Placement, Plan,
+    RankPlacement,
+};
 
 /// Shortest time between two plans; applied-index changes in between are coalesced.
 const PLAN_MIN_INTERVAL_MS: u64 = 50;
@@ -53,7 +56,10 @@ pub struct Leadership {
 
 impl Leadership {
     pub fn new(node_ttl_ms: u64) -> Leadership {
-        Leadership { node_ttl_ms, table: Mutex::new(None) }
+        Leadership {
+            node_ttl_ms,
+            table: Mutex::new(None),
+        }
     }
 
     /// Note a sign of life from `node`. Ignored while this replica does not lead.
@@ -69,12 +75,19 @@ impl Leadership {
     }
 
     fn start_term(&self, term: u64) {
-        *self.table.lock().expect("heartbeat table lock") = Some(HeartbeatTable { term, last_seen: HashMap::new() });
+        *self.table.lock().expect("heartbeat table lock") = Some(HeartbeatTable {
+            term,
+            last_seen: HashMap::new(),
+        });
     }
 
     fn end_term(&self) {
         if let Some(table) = self.table.lock().expect("heartbeat table lock").take() {
-            tracing::debug!(term = table.term, nodes = table.last_seen.len(), "heartbeat table dropped");
+            tracing::debug!(
+                term = table.term,
+                nodes = table.last_seen.len(),
+                "heartbeat table dropped"
+            );
         }
     }
 
@@ -85,8 +98,15 @@ impl Leadership {
         let ttl = Duration::from_millis(self.node_ttl_ms);
         let now = Instant::now();
         let mut guard = self.table.lock().expect("heartbeat table lock");
-        let Some(table) = guard.as_mut() else { return Vec::new() };
-        table.last_seen.retain(|name, _| state.nodes.get(name).is_some_and(|n| n.state != NodeState::Down));
+        let Some(table) = guard.as_mut() else {
+            return Vec::new();
+        };
+        table.last_seen.retain(|name, _| {
+            state
+                .nodes
+                .get(name)
+                .is_some_and(|n| n.state != NodeState::Down)
+        });
         let mut silent = Vec::new();
         for node in state.nodes.values().filter(|n| n.state != NodeState::Down) {
             let seen = *table.last_seen.entry(node.name.clone()).or_insert(now);
@@ -99,7 +119,11 @@ impl Leadership {
 
     #[cfg(test)]
     fn term(&self) -> Option<u64> {
-        self.table.lock().expect("heartbeat table lock").as_ref().map(|t| t.term)
+        self.table
+            .lock()
+            .expect("heartbeat table lock")
+            .as_ref()
+            .map(|t| t.term)
     }
 }
 
@@ -127,7 +151,11 @@ async fn lead(ctx: &Context, term: u64) {
         return;
     }
     ctx.leader.start_term(term);
-    tracing::info!(term, ttl_ms = ctx.leader.node_ttl_ms, "leader loop started; every node gets a fresh grace period");
+    tracing::info!(
+        term,
+        ttl_ms = ctx.leader.node_ttl_ms,
+        "leader loop started; every node gets a fresh grace period"
+    );
     let mut applied = ctx.replica.applied_watch();
     let mut planned_at: Option<u64> = None;
     while still_leader(ctx, term) {
@@ -191,27 +219,44 @@ fn proposal_failed(what: &str, error: &WriteError) -> bool {
 /// placed whole or not at all. Jobs left pending get a reason (only when it
 /// changes, so a stable cluster produces empty plans).
 pub fn first_fit(state: &ClusterState, _now_ms: u64) -> Plan {
-    let mut pending: Vec<&Job> = state.jobs.values().filter(|j| j.state == JobState::Pending).collect();
+    let mut pending: Vec<&Job> = state
+        .jobs
+        .values()
+        .filter(|j| j.state == JobState::Pending)
+        .collect();
     pending.sort_by_key(|j| (Reverse(j.spec.priority), j.submitted_at_ms, j.id));
     let mut claimed: BTreeSet<(String, u32)> = BTreeSet::new();
-    let mut plan = Plan { computed_at_index: state.applied_index, ..Default::default() };
+    let mut plan = Plan {
+        computed_at_index: state.applied_index,
+        ..Default::default()
+    };
     for job in pending.into_iter().take(MAX_JOBS_PER_PLAN) {
         match place_gang(state, job, &claimed) {
             Some(ranks) => {
                 for rank in &ranks {
                     claimed.extend(rank.gpus.iter().map(|&g| (rank.node.clone(), g)));
                 }
-                plan.placements.push(Placement { job_id: job.id, ranks });
+                plan.placements.push(Placement {
+                    job_id: job.id,
+                    ranks,
+                });
             }
             None => {
                 let reason = format!(
                     "no fit: {} x {} free {}GPUs on ready nodes",
                     job.spec.replicas,
                     job.spec.gpus_per_replica,
-                    job.spec.gpu_model.as_ref().map_or(String::new(), |m| format!("{m} "))
+                    job.spec
+                        .gpu_model
+                        .as_ref()
+                        .map_or(String::new(), |m| format!("{m} "))
                 );
                 if job.reason != reason {
-                    plan.pending.push(PendingNote { job_id: job.id, reason, estimated_start_ms: None });
+                    plan.pending.push(PendingNote {
+                        job_id: job.id,
+                        reason,
+                        estimated_start_ms: None,
+                    });
                 }
             }
         }
@@ -219,7 +264,11 @@ pub fn first_fit(state: &ClusterState, _now_ms: u64) -> Plan {
     plan
 }
 
-fn place_gang(state: &ClusterState, job: &Job, claimed: &BTreeSet<(String, u32)>) -> Option<Vec<RankPlacement>> {
+fn place_gang(
+    state: &ClusterState,
+    job: &Job,
+    claimed: &BTreeSet<(String, u32)>,
+) -> Option<Vec<RankPlacement>> {
     let want = job.spec.gpus_per_replica as usize;
     let mut taken: BTreeSet<(String, u32)> = BTreeSet::new();
     let mut ranks = Vec::with_capacity(job.spec.replicas as usize);
@@ -236,7 +285,10 @@ fn place_gang(state: &ClusterState, job: &Job, claimed: &BTreeSet<(String, u32)>
                 })
                 .take(want)
                 .collect();
-            (free.len() == want).then(|| RankPlacement { node: node.name.clone(), gpus: free })
+            (free.len() == want).then(|| RankPlacement {
+                node: node.name.clone(),
+                gpus: free,
+            })
         })?;
         taken.extend(rank.gpus.iter().map(|&g| (rank.node.clone(), g)));
         ranks.push(rank);
@@ -251,14 +303,33 @@ mod tests {
 
     fn node(name: &str, count: u32, model: &str) -> Command {
         let gpus = (0..count)
-            .map(|i| GpuInfo { index: i, uuid: format!("{name}-{i}"), model: model.into(), memory_mib: 81_920, healthy: true, nvlink_domain: None })
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("{name}-{i}"),
+                model: model.into(),
+                memory_mib: 81_920,
+                healthy: true,
+                nvlink_domain: None,
+            })
             .collect();
-        Command::RegisterNode(NodeRegistration { name: name.into(), address: format!("{name}:1"), rack: String::new(), leaf: String::new(), gpus })
+        Command::RegisterNode(NodeRegistration {
+            name: name.into(),
+            address: format!("{name}:1"),
+            rack: String::new(),
+            leaf: String::new(),
+            gpus,
+        })
     }
 
     fn apply(state: &mut ClusterState, commands: Vec<Command>) {
         let index = state.applied_index + 1;
-        state.apply_proposal(index, &Proposal { now_ms: 1_000, commands });
+        state.apply_proposal(
+            index,
+            &Proposal {
+                now_ms: 1_000,
+                commands,
+            },
+        );
     }
 
     fn gang(replicas: u32, gpus: u32, model: Option<&str>) -> Command {
@@ -266,31 +337,61 @@ mod tests {
         spec.replicas = replicas;
         spec.gpus_per_replica = gpus;
         spec.gpu_model = model.map(str::to_string);
-        Command::SubmitJob { request_id: None, spec }
+        Command::SubmitJob {
+            request_id: None,
+            spec,
+        }
     }
 
     #[test]
     fn a_gang_spreads_over_nodes_and_is_placed_whole() {
         let mut state = ClusterState::default();
-        apply(&mut state, vec![node("a", 8, "H100-80GB"), node("b", 8, "H100-80GB"), gang(2, 8, None), gang(1, 1, None)]);
+        apply(
+            &mut state,
+            vec![
+                node("a", 8, "H100-80GB"),
+                node("b", 8, "H100-80GB"),
+                gang(2, 8, None),
+                gang(1, 1, None),
+            ],
+        );
         let plan = first_fit(&state, 0);
         assert_eq!(plan.placements.len(), 1, "{plan:?}");
         let ranks = &plan.placements[0].ranks;
-        assert_eq!(ranks.iter().map(|r| r.node.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(
+            ranks.iter().map(|r| r.node.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
         assert_eq!(plan.pending.len(), 1, "the 1-GPU job has no room left");
         apply(&mut state, vec![Command::ApplyPlan(plan)]);
         state.check_invariants().unwrap();
         let again = first_fit(&state, 0);
-        assert!(again.is_empty(), "a stable state gives an empty plan: {again:?}");
+        assert!(
+            again.is_empty(),
+            "a stable state gives an empty plan: {again:?}"
+        );
     }
 
     #[test]
     fn model_constraint_and_unhealthy_gpus_are_honored() {
         let mut state = ClusterState::default();
-        apply(&mut state, vec![node("a", 2, "A100-40GB"), node("b", 2, "H100-80GB"), gang(1, 2, Some("H100-80GB"))]);
+        apply(
+            &mut state,
+            vec![
+                node("a", 2, "A100-40GB"),
+                node("b", 2, "H100-80GB"),
+                gang(1, 2, Some("H100-80GB")),
+            ],
+        );
         let plan = first_fit(&state, 0);
         assert_eq!(plan.placements[0].ranks[0].node, "b");
-        apply(&mut state, vec![Command::NodeHealth { node: "b".into(), unhealthy_gpus: vec![1] }]);
+        apply(
+            &mut state,
+            vec![Command::NodeHealth {
+                node: "b".into(),
+                unhealthy_gpus: vec![1],
+            }],
+        );
         let plan = first_fit(&state, 0);
         assert!(plan.placements.is_empty());
     }
@@ -300,14 +401,23 @@ mod tests {
         let mut state = ClusterState::default();
         apply(&mut state, vec![node("a", 1, "H100-80GB")]);
         let leadership = Leadership::new(0);
-        assert!(leadership.silent_nodes(&state).is_empty(), "not leading: nothing is silent");
+        assert!(
+            leadership.silent_nodes(&state).is_empty(),
+            "not leading: nothing is silent"
+        );
         leadership.start_term(3);
         assert_eq!(leadership.term(), Some(3));
-        assert!(leadership.silent_nodes(&state).is_empty(), "first sight starts the grace period");
+        assert!(
+            leadership.silent_nodes(&state).is_empty(),
+            "first sight starts the grace period"
+        );
         std::thread::sleep(Duration::from_millis(2));
         assert_eq!(leadership.silent_nodes(&state), vec!["a".to_string()]);
         leadership.end_term();
         leadership.start_term(4);
-        assert!(leadership.silent_nodes(&state).is_empty(), "a new term starts fresh");
+        assert!(
+            leadership.silent_nodes(&state).is_empty(),
+            "a new term starts fresh"
+        );
     }
 }
