@@ -40,9 +40,17 @@ pub struct GpuSample {
     pub last_xid: u64,
 }
 
+/// File in the agent's data dir that lists fake GPUs to report unhealthy
+/// (comma-separated indexes), so tests and demos can fail a GPU.
+pub const FAKE_UNHEALTHY_FILE: &str = "fake-unhealthy-gpus";
+
 /// Where inventory and telemetry come from.
 pub enum GpuSource {
-    Fake(Vec<Gpu>),
+    /// Declared GPUs; `unhealthy_file` lists those to report unhealthy.
+    Fake {
+        gpus: Vec<Gpu>,
+        unhealthy_file: Option<std::path::PathBuf>,
+    },
     Nvml(Box<Nvml>),
 }
 
@@ -50,16 +58,27 @@ impl GpuSource {
     /// `--fake-gpus` when given, else NVML; no NVML and no fake GPUs is an error.
     pub fn open(fake: Option<&str>) -> Result<GpuSource, InventoryError> {
         match fake {
-            Some(spec) => Ok(GpuSource::Fake(parse_fake(spec)?)),
+            Some(spec) => Ok(GpuSource::Fake {
+                gpus: parse_fake(spec)?,
+                unhealthy_file: None,
+            }),
             None => Nvml::init()
                 .map(|n| GpuSource::Nvml(Box::new(n)))
                 .map_err(|e| InventoryError::NoNvml(e.to_string())),
         }
     }
 
+    /// Fake GPUs listed in `path` are reported unhealthy (no effect on NVML).
+    pub fn with_fake_unhealthy_file(mut self, path: std::path::PathBuf) -> GpuSource {
+        if let GpuSource::Fake { unhealthy_file, .. } = &mut self {
+            *unhealthy_file = Some(path);
+        }
+        self
+    }
+
     pub fn inventory(&self) -> Result<Vec<Gpu>, InventoryError> {
         match self {
-            GpuSource::Fake(gpus) => Ok(gpus.clone()),
+            GpuSource::Fake { gpus, .. } => Ok(gpus.clone()),
             GpuSource::Nvml(nvml) => nvml_inventory(nvml),
         }
     }
@@ -67,14 +86,25 @@ impl GpuSource {
     /// One sample per GPU of the inventory. A GPU NVML cannot read is unhealthy.
     pub fn sample(&self, inventory: &[Gpu]) -> Vec<GpuSample> {
         match self {
-            GpuSource::Fake(_) => inventory
-                .iter()
-                .map(|g| GpuSample {
-                    index: g.index,
-                    healthy: true,
-                    ..Default::default()
-                })
-                .collect(),
+            GpuSource::Fake { unhealthy_file, .. } => {
+                let unhealthy: BTreeSet<u32> = unhealthy_file
+                    .as_ref()
+                    .and_then(|path| std::fs::read_to_string(path).ok())
+                    .map(|text| {
+                        text.split(',')
+                            .filter_map(|i| i.trim().parse().ok())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                inventory
+                    .iter()
+                    .map(|g| GpuSample {
+                        index: g.index,
+                        healthy: !unhealthy.contains(&g.index),
+                        ..Default::default()
+                    })
+                    .collect()
+            }
             GpuSource::Nvml(nvml) => inventory
                 .iter()
                 .map(|g| nvml_sample(nvml, g.index))

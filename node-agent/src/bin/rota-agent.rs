@@ -67,7 +67,10 @@ fn run_shim() -> Result<()> {
 
 #[tokio::main]
 async fn run_agent(args: Args) -> Result<()> {
-    let source = GpuSource::open(args.fake_gpus.as_deref())?;
+    let source = GpuSource::open(args.fake_gpus.as_deref())?.with_fake_unhealthy_file(
+        args.data_dir
+            .join(rota_agent::inventory::FAKE_UNHEALTHY_FILE),
+    );
     let inventory = source.inventory()?;
     tracing::info!(gpus = inventory.len(), model = ?inventory.first().map(|g| g.model.clone()), "GPU inventory");
     std::fs::create_dir_all(&args.data_dir)
