@@ -49,13 +49,15 @@ pub struct ClusterOptions {
     pub election_max_ms: u64,
     pub snapshot_every: u64,
     pub keep_logs: u64,
+    /// `rota server --node-ttl-ms`: a node silent this long is declared down.
+    pub node_ttl_ms: u64,
     /// Extra environment for every replica (test switches).
     pub env: Vec<(String, String)>,
 }
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        Self { heartbeat_ms: 50, election_min_ms: 100, election_max_ms: 200, snapshot_every: 20_000, keep_logs: 5_000, env: vec![] }
+        Self { heartbeat_ms: 50, election_min_ms: 100, election_max_ms: 200, snapshot_every: 20_000, keep_logs: 5_000, node_ttl_ms: 30_000, env: vec![] }
     }
 }
 
@@ -159,6 +161,7 @@ impl LocalCluster {
             .args(["--election-max-ms", &self.options.election_max_ms.to_string()])
             .args(["--snapshot-every", &self.options.snapshot_every.to_string()])
             .args(["--keep-logs", &self.options.keep_logs.to_string()])
+            .args(["--node-ttl-ms", &self.options.node_ttl_ms.to_string()])
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);

@@ -2,12 +2,14 @@
 //! checks what happened from the outside.
 //!
 //! - `cluster`: replicas started, killed, paused and restarted by PID
+//! - `agents`: node agents (fake GPUs) started, killed and restarted by PID
 //! - `proxy`: a TCP proxy per replica-to-replica link, to cut and heal links
 //! - `workload`: submits, resubmits, cancels, probes; jobs write marker files
 //! - `faults`: the fault kinds
 //! - `history`: what the harness saw, on its own clock
 //! - `check`: the checkers; `run`: one run; `report`: its summary
 
+pub mod agents;
 pub mod check;
 pub mod cluster;
 pub mod faults;

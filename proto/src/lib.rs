@@ -4,7 +4,7 @@
 
 pub mod codec;
 
-/// The public API (package `rota.v1`).
+/// The public API and the agent contract (package `rota.v1`: rota.proto, agent.proto).
 pub mod v1 {
     tonic::include_proto!("rota.v1");
 }

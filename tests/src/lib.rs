@@ -26,7 +26,7 @@ impl AnyReplica {
 
     /// Call one replica after another until one answers, or the answer is
     /// one a retry cannot change, or the deadline passes.
-    async fn call<T, F, Fut>(&self, what: &str, mut f: F) -> Result<T>
+    pub async fn call<T, F, Fut>(&self, what: &str, mut f: F) -> Result<T>
     where
         F: FnMut(JobServiceClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
@@ -104,4 +104,108 @@ pub fn spec() -> pb::JobSpec {
 
 pub fn submit_request(request_id: &str) -> pb::SubmitJobRequest {
     pb::SubmitJobRequest { spec: Some(spec()), request_id: request_id.to_string() }
+}
+
+/// Poll `check` every 50 ms until it yields a value or `timeout` passes.
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await? {
+            return Ok(value);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl AnyReplica {
+    /// Wait until the job is in `state`; fails early if it reaches another final state.
+    pub async fn wait_job_state(&self, job_id: u64, state: pb::JobState, timeout: Duration) -> Result<pb::Job> {
+        wait_until(&format!("job {job_id} to be {state:?}"), timeout, || async {
+            let job = self.get(job_id).await?;
+            let current = pb::JobState::try_from(job.state).unwrap_or_default();
+            let is_final = matches!(current, pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled);
+            if current == state {
+                return Ok(Some(job));
+            }
+            if is_final {
+                bail!("job {job_id} ended {current:?} ({}), expected {state:?}", job.reason);
+            }
+            Ok(None)
+        })
+        .await
+    }
+
+    pub async fn cancel(&self, job_id: u64) -> Result<pb::CancelJobResponse> {
+        self.call("cancel", |mut c| async move { c.cancel_job(pb::CancelJobRequest { job_id }).await }).await
+    }
+}
+
+/// List the nodes as one replica sees them.
+pub async fn list_nodes(cluster: &LocalCluster, replica: u64) -> Result<Vec<pb::Node>> {
+    Ok(cluster.cluster_client(replica)?.list_nodes(pb::ListNodesRequest {}).await?.into_inner().nodes)
+}
+
+/// Wait until `count` nodes are registered and ready on every running replica.
+pub async fn wait_nodes_ready(cluster: &LocalCluster, count: usize, timeout: Duration) -> Result<()> {
+    wait_until(&format!("{count} ready nodes"), timeout, || async {
+        for (&id, replica) in &cluster.replicas {
+            if !replica.is_running() {
+                continue;
+            }
+            let Ok(nodes) = list_nodes(cluster, id).await else { return Ok(None) };
+            if nodes.iter().filter(|n| n.state == "ready").count() < count {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await
+}
+
+/// A job whose ranks run `script` under `sh -c`, with MARK_DIR set to `marks`.
+pub fn shell_job(replicas: u32, gpus: u32, marks: &std::path::Path, script: &str) -> pb::SubmitJobRequest {
+    let spec = pb::JobSpec {
+        group: "e2e".into(),
+        queue: "training".into(),
+        replicas,
+        gpus_per_replica: gpus,
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        env: [("MARK_DIR".to_string(), marks.display().to_string())].into_iter().collect(),
+        ..Default::default()
+    };
+    pb::SubmitJobRequest { spec: Some(spec), request_id: format!("req-{:x}", rand_id()) }
+}
+
+fn rand_id() -> u128 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos()) ^ u128::from(std::process::id())
+}
+
+/// Read `NAME=VALUE` lines of an `env` dump.
+pub fn read_env(path: &std::path::Path) -> Result<std::collections::BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(path)?;
+    Ok(text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
+}
+
+/// Is a process with this PID alive (and not a zombie)?
+pub fn pid_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').and_then(|i| s[i + 1..].split_whitespace().next().map(str::to_string)))
+        .is_some_and(|state| state != "Z" && state != "X")
+}
+
+/// Read a marker file holding a number, once it exists.
+pub async fn wait_number(path: &std::path::Path, timeout: Duration) -> Result<u32> {
+    wait_until(&format!("{}", path.display()), timeout, || async {
+        Ok(std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()))
+    })
+    .await
 }

@@ -46,6 +46,18 @@ enum Command {
     },
     /// Cancel a job.
     Cancel { job_id: u64 },
+    /// Print a rank's output, read from the agent of the node that ran it.
+    Logs {
+        job_id: u64,
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
+        /// stderr instead of stdout.
+        #[arg(long)]
+        stderr: bool,
+        /// Keep printing until the rank ends.
+        #[arg(long, short)]
+        follow: bool,
+    },
     /// Show the replicas, the leader and the Raft indexes.
     Cluster,
     /// Show the GPU hosts.
@@ -112,6 +124,9 @@ struct ServerArgs {
     /// Log entries kept behind a snapshot.
     #[arg(long, default_value_t = 5_000)]
     keep_logs: u64,
+    /// A node silent this long is declared down and its jobs requeued.
+    #[arg(long, default_value_t = 30_000)]
+    node_ttl_ms: u64,
 }
 
 fn parse_peers(peers: &[String]) -> Result<BTreeMap<u64, String>> {
@@ -151,6 +166,7 @@ async fn run_server(args: ServerArgs) -> Result<()> {
         election_timeout_max_ms: args.election_max_ms,
         snapshot_every_entries: args.snapshot_every,
         keep_logs_behind_snapshot: args.keep_logs,
+        node_ttl_ms: args.node_ttl_ms,
     };
     server::run(config).await?;
     Ok(())
@@ -175,6 +191,7 @@ async fn main() -> Result<()> {
         Command::Status { job_id } => cli::status(&client, job_id, format).await,
         Command::Jobs { state, group, limit } => cli::jobs(&client, state.as_deref(), group.as_deref(), limit, format).await,
         Command::Cancel { job_id } => cli::cancel(&client, job_id, format).await,
+        Command::Logs { job_id, rank, stderr, follow } => cli::logs(&client, job_id, rank, stderr, follow).await,
         Command::Cluster => cli::cluster(&client, format).await,
         Command::Nodes => cli::nodes(&client, format).await,
         Command::Member { action: MemberAction::Add { id, address } } => cli::member_add(&client, id, &address, format).await,

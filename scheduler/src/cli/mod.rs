@@ -218,6 +218,45 @@ pub async fn nodes(client: &Client, format: Format) -> Result<()> {
     Ok(())
 }
 
+/// `rota logs JOB [--rank N] [--stderr] [--follow]`: find the node that ran
+/// (or runs) the rank and read the log from that node's agent.
+pub async fn logs(client: &Client, job_id: u64, rank: u32, stderr: bool, follow: bool) -> Result<()> {
+    use std::io::Write;
+    let job = get_job(client, job_id).await?;
+    let node = job
+        .allocations
+        .iter()
+        .find(|a| a.rank == rank)
+        .map(|a| a.node.clone())
+        .or_else(|| job.last_nodes.get(rank as usize).cloned())
+        .with_context(|| format!("job {job_id} has no rank {rank} that ever ran"))?;
+    let nodes = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.list_nodes(pb::ListNodesRequest {}).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    let address = nodes.nodes.iter().find(|n| n.name == node).map(|n| n.address.clone()).with_context(|| format!("node {node} is not registered"))?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .with_context(|| format!("node {node} has a bad address {address:?}"))?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("cannot reach the agent of node {node} at {address}"))?;
+    let request = pb::ReadLogRequest { job_id, rank, stream: if stderr { "stderr" } else { "stdout" }.into(), follow };
+    let mut stream = pb::node_agent_service_client::NodeAgentServiceClient::new(channel)
+        .read_log(request)
+        .await
+        .map_err(|s| anyhow::anyhow!("node {node}: {}", s.message()))?
+        .into_inner();
+    let mut out = std::io::stdout().lock();
+    while let Some(chunk) = stream.message().await.map_err(|s| anyhow::anyhow!("node {node}: {}", s.message()))? {
+        out.write_all(&chunk.data)?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
 pub async fn member_add(client: &Client, id: u64, address: &str, format: Format) -> Result<()> {
     let request = pb::AddMemberRequest { id, address: address.to_string() };
     let status = client

@@ -59,6 +59,7 @@ pub fn job_json(job: &pb::Job) -> Value {
         "master_addr": job.master_addr,
         "master_port": job.master_port,
         "allocations": allocations,
+        "last_nodes": job.last_nodes,
     })
 }
 
@@ -70,8 +71,18 @@ pub fn print_job(job: &pb::Job) {
     if !job.reason.is_empty() {
         println!("  reason: {}", job.reason);
     }
+    if job.master_port != 0 {
+        println!("  master {}:{}", job.master_addr, job.master_port);
+    }
     for a in &job.allocations {
-        println!("  rank {:>3}  node {}  gpus {:?}  {}", a.rank, a.node, a.gpus, a.state);
+        let exit = a.exit_code.map_or(String::new(), |c| format!("  exit {c}"));
+        println!("  rank {:>3}  node {:<20} gpus {:<24} {}{exit}", a.rank, a.node, format!("{:?}", a.gpus), a.state);
+    }
+    if job.allocations.is_empty() && !job.last_nodes.is_empty() {
+        println!("  last attempt ran on: {}", job.last_nodes.join(", "));
+    }
+    if let Some(code) = job.exit_code {
+        println!("  exit code {code}");
     }
 }
 

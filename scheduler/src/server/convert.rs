@@ -126,6 +126,7 @@ pub fn job_to_pb(state: &ClusterState, job: &Job) -> pb::Job {
         master_addr,
         master_port: alloc.map_or(0, |a| u32::from(a.master_port)),
         exit_code: job.exit_code,
+        last_nodes: job.last_nodes.clone(),
     }
 }
 

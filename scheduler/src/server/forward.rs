@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use rota_proto::v1::agent_service_client::AgentServiceClient;
 use rota_proto::v1::cluster_service_client::ClusterServiceClient;
 use rota_proto::v1::job_service_client::JobServiceClient;
 use tonic::transport::{Channel, Endpoint};
@@ -45,6 +46,10 @@ impl Forwarder {
 
     pub fn jobs(&self, addr: &str) -> Result<JobServiceClient<Channel>, Status> {
         Ok(JobServiceClient::new(self.channel(addr)?).max_decoding_message_size(super::MAX_MESSAGE_BYTES))
+    }
+
+    pub fn agents(&self, addr: &str) -> Result<AgentServiceClient<Channel>, Status> {
+        Ok(AgentServiceClient::new(self.channel(addr)?).max_decoding_message_size(super::MAX_MESSAGE_BYTES))
     }
 
     pub fn cluster(&self, addr: &str) -> Result<ClusterServiceClient<Channel>, Status> {

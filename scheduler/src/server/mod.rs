@@ -1,10 +1,12 @@
 //! A scheduler replica: the consensus replica, the gRPC services on one port
 //! (public API and Raft transport), the proposer, metrics, and bootstrap.
 
+mod agents;
 mod cluster;
 pub mod convert;
 mod forward;
 mod jobs;
+pub mod leader;
 mod metrics_loop;
 mod proposer;
 pub mod replicated;
@@ -17,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rota_consensus::{ConsensusConfig, NodeId, Replica};
+use rota_proto::v1::agent_service_server::AgentServiceServer;
 use rota_proto::v1::cluster_service_client::ClusterServiceClient;
 use rota_proto::v1::cluster_service_server::ClusterServiceServer;
 use rota_proto::v1::job_service_server::JobServiceServer;
@@ -60,6 +63,8 @@ pub struct ServerConfig {
     pub election_timeout_max_ms: u64,
     pub snapshot_every_entries: u64,
     pub keep_logs_behind_snapshot: u64,
+    /// A node without a heartbeat for this long is declared down (leader only).
+    pub node_ttl_ms: u64,
 }
 
 /// What the services share.
@@ -74,6 +79,8 @@ pub struct Context {
     /// soon as it is queued, before it commits. A deliberately broken build,
     /// so the chaos harness can prove its checkers catch lost submits.
     pub unsafe_ack_before_commit: bool,
+    /// The leader's in-memory heartbeat table (empty while not leading).
+    pub leader: leader::Leadership,
 }
 
 impl Context {
@@ -115,11 +122,13 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         forwarder: Default::default(),
         lease_ms: config.election_timeout_max_ms,
         unsafe_ack_before_commit: std::env::var("ROTA_TEST_ACK_BEFORE_COMMIT").is_ok_and(|v| v == "1"),
+        leader: leader::Leadership::new(config.node_ttl_ms),
     });
     if ctx.unsafe_ack_before_commit {
         tracing::error!("ROTA_TEST_ACK_BEFORE_COMMIT=1: submits are acknowledged before they commit; never use this outside tests");
     }
     tokio::spawn(metrics_loop::run(replica.clone()));
+    tokio::spawn(leader::run(ctx.clone()));
     // Clients that give up on slow attempts during a failover reset their
     // streams; hyper's default allowance for that (20 pending resets) is made
     // for hostile peers and would cut off honest clients with GOAWAY.
@@ -132,6 +141,11 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(ClusterServiceServer::new(cluster::ClusterApi::new(ctx.clone())))
+        .add_service(
+            AgentServiceServer::new(agents::AgentApi::new(ctx.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
         .serve(config.listen);
     tokio::spawn(bootstrap(config.clone(), replica.clone()));
     tracing::info!(id = config.id, listen = %config.listen, "replica serving");

@@ -68,6 +68,7 @@ impl ClusterState {
             exit_code: None,
             checkpoint_at_ms: None,
             changed_at_index: index,
+            last_nodes: Vec::new(),
         };
         self.jobs.insert(job_id, job);
         self.live_jobs += 1;
@@ -244,6 +245,7 @@ impl ClusterState {
         job.stop_reason = None;
         job.exit_code = None;
         job.changed_at_index = index;
+        job.last_nodes = placement.ranks.iter().map(|r| r.node.clone()).collect();
         let attempt = job.attempts;
         let ranks: Vec<Rank> = placement
             .ranks

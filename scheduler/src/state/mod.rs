@@ -6,6 +6,7 @@
 //! placed whole or not at all.
 
 mod apply;
+pub use apply::gpu_matches;
 pub mod command;
 pub mod dedupe;
 pub mod types;

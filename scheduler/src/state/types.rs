@@ -135,6 +135,18 @@ pub enum StopReason {
     Failed,
 }
 
+impl StopReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Cancelled => "cancelled",
+            StopReason::Preempted => "preempted",
+            StopReason::RuntimeLimit => "runtime_limit",
+            StopReason::NodeLost => "node_lost",
+            StopReason::Failed => "failed",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     pub id: JobId,
@@ -160,6 +172,9 @@ pub struct Job {
     pub checkpoint_at_ms: Option<u64>,
     /// Log index of the last change to this job (for watches).
     pub changed_at_index: u64,
+    /// Node of each rank of the latest attempt; kept after the attempt ends
+    /// so its logs can still be found.
+    pub last_nodes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

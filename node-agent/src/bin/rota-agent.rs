@@ -1,0 +1,126 @@
+//! `rota-agent`: the node agent. `rota-agent shim --dir DIR` is the per-rank
+//! shim the agent starts (not meant to be run by hand).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use rota_agent::agent::{self, AgentConfig, Shared};
+use rota_agent::inventory::GpuSource;
+use rota_agent::logs::LogServer;
+use rota_proto::v1::node_agent_service_server::NodeAgentServiceServer;
+
+#[derive(Parser)]
+#[command(
+    name = "rota-agent",
+    version,
+    about = "rota's node agent: runs job ranks on a GPU host"
+)]
+struct Args {
+    /// Scheduler replica addresses (host:port), comma separated.
+    #[arg(long, env = "ROTA_ENDPOINTS", value_delimiter = ',', required = true)]
+    endpoints: Vec<String>,
+    /// This host's name in the cluster.
+    #[arg(long)]
+    node_name: String,
+    /// Where rank directories (shim records, logs) live; keep it across restarts.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Address the scheduler, other ranks (MASTER_ADDR) and `rota logs` reach this host at.
+    #[arg(long, default_value = "127.0.0.1")]
+    advertise_addr: IpAddr,
+    /// Port of the agent's gRPC server (logs); 0 = any free port.
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    #[arg(long, default_value = "")]
+    rack: String,
+    #[arg(long, default_value = "")]
+    leaf: String,
+    /// Declare GPUs instead of asking NVML: COUNTxMODEL[,COUNTxMODEL...], e.g. 8xH100-80GB.
+    #[arg(long)]
+    fake_gpus: Option<String>,
+    /// Heartbeat period (never longer than a quarter of the leader's TTL).
+    #[arg(long, default_value_t = 2_000)]
+    heartbeat_ms: u64,
+    /// Command prefix for every rank, e.g. "podman run --rm --network host image"; empty = plain processes.
+    #[arg(long, default_value = "")]
+    runtime_prefix: String,
+    /// stdout and stderr of a rank each keep at most this much.
+    #[arg(long, default_value_t = 64)]
+    log_cap_mib: u64,
+    /// Finished ranks (and their logs) kept on disk.
+    #[arg(long, default_value_t = 256)]
+    keep_finished_ranks: usize,
+}
+
+fn run_shim() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(2).collect();
+    let dir = match args.as_slice() {
+        [flag, dir] if flag == "--dir" => PathBuf::from(dir),
+        _ => bail!("usage: rota-agent shim --dir DIR"),
+    };
+    let code = rota_agent::shim::run(&dir)?;
+    eprintln!("rank exited with {code}");
+    Ok(())
+}
+
+#[tokio::main]
+async fn run_agent(args: Args) -> Result<()> {
+    let source = GpuSource::open(args.fake_gpus.as_deref())?.with_fake_unhealthy_file(
+        args.data_dir
+            .join(rota_agent::inventory::FAKE_UNHEALTHY_FILE),
+    );
+    let inventory = source.inventory()?;
+    tracing::info!(gpus = inventory.len(), model = ?inventory.first().map(|g| g.model.clone()), "GPU inventory");
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.advertise_addr, args.port))
+        .await
+        .with_context(|| format!("binding {}:{}", args.advertise_addr, args.port))?;
+    let address = listener.local_addr()?.to_string();
+    let config = AgentConfig {
+        endpoints: args.endpoints,
+        node_name: args.node_name,
+        data_dir: args.data_dir,
+        address: address.clone(),
+        rack: args.rack,
+        leaf: args.leaf,
+        heartbeat_ms: args.heartbeat_ms.max(50),
+        runtime_prefix: args
+            .runtime_prefix
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        log_cap_bytes: args.log_cap_mib.max(1) * 1024 * 1024,
+        keep_finished_ranks: args.keep_finished_ranks,
+    };
+    let shared = Shared::new(config, source, inventory)?;
+    let logs = NodeAgentServiceServer::new(LogServer::new(shared.ranks_root.clone()));
+    tokio::spawn(async move {
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        if let Err(error) = tonic::transport::Server::builder()
+            .add_service(logs)
+            .serve_with_incoming(incoming)
+            .await
+        {
+            tracing::error!(%error, "log server stopped");
+        }
+    });
+    tracing::info!(%address, node = %shared.config.node_name, "agent serving");
+    agent::run(shared).await
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if std::env::args().nth(1).as_deref() == Some("shim") {
+        return run_shim();
+    }
+    run_agent(Args::parse())
+}

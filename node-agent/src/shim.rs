@@ -1,0 +1,224 @@
+//! `rota-agent shim --dir DIR`: runs one rank. The agent starts it in its own
+//! session (setsid), so neither the agent's death nor a signal to the agent's
+//! process group reaches it. The shim
+//! 1. starts the command in its own process group (the agent signals that group),
+//! 2. records its own and the command's PIDs in pids.json,
+//! 3. copies stdout/stderr into size-capped, rotated log files,
+//! 4. records the exit status in exit.json (atomically) when the command ends.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::rankdir::{self, ExitStatus, Pids, RankDir, RankDirError};
+
+/// How long the shim waits for output still in the pipes after the command
+/// exited (a background child may hold them open).
+const DRAIN_TIMEOUT_MS: u64 = 2_000;
+const COPY_BUFFER_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    #[error(transparent)]
+    RankDir(#[from] RankDirError),
+    #[error("{0}: no spec.json")]
+    NoSpec(PathBuf),
+    #[error("empty command")]
+    EmptyCommand,
+    #[error("starting {command:?}: {source}")]
+    Spawn {
+        command: String,
+        source: std::io::Error,
+    },
+    #[error("waiting for the command: {0}")]
+    Wait(std::io::Error),
+}
+
+/// Exit code recorded when the command could not be started at all.
+pub const EXIT_NOT_STARTED: i32 = 127;
+
+/// Run the rank described in `dir`, record how it ended. Returns the exit code.
+pub fn run(dir: &Path) -> Result<i32, ShimError> {
+    let rank = RankDir {
+        path: dir.to_path_buf(),
+    };
+    let spec = rank
+        .spec()?
+        .ok_or_else(|| ShimError::NoSpec(dir.to_path_buf()))?;
+    let (program, args) = spec.command.split_first().ok_or(ShimError::EmptyCommand)?;
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .envs(&spec.env)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setpgid is async-signal-safe; the command gets its own process group.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setpgid(0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(source) => {
+            record_exit(&rank, EXIT_NOT_STARTED)?;
+            return Err(ShimError::Spawn {
+                command: program.clone(),
+                source,
+            });
+        }
+    };
+    let own = std::process::id();
+    let shim_start_ticks = rankdir::proc_stat(own).map_or(0, |(_, start)| start);
+    rank.write(
+        rankdir::PIDS,
+        &Pids {
+            shim_pid: own,
+            shim_start_ticks,
+            child_pid: child.id(),
+        },
+    )?;
+
+    let (done_tx, done_rx) = mpsc::channel();
+    for (reader, name) in [
+        (
+            child
+                .stdout
+                .take()
+                .map(|r| Box::new(r) as Box<dyn Read + Send>),
+            "stdout.log",
+        ),
+        (
+            child
+                .stderr
+                .take()
+                .map(|r| Box::new(r) as Box<dyn Read + Send>),
+            "stderr.log",
+        ),
+    ] {
+        let Some(reader) = reader else { continue };
+        let log = RotatingLog::new(dir.join(name), spec.log_cap_bytes);
+        let done = done_tx.clone();
+        std::thread::spawn(move || {
+            copy_log(reader, log);
+            let _ = done.send(());
+        });
+    }
+    drop(done_tx);
+    let status = child.wait().map_err(ShimError::Wait)?;
+    let exit_code = status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    // Let the copiers finish what is buffered, but never wait on a pipe a
+    // stray background process keeps open.
+    let deadline = std::time::Instant::now() + Duration::from_millis(DRAIN_TIMEOUT_MS);
+    for _ in 0..2 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if done_rx.recv_timeout(left).is_err() {
+            break;
+        }
+    }
+    record_exit(&rank, exit_code)?;
+    Ok(exit_code)
+}
+
+fn record_exit(rank: &RankDir, exit_code: i32) -> Result<(), RankDirError> {
+    rank.write(
+        rankdir::EXIT,
+        &ExitStatus {
+            exit_code,
+            finished_at_ms: rankdir::now_ms(),
+        },
+    )
+}
+
+fn copy_log(mut reader: Box<dyn Read + Send>, mut log: RotatingLog) {
+    let mut buffer = vec![0u8; COPY_BUFFER_BYTES];
+    loop {
+        match reader.read(&mut buffer) {
+            Ok(0) => return,
+            Ok(n) => log.write(&buffer[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        }
+    }
+}
+
+/// A log file capped at `cap_bytes` in total: when the current file would
+/// pass half the cap it becomes `NAME.1` (replacing the older one).
+pub struct RotatingLog {
+    path: PathBuf,
+    half_cap_bytes: u64,
+    file: Option<File>,
+    written: u64,
+}
+
+impl RotatingLog {
+    pub fn new(path: PathBuf, cap_bytes: u64) -> RotatingLog {
+        let written = std::fs::metadata(&path).map_or(0, |m| m.len());
+        RotatingLog {
+            path,
+            half_cap_bytes: (cap_bytes / 2).max(4096),
+            file: None,
+            written,
+        }
+    }
+
+    pub fn rotated_path(path: &Path) -> PathBuf {
+        let mut name = path.as_os_str().to_owned();
+        name.push(".1");
+        PathBuf::from(name)
+    }
+
+    pub fn write(&mut self, bytes: &[u8]) {
+        if self.written > 0 && self.written + bytes.len() as u64 > self.half_cap_bytes {
+            self.file = None;
+            let _ = std::fs::rename(&self.path, Self::rotated_path(&self.path));
+            self.written = 0;
+        }
+        if self.file.is_none() {
+            self.file = File::options()
+                .create(true)
+                .append(true)
+                .open(&self.path)
+                .ok();
+        }
+        // A chunk larger than the file's share keeps only its tail.
+        let keep = &bytes[bytes.len().saturating_sub(self.half_cap_bytes as usize)..];
+        if let Some(file) = self.file.as_mut() {
+            if file.write_all(keep).is_ok() {
+                self.written += keep.len() as u64;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logs_rotate_within_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stdout.log");
+        let mut log = RotatingLog::new(path.clone(), 8192);
+        for _ in 0..100 {
+            log.write(&[b'x'; 1000]);
+        }
+        let current = std::fs::metadata(&path).unwrap().len();
+        let rotated = std::fs::metadata(RotatingLog::rotated_path(&path))
+            .unwrap()
+            .len();
+        assert!(current <= 4096 && rotated <= 4096, "{current} {rotated}");
+        assert!(current > 0 && rotated > 0);
+    }
+}

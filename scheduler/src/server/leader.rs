@@ -1,0 +1,423 @@
+//! The leader loop: what only the leader does, rebuilt from the replicated
+//! state on every election.
+//!
+//! - A heartbeat table in memory (never in the log). On becoming leader it
+//!   starts empty and every known node gets a fresh grace period of one TTL,
+//!   so a failover alone never marks a node down.
+//! - Plans on every change of the applied index (debounced, bounded rate) and
+//!   proposes the plan as one `ApplyPlan` naming the index it was computed at.
+//! - Proposes `NodeDown` for nodes silent past the TTL; apply ends their
+//!   allocations (whole gangs) and requeues the jobs.
+//!
+//! `plan` below is the simplest placement that lets jobs run (first fit,
+//! honoring GPU count, model and memory, gang all-or-nothing). The real
+//! policy replaces it by changing `plan` to call `crate::policy::plan`.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rota_consensus::{Role, WriteError};
+
+use super::proposer::wall_clock_ms;
+use super::Context;
+use crate::state::{
+    gpu_matches, ClusterState, Command, Job, JobState, NodeState, PendingNote, Placement, Plan,
+    RankPlacement,
+};
+
+/// Shortest time between two plans; applied-index changes in between are coalesced.
+const PLAN_MIN_INTERVAL_MS: u64 = 50;
+/// How often the loop wakes without an applied change (TTL checks, leadership).
+const TICK_MS: u64 = 200;
+/// How often a replica that does not lead checks whether it now does.
+const FOLLOWER_POLL_MS: u64 = 100;
+/// Pending jobs considered by one first-fit pass.
+const MAX_JOBS_PER_PLAN: usize = 10_000;
+
+/// The simplest placement that lets jobs run. Swap for `crate::policy::plan(state, now_ms)`.
+pub fn plan(state: &ClusterState, now_ms: u64) -> Plan {
+    first_fit(state, now_ms)
+}
+
+/// What the leader knows about node liveness in its current term.
+#[derive(Debug)]
+struct HeartbeatTable {
+    term: u64,
+    last_seen: HashMap<String, Instant>,
+}
+
+/// Shared between the leader loop and the AgentService.
+pub struct Leadership {
+    pub node_ttl_ms: u64,
+    table: Mutex<Option<HeartbeatTable>>,
+}
+
+impl Leadership {
+    pub fn new(node_ttl_ms: u64) -> Leadership {
+        Leadership {
+            node_ttl_ms,
+            table: Mutex::new(None),
+        }
+    }
+
+    /// Note a sign of life from `node`. Ignored while this replica does not lead.
+    pub fn record_heartbeat(&self, node: &str) {
+        let mut table = self.table.lock().expect("heartbeat table lock");
+        if let Some(table) = table.as_mut() {
+            if let Some(seen) = table.last_seen.get_mut(node) {
+                *seen = Instant::now();
+            } else {
+                table.last_seen.insert(node.to_string(), Instant::now());
+            }
+        }
+    }
+
+    fn start_term(&self, term: u64) {
+        *self.table.lock().expect("heartbeat table lock") = Some(HeartbeatTable {
+            term,
+            last_seen: HashMap::new(),
+        });
+    }
+
+    fn end_term(&self) {
+        if let Some(table) = self.table.lock().expect("heartbeat table lock").take() {
+            tracing::debug!(
+                term = table.term,
+                nodes = table.last_seen.len(),
+                "heartbeat table dropped"
+            );
+        }
+    }
+
+    /// Nodes that are not down and were silent past the TTL. A node seen for
+    /// the first time this term starts its grace period now; down nodes are
+    /// forgotten so that they get a fresh grace period when they come back.
+    fn silent_nodes(&self, state: &ClusterState) -> Vec<String> {
+        let ttl = Duration::from_millis(self.node_ttl_ms);
+        let now = Instant::now();
+        let mut guard = self.table.lock().expect("heartbeat table lock");
+        let Some(table) = guard.as_mut() else {
+            return Vec::new();
+        };
+        table.last_seen.retain(|name, _| {
+            state
+                .nodes
+                .get(name)
+                .is_some_and(|n| n.state != NodeState::Down)
+        });
+        let mut silent = Vec::new();
+        for node in state.nodes.values().filter(|n| n.state != NodeState::Down) {
+            let seen = *table.last_seen.entry(node.name.clone()).or_insert(now);
+            if now.duration_since(seen) > ttl {
+                silent.push(node.name.clone());
+            }
+        }
+        silent
+    }
+
+    #[cfg(test)]
+    fn term(&self) -> Option<u64> {
+        self.table
+            .lock()
+            .expect("heartbeat table lock")
+            .as_ref()
+            .map(|t| t.term)
+    }
+}
+
+/// Run for the life of the process: lead whenever this replica is leader.
+pub async fn run(ctx: Arc<Context>) {
+    loop {
+        let status = ctx.replica.status();
+        if status.role == Role::Leader && status.leader_id == Some(status.id) {
+            lead(&ctx, status.term).await;
+        }
+        tokio::time::sleep(Duration::from_millis(FOLLOWER_POLL_MS)).await;
+    }
+}
+
+fn still_leader(ctx: &Context, term: u64) -> bool {
+    let status = ctx.replica.status();
+    status.role == Role::Leader && status.term == term
+}
+
+/// One term of leadership.
+async fn lead(ctx: &Context, term: u64) {
+    // Everything committed by earlier leaders is applied before we decide anything.
+    if let Err(error) = ctx.replica.ensure_linearizable().await {
+        tracing::debug!(%error, "not leading after all");
+        return;
+    }
+    ctx.leader.start_term(term);
+    tracing::info!(
+        term,
+        ttl_ms = ctx.leader.node_ttl_ms,
+        "leader loop started; every node gets a fresh grace period"
+    );
+    let mut applied = ctx.replica.applied_watch();
+    let mut planned_at: Option<u64> = None;
+    while still_leader(ctx, term) {
+        let index = ctx.read(|state| state.applied_index);
+        if planned_at != Some(index) {
+            planned_at = Some(index);
+            if !propose_plan(ctx).await {
+                break;
+            }
+        }
+        if !propose_node_downs(ctx).await {
+            break;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(TICK_MS), applied.changed()).await;
+        tokio::time::sleep(Duration::from_millis(PLAN_MIN_INTERVAL_MS)).await;
+    }
+    ctx.leader.end_term();
+    tracing::info!(term, "leader loop stopped");
+}
+
+/// Propose the plan for the current state; false when leadership is lost.
+async fn propose_plan(ctx: &Context) -> bool {
+    let plan = ctx.read(|state| plan(state, wall_clock_ms()));
+    if plan.is_empty() {
+        return true;
+    }
+    let placements = plan.placements.len();
+    match ctx.proposer.propose(Command::ApplyPlan(plan)).await {
+        Ok((index, result)) => {
+            tracing::debug!(index, placements, ?result, "plan applied");
+            true
+        }
+        Err(error) => proposal_failed("plan", &error),
+    }
+}
+
+async fn propose_node_downs(ctx: &Context) -> bool {
+    let silent = ctx.read(|state| ctx.leader.silent_nodes(state));
+    for node in silent {
+        tracing::warn!(%node, ttl_ms = ctx.leader.node_ttl_ms, "node silent past its TTL; declaring it down");
+        metrics::counter!("rota_nodes_declared_down_total").increment(1);
+        if let Err(error) = ctx.proposer.propose(Command::NodeDown { node }).await {
+            return proposal_failed("node down", &error);
+        }
+    }
+    true
+}
+
+fn proposal_failed(what: &str, error: &WriteError) -> bool {
+    match error {
+        WriteError::ForwardToLeader { .. } => false,
+        other => {
+            tracing::warn!(error = %other, "proposing {what} failed; retrying on the next pass");
+            true
+        }
+    }
+}
+
+/// First fit: pending jobs by priority then age; each rank takes the first
+/// Ready node (by name) with enough free, healthy, matching GPUs. A gang is
+/// placed whole or not at all. Jobs left pending get a reason (only when it
+/// changes, so a stable cluster produces empty plans).
+pub fn first_fit(state: &ClusterState, _now_ms: u64) -> Plan {
+    let mut pending: Vec<&Job> = state
+        .jobs
+        .values()
+        .filter(|j| j.state == JobState::Pending)
+        .collect();
+    pending.sort_by_key(|j| (Reverse(j.spec.priority), j.submitted_at_ms, j.id));
+    let mut claimed: BTreeSet<(String, u32)> = BTreeSet::new();
+    let mut plan = Plan {
+        computed_at_index: state.applied_index,
+        ..Default::default()
+    };
+    for job in pending.into_iter().take(MAX_JOBS_PER_PLAN) {
+        match place_gang(state, job, &claimed) {
+            Some(ranks) => {
+                for rank in &ranks {
+                    claimed.extend(rank.gpus.iter().map(|&g| (rank.node.clone(), g)));
+                }
+                plan.placements.push(Placement {
+                    job_id: job.id,
+                    ranks,
+                });
+            }
+            None => {
+                let reason = format!(
+                    "no fit: {} x {} free {}GPUs on ready nodes",
+                    job.spec.replicas,
+                    job.spec.gpus_per_replica,
+                    job.spec
+                        .gpu_model
+                        .as_ref()
+                        .map_or(String::new(), |m| format!("{m} "))
+                );
+                if job.reason != reason {
+                    plan.pending.push(PendingNote {
+                        job_id: job.id,
+                        reason,
+                        estimated_start_ms: None,
+                    });
+                }
+            }
+        }
+    }
+    plan
+}
+
+fn place_gang(
+    state: &ClusterState,
+    job: &Job,
+    claimed: &BTreeSet<(String, u32)>,
+) -> Option<Vec<RankPlacement>> {
+    let want = job.spec.gpus_per_replica as usize;
+    let mut taken: BTreeSet<(String, u32)> = BTreeSet::new();
+    let mut ranks = Vec::with_capacity(job.spec.replicas as usize);
+    for _ in 0..job.spec.replicas {
+        let rank = state.nodes.values().find_map(|node| {
+            let free: Vec<u32> = node
+                .gpus
+                .iter()
+                .filter(|g| state.gpu_is_free(node, g) && gpu_matches(&job.spec, g))
+                .map(|g| g.index)
+                .filter(|&i| {
+                    let key = (node.name.clone(), i);
+                    !claimed.contains(&key) && !taken.contains(&key)
+                })
+                .take(want)
+                .collect();
+            (free.len() == want).then(|| RankPlacement {
+                node: node.name.clone(),
+                gpus: free,
+            })
+        })?;
+        taken.extend(rank.gpus.iter().map(|&g| (rank.node.clone(), g)));
+        ranks.push(rank);
+    }
+    Some(ranks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{GpuInfo, JobSpec, NodeRegistration, Proposal};
+
+    fn node(name: &str, count: u32, model: &str) -> Command {
+        let gpus = (0..count)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("{name}-{i}"),
+                model: model.into(),
+                memory_mib: 81_920,
+                healthy: true,
+                nvlink_domain: None,
+            })
+            .collect();
+        Command::RegisterNode(NodeRegistration {
+            name: name.into(),
+            address: format!("{name}:1"),
+            rack: String::new(),
+            leaf: String::new(),
+            gpus,
+        })
+    }
+
+    fn apply(state: &mut ClusterState, commands: Vec<Command>) {
+        let index = state.applied_index + 1;
+        state.apply_proposal(
+            index,
+            &Proposal {
+                now_ms: 1_000,
+                commands,
+            },
+        );
+    }
+
+    fn gang(replicas: u32, gpus: u32, model: Option<&str>) -> Command {
+        let mut spec = JobSpec::simple(&["true"]);
+        spec.replicas = replicas;
+        spec.gpus_per_replica = gpus;
+        spec.gpu_model = model.map(str::to_string);
+        Command::SubmitJob {
+            request_id: None,
+            spec,
+        }
+    }
+
+    #[test]
+    fn a_gang_spreads_over_nodes_and_is_placed_whole() {
+        let mut state = ClusterState::default();
+        apply(
+            &mut state,
+            vec![
+                node("a", 8, "H100-80GB"),
+                node("b", 8, "H100-80GB"),
+                gang(2, 8, None),
+                gang(1, 1, None),
+            ],
+        );
+        let plan = first_fit(&state, 0);
+        assert_eq!(plan.placements.len(), 1, "{plan:?}");
+        let ranks = &plan.placements[0].ranks;
+        assert_eq!(
+            ranks.iter().map(|r| r.node.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert_eq!(plan.pending.len(), 1, "the 1-GPU job has no room left");
+        apply(&mut state, vec![Command::ApplyPlan(plan)]);
+        state.check_invariants().unwrap();
+        let again = first_fit(&state, 0);
+        assert!(
+            again.is_empty(),
+            "a stable state gives an empty plan: {again:?}"
+        );
+    }
+
+    #[test]
+    fn model_constraint_and_unhealthy_gpus_are_honored() {
+        let mut state = ClusterState::default();
+        apply(
+            &mut state,
+            vec![
+                node("a", 2, "A100-40GB"),
+                node("b", 2, "H100-80GB"),
+                gang(1, 2, Some("H100-80GB")),
+            ],
+        );
+        let plan = first_fit(&state, 0);
+        assert_eq!(plan.placements[0].ranks[0].node, "b");
+        apply(
+            &mut state,
+            vec![Command::NodeHealth {
+                node: "b".into(),
+                unhealthy_gpus: vec![1],
+            }],
+        );
+        let plan = first_fit(&state, 0);
+        assert!(plan.placements.is_empty());
+    }
+
+    #[test]
+    fn a_new_term_gives_every_node_a_grace_period() {
+        let mut state = ClusterState::default();
+        apply(&mut state, vec![node("a", 1, "H100-80GB")]);
+        let leadership = Leadership::new(0);
+        assert!(
+            leadership.silent_nodes(&state).is_empty(),
+            "not leading: nothing is silent"
+        );
+        leadership.start_term(3);
+        assert_eq!(leadership.term(), Some(3));
+        assert!(
+            leadership.silent_nodes(&state).is_empty(),
+            "first sight starts the grace period"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(leadership.silent_nodes(&state), vec!["a".to_string()]);
+        leadership.end_term();
+        leadership.start_term(4);
+        assert!(
+            leadership.silent_nodes(&state).is_empty(),
+            "a new term starts fresh"
+        );
+    }
+}
