@@ -22,6 +22,8 @@ pub struct AgentOptions {
     pub fake_gpus: Option<String>,
     pub heartbeat_ms: u64,
     pub extra_args: Vec<String>,
+    /// Extra environment (test switches).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for AgentOptions {
@@ -30,6 +32,7 @@ impl Default for AgentOptions {
             fake_gpus: Some("8xH100-80GB".into()),
             heartbeat_ms: 200,
             extra_args: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -92,6 +95,9 @@ impl LocalAgent {
             .stderr(log);
         if let Some(fake) = &self.options.fake_gpus {
             command.args(["--fake-gpus", fake]);
+        }
+        for (key, value) in &self.options.env {
+            command.env(key, value);
         }
         self.child = Some(
             command

@@ -41,10 +41,13 @@ struct RunArgs {
     /// Seconds jobs get to finish after the faults stop.
     #[arg(long, default_value_t = 90)]
     settle_s: u64,
-    #[arg(long, default_value_t = 4)]
-    submitters: usize,
-    #[arg(long, default_value_t = 50)]
-    submit_interval_ms: u64,
+    /// Concurrent submitters (default: 4 without agents, 1 with agents).
+    #[arg(long)]
+    submitters: Option<usize>,
+    /// Pause between one submitter's submits (default: 50 ms without agents;
+    /// with agents, sized so the jobs keep about 60% of the fake GPUs busy).
+    #[arg(long)]
+    submit_interval_ms: Option<u64>,
     #[arg(long, default_value_t = 50)]
     heartbeat_ms: u64,
     #[arg(long, default_value_t = 100)]
@@ -79,8 +82,8 @@ async fn main() -> Result<()> {
         interval_s: args.interval_s,
         seed: args.seed,
         settle_s: args.settle_s,
-        submitters: args.submitters,
-        submit_interval_ms: args.submit_interval_ms,
+        submitters: args.submitters.unwrap_or(if args.agents == 0 { 4 } else { 1 }),
+        submit_interval_ms: args.submit_interval_ms.unwrap_or(if args.agents == 0 { 50 } else { 4_000 / u64::from(args.agents) }),
         cluster: ClusterOptions {
             heartbeat_ms: args.heartbeat_ms,
             election_min_ms: args.election_min_ms,
@@ -88,6 +91,7 @@ async fn main() -> Result<()> {
             ..ClusterOptions::default()
         },
         dir: args.dir,
+        agent_env: Vec::new(),
     };
     let report = run(config).await?;
     let json = serde_json::to_string_pretty(&report)?;

@@ -13,6 +13,7 @@ use rand::{Rng, SeedableRng};
 use rota_proto::v1 as pb;
 use serde::Serialize;
 
+use crate::agents::{AgentOptions, LocalAgent};
 use crate::check::{self, Check, Distribution, Failover, FinalJob};
 use crate::cluster::{ClusterOptions, LocalCluster};
 use crate::faults::FaultKind;
@@ -40,6 +41,34 @@ pub struct RunConfig {
     pub cluster: ClusterOptions,
     /// Where data dirs, logs and markers go; a temporary dir when absent.
     pub dir: Option<PathBuf>,
+    /// Extra environment for every agent (test switches).
+    pub agent_env: Vec<(String, String)>,
+}
+
+/// What faults can hit.
+struct Targets<'a> {
+    cluster: &'a mut LocalCluster,
+    links: &'a [LinkProxy],
+    agents: &'a mut Vec<LocalAgent>,
+}
+
+/// Start `count` agents with 8 fake H100s each, and wait until all registered.
+async fn start_agents(dir: &std::path::Path, cluster: &LocalCluster, count: u32, env: &[(String, String)]) -> Result<Vec<LocalAgent>> {
+    let options = AgentOptions { env: env.to_vec(), ..AgentOptions::default() };
+    let agents = (1..=count)
+        .map(|i| LocalAgent::start(dir, &format!("node-{i}"), &cluster.endpoints_csv(), options.clone()))
+        .collect::<Result<Vec<_>>>()?;
+    let deadline = Instant::now() + ELECTION_WAIT;
+    loop {
+        let leader = cluster.wait_leader(ELECTION_WAIT).await?;
+        let listed = cluster.cluster_client(leader)?.list_nodes(pb::ListNodesRequest {}).await;
+        let ready = listed.map(|r| r.into_inner().nodes.iter().filter(|n| n.state == "ready").count()).unwrap_or(0);
+        if ready >= count as usize {
+            return Ok(agents);
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{ready} of {count} agents registered in time");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -71,6 +100,7 @@ pub async fn run(config: RunConfig) -> Result<Report> {
     let (mut cluster, links) = LocalCluster::start_proxied(&dir, config.replicas, config.cluster.clone()).await?;
     cluster.wait_leader(ELECTION_WAIT).await.context("first election")?;
     let clients = Clients::new(&cluster.endpoints())?;
+    let mut agents = start_agents(&dir, &cluster, config.agents, &config.agent_env).await?;
     let history = Arc::new(History::default());
     let stop = Arc::new(AtomicBool::new(false));
     let workload_config = WorkloadConfig {
@@ -86,7 +116,8 @@ pub async fn run(config: RunConfig) -> Result<Report> {
         tasks.push(tokio::spawn(workload::submitter(i, clients.clone(), history.clone(), workload_config.clone(), stop.clone())));
     }
 
-    inject_faults(&mut cluster, &links, &history, &config).await?;
+    let mut targets = Targets { cluster: &mut cluster, links: &links, agents: &mut agents };
+    inject_faults(&mut targets, &history, &config).await?;
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
         task.await?;
@@ -108,7 +139,7 @@ pub async fn run(config: RunConfig) -> Result<Report> {
 
 /// Every `interval_s`, one fault drawn from `faults` by the seeded RNG; each
 /// is healed after its duration, and the next waits for an agreed leader.
-async fn inject_faults(cluster: &mut LocalCluster, links: &[LinkProxy], history: &History, config: &RunConfig) -> Result<()> {
+async fn inject_faults(targets: &mut Targets<'_>, history: &History, config: &RunConfig) -> Result<()> {
     let mut rng = StdRng::seed_from_u64(config.seed);
     let started = Instant::now();
     let total = Duration::from_secs(config.duration_s);
@@ -117,36 +148,45 @@ async fn inject_faults(cluster: &mut LocalCluster, links: &[LinkProxy], history:
     while next + Duration::from_secs(1) < started + total {
         tokio::time::sleep_until(next.into()).await;
         let kind = config.faults[rng.gen_range(0..config.faults.len())];
-        let leader = cluster.wait_leader(ELECTION_WAIT).await.context("leader before a fault")?;
-        inject_one(cluster, links, history, kind, leader, &mut rng).await?;
-        cluster.wait_leader(ELECTION_WAIT).await.with_context(|| format!("leader after {}", kind.name()))?;
+        let leader = targets.cluster.wait_leader(ELECTION_WAIT).await.context("leader before a fault")?;
+        inject_one(targets, history, kind, leader, &mut rng).await?;
+        targets.cluster.wait_leader(ELECTION_WAIT).await.with_context(|| format!("leader after {}", kind.name()))?;
         next = Instant::now().max(next + interval);
     }
     tokio::time::sleep_until((started + total).into()).await;
     Ok(())
 }
 
-async fn inject_one(cluster: &mut LocalCluster, links: &[LinkProxy], history: &History, kind: FaultKind, leader: u64, rng: &mut StdRng) -> Result<()> {
-    let followers: Vec<u64> = cluster.replicas.keys().copied().filter(|id| *id != leader).collect();
-    let target = match kind {
-        FaultKind::KillFollower => followers[rng.gen_range(0..followers.len())],
-        _ => leader,
+async fn inject_one(targets: &mut Targets<'_>, history: &History, kind: FaultKind, leader: u64, rng: &mut StdRng) -> Result<()> {
+    let followers: Vec<u64> = targets.cluster.replicas.keys().copied().filter(|id| *id != leader).collect();
+    let (target, name) = match kind {
+        FaultKind::KillFollower => {
+            let id = followers[rng.gen_range(0..followers.len())];
+            (id, format!("replica-{id}"))
+        }
+        FaultKind::RestartAgent => {
+            anyhow::ensure!(!targets.agents.is_empty(), "restart-agent needs agents (--agents N)");
+            let i = rng.gen_range(0..targets.agents.len());
+            (i as u64, targets.agents[i].name.clone())
+        }
+        _ => (leader, format!("replica-{leader}")),
     };
-    let fault = Fault { kind: kind.name().into(), target: format!("replica-{target}"), at_ms: now_ms(), healed_ms: None, leader_before: Some(leader) };
-    tracing::info!(kind = kind.name(), target, "fault");
+    let fault = Fault { kind: kind.name().into(), target: name, at_ms: now_ms(), healed_ms: None, leader_before: Some(leader) };
+    tracing::info!(kind = kind.name(), target = %fault.target, "fault");
     let index = history.record_fault(fault);
+    let links_of = |id: u64| targets.links.iter().filter(move |l| l.from == id || l.to == id);
     match kind {
-        FaultKind::KillLeader | FaultKind::KillFollower => cluster.kill(target)?,
-        FaultKind::PauseLeader => cluster.pause(target)?,
-        FaultKind::PartitionLeader => links.iter().filter(|l| l.from == target || l.to == target).for_each(LinkProxy::cut),
-        FaultKind::RestartAgent => anyhow::bail!("restart-agent needs agents (--agents N)"),
+        FaultKind::KillLeader | FaultKind::KillFollower => targets.cluster.kill(target)?,
+        FaultKind::PauseLeader => targets.cluster.pause(target)?,
+        FaultKind::PartitionLeader => links_of(target).for_each(LinkProxy::cut),
+        FaultKind::RestartAgent => targets.agents[target as usize].kill()?,
     }
     tokio::time::sleep(kind.duration()).await;
     match kind {
-        FaultKind::KillLeader | FaultKind::KillFollower => cluster.restart(target)?,
-        FaultKind::PauseLeader => cluster.resume(target)?,
-        FaultKind::PartitionLeader => links.iter().filter(|l| l.from == target || l.to == target).for_each(LinkProxy::heal),
-        FaultKind::RestartAgent => {}
+        FaultKind::KillLeader | FaultKind::KillFollower => targets.cluster.restart(target)?,
+        FaultKind::PauseLeader => targets.cluster.resume(target)?,
+        FaultKind::PartitionLeader => links_of(target).for_each(LinkProxy::heal),
+        FaultKind::RestartAgent => targets.agents[target as usize].restart()?,
     }
     history.heal_fault(index);
     Ok(())
@@ -214,7 +254,7 @@ fn build_report(config: &RunConfig, history: &History, jobs: &[FinalJob], marker
     if config.agents > 0 {
         let runs = check::read_markers(markers);
         let cancelled: BTreeSet<u64> = cancels.iter().map(|c| c.0).chain(probes.iter().map(|p| p.job_id)).collect();
-        let acked: BTreeSet<u64> = acks.iter().map(|a| a.job_id).collect();
+        let acked: BTreeSet<u64> = acks.iter().chain(probes.iter()).map(|a| a.job_id).collect();
         checks.push(check::gpus_exclusive(&runs, &by_id));
         checks.push(check::no_rank_killed(&runs, &by_id, &cancelled));
         checks.push(check::liveness(jobs, &acked));

@@ -23,6 +23,7 @@ const ATTEMPT_TIMEOUT_MS: u64 = 300;
 /// How long one submit keeps retrying before it counts as unacknowledged.
 const SUBMIT_DEADLINE_MS: u64 = 60_000;
 const PROBE_PAUSE_MS: u64 = 20;
+const SCHEDULE_PROBE_EVERY: u64 = 12;
 
 /// Clients of every replica, tried in turn; what a real client does.
 #[derive(Clone)]
@@ -103,7 +104,7 @@ fn job_command(duration_s: u64, checkpoints: bool) -> Vec<String> {
     let checkpoint = if checkpoints { "touch \"$ROTA_CHECKPOINT_FILE\" 2>/dev/null;" } else { "" };
     let script = format!(
         "f=\"$CHAOS_MARKERS/$ROTA_JOB_ID-$RANK-$$\"; \
-         echo \"$(date +%s%3N) $$ $ROTA_JOB_ID $RANK ${{ROTA_NODE_NAME:-?}} ${{CUDA_VISIBLE_DEVICES}}\" > \"$f.start\"; \
+         echo \"$(date +%s%3N) $$ $ROTA_JOB_ID $RANK ${{ROTA_NODE:-?}} ${{CUDA_VISIBLE_DEVICES}}\" > \"$f.start\"; \
          i=0; while [ $i -lt {duration_s} ]; do sleep 1; {checkpoint} i=$((i+1)); done; \
          echo \"$(date +%s%3N) $$\" > \"$f.end\""
     );
@@ -173,7 +174,9 @@ pub async fn submitter(index: usize, clients: Clients, history: Arc<History>, co
 }
 
 /// Submit tiny jobs back to back; the gaps between acks are the outages.
-/// Each probe job is cancelled as soon as it is acknowledged.
+/// Most probe jobs are cancelled as soon as they are acknowledged; every
+/// `SCHEDULE_PROBE_EVERY`th is left to run (one GPU, exits at once), so the
+/// first placement after a fault shows when the new leader scheduled.
 pub async fn probe(clients: Clients, history: Arc<History>, seed: u64, stop: Arc<AtomicBool>) {
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
@@ -192,8 +195,10 @@ pub async fn probe(clients: Clients, history: Arc<History>, seed: u64, stop: Arc
         let (result, attempts) = clients.submit(n as usize, &request, SUBMIT_DEADLINE_MS).await;
         if let Ok(response) = result {
             history.record_probe(Ack { request_id, job_id: response.job_id, sent_ms, acked_ms: now_ms(), attempts });
-            let clients = clients.clone();
-            tokio::spawn(async move { clients.cancel(response.job_id).await });
+            if n % SCHEDULE_PROBE_EVERY != 0 {
+                let clients = clients.clone();
+                tokio::spawn(async move { clients.cancel(response.job_id).await });
+            }
         }
         tokio::time::sleep(Duration::from_millis(PROBE_PAUSE_MS)).await;
     }

@@ -227,6 +227,12 @@ async fn heartbeat_loop(shared: Arc<Shared>) {
 async fn watch_loop(shared: Arc<Shared>, sender: watch::Sender<Option<pb::Assignments>>) {
     let mut target = 0usize;
     let mut backoff_ms = 50;
+    // TEST ONLY: a deliberately broken agent that stops its ranks whenever it
+    // loses its watch, so the chaos harness can prove it catches that.
+    let unsafe_kill_on_loss = std::env::var("ROTA_TEST_KILL_ON_LEADER_LOSS").is_ok_and(|v| v == "1");
+    if unsafe_kill_on_loss {
+        tracing::error!("ROTA_TEST_KILL_ON_LEADER_LOSS=1: ranks are stopped when the watch breaks; never use this outside tests");
+    }
     loop {
         let request = pb::WatchAssignmentsRequest {
             node: shared.config.node_name.clone(),
@@ -246,6 +252,12 @@ async fn watch_loop(shared: Arc<Shared>, sender: watch::Sender<Option<pb::Assign
             {
                 backoff_ms = 50;
                 if sender.send(Some(update)).is_err() {
+                    return;
+                }
+            }
+            if unsafe_kill_on_loss {
+                let nothing = pb::Assignments { index: shared.highest_index(), ..Default::default() };
+                if sender.send(Some(nothing)).is_err() {
                     return;
                 }
             }

@@ -21,6 +21,7 @@ fn config(seed: u64, duration_s: u64, faults: Vec<FaultKind>) -> RunConfig {
         submit_interval_ms: 20,
         cluster: ClusterOptions::default(),
         dir: None,
+        agent_env: Vec::new(),
     }
 }
 
@@ -32,6 +33,33 @@ async fn leader_faults_lose_nothing() -> Result<()> {
     ensure!(report.passed, "chaos run failed:\n{}", summary(&report));
     ensure!(report.faults.len() >= 5, "only {} faults injected", report.faults.len());
     ensure!(report.acknowledged_submits > 100, "workload too small: {}", report.acknowledged_submits);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn running_jobs_survive_leader_kills_and_agent_restarts() -> Result<()> {
+    let mut config = config(13, 30, vec![FaultKind::KillLeader, FaultKind::PauseLeader, FaultKind::RestartAgent]);
+    config.agents = 2;
+    config.submitters = 1;
+    config.submit_interval_ms = 1_000;
+    let report = run(config).await?;
+    println!("{}", summary(&report));
+    ensure!(report.passed, "chaos run failed:\n{}", summary(&report));
+    ensure!(report.checks.iter().all(|c| !c.skipped), "every check ran");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn checkers_catch_agents_that_stop_ranks_on_leader_loss() -> Result<()> {
+    let mut config = config(14, 16, vec![FaultKind::KillLeader]);
+    config.agents = 2;
+    config.submitters = 1;
+    config.submit_interval_ms = 500;
+    config.settle_s = 30;
+    config.agent_env.push(("ROTA_TEST_KILL_ON_LEADER_LOSS".into(), "1".into()));
+    let report = run(config).await?;
+    let check = report.checks.iter().find(|c| c.name == "no_running_rank_killed_or_restarted").expect("check ran");
+    ensure!(!report.passed && !check.passed, "the broken agent passed:\n{}", summary(&report));
     Ok(())
 }
 
