@@ -2,3 +2,5 @@
 //! the leader loop, the gRPC services and the `rota` binary.
 
 pub mod state;
+pub mod policy;
+pub mod sim;
