@@ -132,7 +132,7 @@ impl<'a> Pass<'a> {
             return Outcome::Pending(Reason::BehindJob { job }, None);
         }
         let admit = if self.config.uses_quotas() {
-            match self.quota.admit(&spec.group, spec.gpu_model.as_deref(), cand.gpus()) {
+            match self.quota.admit(&spec.group, spec.gpu_model.as_deref(), cand.gpus(), self.free.total) {
                 Ok(admit) => admit,
                 Err(reason) => return Outcome::Pending(reason, None),
             }

@@ -1,11 +1,10 @@
 //! Group quotas: guaranteed GPUs, borrowing of idle quota, reclaim.
 //!
-//! Capacity = healthy GPUs of Ready nodes. Unowned = capacity minus the sum of
-//! guarantees. A group using no more than its guarantee is "in quota"; beyond
-//! it, it borrows. A borrower may take, at most, the unowned GPUs plus the idle
-//! guarantee of groups that lend to it (`lend`, and `lend_to` empty or naming
-//! it), minus what all groups borrow already, and no more than its
-//! `borrow_limit`. Borrowed GPUs are reclaimed by preemption when their owner
+//! A group using no more than its guarantee is "in quota"; beyond it, it
+//! borrows: free GPUs nobody guarantees, or the idle guarantee of groups that
+//! lend to it (`lend`, and `lend_to` empty or naming it), never the idle
+//! guarantee of groups that do not lend to it, and no more than its
+//! `borrow_limit` beyond its guarantee. In-quota jobs are ordered first. Borrowed GPUs are reclaimed by preemption when their owner
 //! needs its guarantee (see `preempt`). Per-model guarantees (`per_model`)
 //! bound a job that asks for that model: it is in quota only if the group's use
 //! of jobs asking for the model stays within it too.
@@ -32,8 +31,8 @@ struct Book {
 pub struct QuotaBook<'a> {
     quotas: &'a BTreeMap<String, GroupQuota>,
     books: BTreeMap<String, Book>,
-    capacity: u64,
-    guaranteed_total: u64,
+    /// Groups with a quota that lend to nobody or only to named groups.
+    restricted: Vec<String>,
 }
 
 /// How a job was admitted.
@@ -56,8 +55,9 @@ impl<'a> QuotaBook<'a> {
                 *book.used_by_model.entry(model.to_string()).or_insert(0) += run.gpus;
             }
         }
-        let guaranteed_total = books.values().map(|b| b.guaranteed).sum();
-        QuotaBook { quotas: &state.quotas, books, capacity: view.capacity(), guaranteed_total }
+        let restricted =
+            state.quotas.values().filter(|q| !q.lend || !q.lend_to.is_empty()).map(|q| q.group.clone()).collect();
+        QuotaBook { quotas: &state.quotas, books, restricted }
     }
 
     fn book(&self, group: &str) -> (u64, u64) {
@@ -86,17 +86,14 @@ impl<'a> QuotaBook<'a> {
             && self.quotas.get(lender).is_some_and(|q| q.lend && (q.lend_to.is_empty() || q.lend_to.iter().any(|g| g == borrower)))
     }
 
-    /// GPUs the group could borrow now.
-    pub fn borrowable(&self, group: &str) -> u64 {
-        let unowned = self.capacity.saturating_sub(self.guaranteed_total);
-        let borrowed: u64 = self.books.values().map(|b| b.used.saturating_sub(b.guaranteed)).sum();
-        let lent: u64 = self
-            .books
+    /// Idle guaranteed GPUs of groups that do not lend to `group`: free
+    /// GPUs it may not borrow.
+    pub fn protected(&self, group: &str) -> u64 {
+        self.restricted
             .iter()
-            .filter(|(name, _)| self.lends_to(name, group))
-            .map(|(_, b)| b.guaranteed.saturating_sub(b.used))
-            .sum();
-        (unowned + lent).saturating_sub(borrowed)
+            .filter(|h| h.as_str() != group && !self.lends_to(h, group))
+            .map(|h| self.room(h))
+            .sum()
     }
 
     fn in_quota(&self, group: &str, model: Option<&str>, gpus: u64) -> bool {
@@ -114,8 +111,10 @@ impl<'a> QuotaBook<'a> {
         }
     }
 
-    /// May the group start `gpus` more GPUs now?
-    pub fn admit(&self, group: &str, model: Option<&str>, gpus: u64) -> Result<Admit, Reason> {
+    /// May the group start `gpus` more GPUs now, `free` GPUs being free?
+    /// A borrower may not use the idle guarantee of groups that do not lend
+    /// to it; whether the GPUs are there at all is placement's business.
+    pub fn admit(&self, group: &str, model: Option<&str>, gpus: u64, free: u64) -> Result<Admit, Reason> {
         if self.in_quota(group, model, gpus) {
             return Ok(Admit::InQuota);
         }
@@ -127,8 +126,8 @@ impl<'a> QuotaBook<'a> {
                 return Err(Reason::BorrowLimit { group: group.into(), borrowed: over - gpus.min(over), limit });
             }
         }
-        let extra = over.min(gpus);
-        if extra > self.borrowable(group) {
+        let protected = self.protected(group);
+        if protected > 0 && free.saturating_sub(protected) < gpus {
             return Err(Reason::QuotaExhausted { group: group.into(), used, guaranteed });
         }
         Ok(Admit::Borrowing)

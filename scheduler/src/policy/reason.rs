@@ -72,7 +72,7 @@ impl fmt::Display for Reason {
             }
             Reason::QuotaExhausted { group, used, guaranteed } => write!(
                 f,
-                "group {group} uses {used} of its {guaranteed} guaranteed GPUs and no idle quota is lent to it"
+                "group {group} uses {used} of its {guaranteed} guaranteed GPUs; the free GPUs are idle quota not lent to it"
             ),
             Reason::BorrowLimit { group, borrowed, limit } => {
                 write!(f, "group {group} borrows {borrowed} GPUs; its borrowing limit is {limit}")
