@@ -71,19 +71,27 @@ pub struct PolicyConfig {
     pub priority_points: u64,
     /// One aging point per this much waiting ...
     pub aging_step_ms: u64,
-    /// ... up to this many points. With the defaults any job reaches the
-    /// highest base standing after `aging_cap * aging_step_ms`, after which
-    /// only earlier submits are ahead of it: nobody starves.
+    /// ... up to this many points (bounded: see `order`).
     pub aging_cap: u64,
+    /// A job that has waited this long goes ahead of all others (oldest
+    /// first), so it gets the reservation: nobody starves.
+    pub starve_after_ms: u64,
+    /// Standing points per halving of the runtime limit below one day
+    /// (shorter jobs first, as a user-visible incentive to ask for less).
+    pub limit_points: u64,
+    /// Order jobs inside their group's guarantee before borrowers.
+    pub quota_tiers: bool,
     /// Preemptors considered per pass (bounds the cost of a pass).
     pub max_preemptors_per_pass: usize,
     /// A short-queue job may preempt jobs of lower-weight queues of groups
     /// that are over their guaranteed quota (besides reclaim and priority).
     pub favour_short: bool,
-    /// Reservations beyond this horizon are not made (the head yields).
+    /// A head reserves only if its start is within this horizon plus the time
+    /// it has waited divided by `reservation_wait_divisor`; otherwise it
+    /// yields to the jobs behind it (they backfill without its reservation).
+    /// Its wait grows, so it reserves in the end.
     pub reservation_horizon_ms: u64,
-    /// How many blocked jobs get a reservation (EASY = 1).
-    pub reservations: usize,
+    pub reservation_wait_divisor: u64,
     /// Place gangs in the smallest topology domain that holds them.
     pub topology: bool,
 }
@@ -97,10 +105,13 @@ impl Default for PolicyConfig {
             priority_points: 15,
             aging_step_ms: 10 * 60 * 1000,
             aging_cap: 60,
+            starve_after_ms: 36 * 3600 * 1000,
+            limit_points: 15,
+            quota_tiers: true,
             max_preemptors_per_pass: 16,
-            favour_short: true,
+            favour_short: false,
             reservation_horizon_ms: 90 * 24 * 3600 * 1000,
-            reservations: 1,
+            reservation_wait_divisor: 1,
             topology: true,
         }
     }

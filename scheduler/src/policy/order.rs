@@ -1,17 +1,21 @@
 //! Queue order of pending jobs.
 //!
 //! Rota: `(tier, standing desc, submitted_at, id)`.
-//! * tier 0 = the job fits in what is left of its group's guaranteed quota
-//!   (counted cumulatively over the group's jobs in standing order); tier 1 =
+//! * tier 0 = the job has waited `starve_after_ms` (default 36 h): it goes
+//!   ahead of everything, oldest first, and so gets the reservation: no job
+//!   waits much longer than that plus the runtime limits it must wait for.
+//! * tier 1 = the job fits in what is left of its group's guaranteed quota
+//!   (counted cumulatively over the group's jobs in standing order); tier 2 =
 //!   it would borrow. Guarantees come first.
 //! * standing = `queue_points x queue weight + priority_points x priority
-//!   level + aging`, aging = one point per `aging_step_ms` waited (since the
-//!   original submit, kept across preemption), at most `aging_cap` points.
-//!   With the defaults (10/15 points, 10 min steps, cap 60) the spread of base
-//!   standings (10 for a low service job .. 70 for a high short job) is within
-//!   the cap: after at most 10 h of waiting a job's standing is the highest
-//!   any job can have, and then only earlier submits of its tier are ahead of
-//!   it. Waiting raises standing boundedly; nobody starves within a tier.
+//!   level + limit_points x shortness + aging`. Shortness = halvings of the
+//!   runtime limit below one day (10 min: 7, 40 min: 5, 1 h: 4, >= 1 d: 0):
+//!   asking for less gets a job going sooner, as with shortest-job-first.
+//!   Aging = one point per `aging_step_ms` waited (since the original submit,
+//!   kept across preemption), at most `aging_cap` points. With the defaults
+//!   (10/15/15 points, 10 min steps, cap 60) a job gains at most 60 points
+//!   over 10 h, as much as a fourfold shorter limit or two priority levels.
+//!   Beyond that, tier 0 bounds every wait.
 //! * equal standing: earlier submit first, then lower id (stable).
 //!
 //! Baselines: `(submitted_at, id)`.
@@ -59,9 +63,23 @@ impl Cand<'_> {
     }
 }
 
-pub fn standing(config: &PolicyConfig, queue_weight: u32, priority: Priority, wait_ms: u64) -> u64 {
+/// Halvings of the runtime limit below one day: 10 min -> 7, 1 h -> 4, >= 1 d -> 0.
+fn shortness(limit_ms: u64) -> u64 {
+    let mut steps = 0;
+    let mut span = 86_400_000u64;
+    while steps < 16 && limit_ms.saturating_mul(2) <= span {
+        span /= 2;
+        steps += 1;
+    }
+    steps
+}
+
+pub fn standing(config: &PolicyConfig, queue_weight: u32, priority: Priority, wait_ms: u64, limit_ms: u64) -> u64 {
     let aging = (wait_ms / config.aging_step_ms.max(1)).min(config.aging_cap);
-    config.queue_points * u64::from(queue_weight) + config.priority_points * priority_level(priority) + aging
+    config.queue_points * u64::from(queue_weight)
+        + config.priority_points * priority_level(priority)
+        + config.limit_points * shortness(limit_ms)
+        + aging
 }
 
 /// Pending jobs in the order the pass considers them.
@@ -74,13 +92,14 @@ pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, 
             let queue_weight = state.queues.get(&job.spec.queue).map_or(1, |q| q.weight);
             let priority = effective_priority(job, now_ms);
             let wait_ms = now_ms.saturating_sub(job.submitted_at_ms);
+            let limit_ms = state.runtime_limit_s(&job.spec).saturating_mul(1000);
             Cand {
                 job,
                 tier: 0,
-                standing: standing(config, queue_weight, priority, wait_ms),
+                standing: standing(config, queue_weight, priority, wait_ms, limit_ms),
                 priority,
                 queue_weight,
-                limit_ms: state.runtime_limit_s(&job.spec).saturating_mul(1000),
+                limit_ms,
                 wait_ms,
             }
         })
@@ -90,13 +109,18 @@ pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, 
         return cands;
     }
     cands.sort_by_key(|c| (std::cmp::Reverse(c.standing), c.job.submitted_at_ms, c.job.id));
-    assign_tiers(&mut cands, quota);
+    if config.quota_tiers {
+        assign_tiers(&mut cands, quota);
+    }
+    for cand in cands.iter_mut().filter(|c| c.wait_ms >= config.starve_after_ms) {
+        cand.tier = 0;
+    }
     cands.sort_by_key(|c| c.tier); // stable
     cands
 }
 
-/// Tier 0 for the jobs that fit, in standing order, in what is left of their
-/// group's guarantee; tier 1 for the rest.
+/// Tier 1 for the jobs that fit, in standing order, in what is left of their
+/// group's guarantee; tier 2 for the rest.
 fn assign_tiers(cands: &mut [Cand], quota: &QuotaBook) {
     let mut room: BTreeMap<&str, u64> = BTreeMap::new();
     for cand in cands.iter_mut() {
@@ -104,9 +128,9 @@ fn assign_tiers(cands: &mut [Cand], quota: &QuotaBook) {
         let left = room.entry(group).or_insert_with(|| quota.room(group));
         if cand.gpus() <= *left {
             *left -= cand.gpus();
-            cand.tier = 0;
-        } else {
             cand.tier = 1;
+        } else {
+            cand.tier = 2;
         }
     }
 }

@@ -262,7 +262,12 @@ impl<'a> Pass<'a> {
         let Some(reservation) = reservation else {
             return Outcome::Pending(reason, None); // yields: nothing makes it fit
         };
-        if reservation.at_ms.saturating_sub(self.now_ms) > self.config.reservation_horizon_ms {
+        // Far-off reservations hold GPUs idle for long: a head only reserves
+        // within the horizon, which grows with its wait (so it reserves
+        // eventually; the bound keeps it from starving).
+        let grown_ms = cand.wait_ms / self.config.reservation_wait_divisor.max(1);
+        let horizon_ms = self.config.reservation_horizon_ms.saturating_add(grown_ms);
+        if reservation.at_ms.saturating_sub(self.now_ms) > horizon_ms {
             return Outcome::Pending(reason, None);
         }
         let estimate = Some(reservation.at_ms);

@@ -56,6 +56,9 @@ pub struct SimArgs {
     pub seed: u64,
     #[arg(long, value_enum, default_value_t = OutputFormat::Json)]
     pub output: OutputFormat,
+    /// Policy tunables to override, as a JSON object (fields of PolicyConfig).
+    #[arg(long)]
+    pub tune: Option<String>,
     /// Write job_id,submit_s,start_s,end_s (rebased, first start) to this CSV.
     #[arg(long)]
     pub dump_schedule: Option<PathBuf>,
@@ -111,6 +114,19 @@ pub fn policy_config(policy: SimPolicy) -> PolicyConfig {
     }
 }
 
+fn tuned(config: PolicyConfig, tune: Option<&str>) -> anyhow::Result<PolicyConfig> {
+    let Some(tune) = tune else { return Ok(config) };
+    let mut value = serde_json::to_value(&config)?;
+    let changes: serde_json::Map<String, Value> = serde_json::from_str(tune).context("--tune: a JSON object")?;
+    for (key, v) in changes {
+        if value.get(&key).is_none() {
+            bail!("--tune: unknown field {key}");
+        }
+        value[&key] = v;
+    }
+    serde_json::from_value(value).context("--tune")
+}
+
 /// Run one simulation and return its figures.
 pub fn run_sim(args: &SimArgs) -> anyhow::Result<Value> {
     if args.nodes == 0 || args.gpus_per_node == 0 {
@@ -124,18 +140,18 @@ pub fn run_sim(args: &SimArgs) -> anyhow::Result<Value> {
     };
     let gpus = u64::from(args.nodes) * u64::from(args.gpus_per_node);
     let quotas = quotas(&args.quotas, &jobs, gpus)?;
-    let policy = policy_config(args.policy);
+    let policy = tuned(policy_config(args.policy), args.tune.as_deref())?;
     let tick_ms = (args.policy == SimPolicy::Rota).then_some(300_000);
     let config = SimConfig {
         nodes: args.nodes,
         gpus_per_node: args.gpus_per_node,
         racks: args.racks,
-        policy,
+        policy: policy.clone(),
         quotas: quotas.clone(),
         checkpoint_every_ms: 30 * 60 * 1000,
         tick_ms,
     };
-    let outcome = Simulator::new(config, &jobs).run();
+    let outcome = Simulator::new(config.clone(), &jobs).run();
     if let Some(path) = &args.dump_schedule {
         dump(path, &jobs, &outcome.records)?;
     }
@@ -151,6 +167,7 @@ pub fn run_sim(args: &SimArgs) -> anyhow::Result<Value> {
         "policy": format!("{:?}", args.policy).to_lowercase(),
         "quotas": args.quotas,
         "seed": args.seed,
+        "policy_config": serde_json::to_value(&policy)?,
     });
     Ok(report)
 }
