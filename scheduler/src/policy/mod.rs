@@ -33,6 +33,7 @@
 //!    (`code: detail`, see [`reason`]) and, where a reservation gives one, an
 //!    estimated start; only changed notes go into the plan.
 
+mod fasthash;
 pub mod order;
 pub mod pass;
 pub mod pool;

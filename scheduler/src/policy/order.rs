@@ -20,10 +20,9 @@
 //!
 //! Baselines: `(submitted_at, id)`.
 
-use std::collections::BTreeMap;
-
 use crate::state::{ClusterState, Job, JobState, Priority};
 
+use super::fasthash::FastMap;
 use super::quota::QuotaBook;
 use super::{Mode, PolicyConfig};
 
@@ -49,6 +48,8 @@ fn priority_level(priority: Priority) -> u64 {
 #[derive(Debug, Clone)]
 pub struct Cand<'a> {
     pub job: &'a Job,
+    /// Group id in the quota book.
+    pub group: u32,
     pub tier: u8,
     pub standing: u64,
     pub priority: Priority,
@@ -83,18 +84,29 @@ pub fn standing(config: &PolicyConfig, queue_weight: u32, priority: Priority, wa
 }
 
 /// Pending jobs in the order the pass considers them.
-pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, quota: &QuotaBook) -> Vec<Cand<'a>> {
+pub fn pending<'a>(
+    state: &'a ClusterState,
+    now_ms: u64,
+    config: &PolicyConfig,
+    quota: &mut QuotaBook<'a>,
+) -> Vec<Cand<'a>> {
+    let mut queues: FastMap<&str, (u32, u64)> = FastMap::default();
+    for (name, q) in &state.queues {
+        queues.insert(name.as_str(), (q.weight, q.default_runtime_s));
+    }
     let mut cands: Vec<Cand<'a>> = state
         .jobs
         .values()
         .filter(|j| j.state == JobState::Pending)
         .map(|job| {
-            let queue_weight = state.queues.get(&job.spec.queue).map_or(1, |q| q.weight);
+            let (queue_weight, default_s) = queues.get(job.spec.queue.as_str()).copied().unwrap_or((1, 24 * 3600));
             let priority = effective_priority(job, now_ms);
             let wait_ms = now_ms.saturating_sub(job.submitted_at_ms);
-            let limit_ms = state.runtime_limit_s(&job.spec).saturating_mul(1000);
+            let limit_s = if job.spec.runtime_limit_s > 0 { job.spec.runtime_limit_s } else { default_s };
+            let limit_ms = limit_s.saturating_mul(1000);
             Cand {
                 job,
+                group: quota.intern(job.spec.group.as_str()),
                 tier: 0,
                 standing: standing(config, queue_weight, priority, wait_ms, limit_ms),
                 priority,
@@ -105,27 +117,44 @@ pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, 
         })
         .collect();
     if config.mode != Mode::Rota {
-        cands.sort_by_key(|c| (c.job.submitted_at_ms, c.job.id));
+        cands.sort_unstable_by_key(|c| (c.job.submitted_at_ms, c.job.id));
         return cands;
     }
-    cands.sort_by_key(|c| (std::cmp::Reverse(c.standing), c.job.submitted_at_ms, c.job.id));
+    // Ids are unique, so an unstable sort is deterministic.
+    let mut keys: Vec<(u128, u64, u32)> = cands
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (u128::from(u64::MAX - c.standing) << 64 | u128::from(c.job.submitted_at_ms), c.job.id, i as u32))
+        .collect();
+    keys.sort_unstable();
+    let mut cands: Vec<Cand<'a>> = keys.iter().map(|&(_, _, i)| cands[i as usize].clone()).collect();
     if config.quota_tiers {
         assign_tiers(&mut cands, quota);
     }
     for cand in cands.iter_mut().filter(|c| c.wait_ms >= config.starve_after_ms) {
         cand.tier = 0;
     }
-    cands.sort_by_key(|c| c.tier); // stable
-    cands
+    // Stable bucketing by tier (0..=2), O(n).
+    let mut tiers: [Vec<Cand<'a>>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    for cand in cands {
+        tiers[usize::from(cand.tier.min(2))].push(cand);
+    }
+    let [mut first, second, third] = tiers;
+    first.extend(second);
+    first.extend(third);
+    first
 }
 
 /// Tier 1 for the jobs that fit, in standing order, in what is left of their
 /// group's guarantee; tier 2 for the rest.
 fn assign_tiers(cands: &mut [Cand], quota: &QuotaBook) {
-    let mut room: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut room: Vec<Option<u64>> = Vec::new();
     for cand in cands.iter_mut() {
-        let group = cand.job.spec.group.as_str();
-        let left = room.entry(group).or_insert_with(|| quota.room(group));
+        let g = cand.group as usize;
+        if room.len() <= g {
+            room.resize(g + 1, None);
+        }
+        let left = room[g].get_or_insert_with(|| quota.room(cand.group));
         if cand.gpus() <= *left {
             *left -= cand.gpus();
             cand.tier = 1;

@@ -1,7 +1,8 @@
 //! One scheduling pass (see the module docs of `policy` for the actions).
 
-use std::collections::HashMap;
-use std::fmt::Write as _;
+use std::collections::BTreeMap;
+
+use super::fasthash::FastMap;
 
 use crate::state::{ClusterState, JobId, PendingNote, Placement, Plan, RankPlacement, Stop, StopReason};
 
@@ -41,21 +42,24 @@ pub struct Pass<'a> {
     releases: Vec<Release>,
     reservation: Option<Reservation>,
     blocked_by: Option<JobId>,
-    class_sets: HashMap<(Option<&'a str>, u64), usize>,
+    class_sets: FastMap<(Option<&'a str>, u64), usize>,
     class_lists: Vec<Vec<u32>>,
-    static_memo: HashMap<ShapeKey, Option<Reason>>,
-    no_fit_free: HashMap<ShapeKey, ()>,
-    no_fit_cap: HashMap<ShapeKey, ()>,
+    static_memo: BTreeMap<ShapeKey, Option<Reason>>,
+    no_fit_free: BTreeMap<ShapeKey, ()>,
+    no_fit_cap: BTreeMap<ShapeKey, ()>,
+    /// Class set of jobs with no model or memory constraint.
+    any_class: Option<usize>,
     taken: Vec<bool>,
     preempt_attempts: usize,
     plan: Plan,
-    buf: String,
+    /// Rendered reasons of this pass (many jobs share one).
+    rendered: FastMap<Reason, String>,
 }
 
 impl<'a> Pass<'a> {
     pub fn new(state: &'a ClusterState, now_ms: u64, config: &'a PolicyConfig) -> Pass<'a> {
         let mut view = View::build(state, now_ms);
-        let quota = QuotaBook::new(state, &view);
+        let quota = QuotaBook::new(state, &mut view);
         let running = std::mem::take(&mut view.running);
         let free = Pool::free_of(&view);
         let free_gpus = view.nodes.iter().map(|n| n.free.clone()).collect();
@@ -72,15 +76,16 @@ impl<'a> Pass<'a> {
             releases: Vec::new(),
             reservation: None,
             blocked_by: None,
-            class_sets: HashMap::new(),
+            class_sets: FastMap::default(),
             class_lists: Vec::new(),
-            static_memo: HashMap::new(),
-            no_fit_free: HashMap::new(),
-            no_fit_cap: HashMap::new(),
+            static_memo: BTreeMap::new(),
+            no_fit_free: BTreeMap::new(),
+            no_fit_cap: BTreeMap::new(),
+            any_class: None,
             taken,
             preempt_attempts: 0,
             plan: Plan { computed_at_index: state.applied_index, ..Plan::default() },
-            buf: String::new(),
+            rendered: FastMap::default(),
         }
     }
 
@@ -91,10 +96,10 @@ impl<'a> Pass<'a> {
             .iter()
             .flat_map(|r| r.release.iter().map(move |&(node, gpus)| Release { end_ms: r.end_ms, node, gpus }))
             .collect();
-        let cands = order::pending(self.state, self.now_ms, self.config, &self.quota);
+        let cands = order::pending(self.state, self.now_ms, self.config, &mut self.quota);
         for cand in &cands {
             if let Outcome::Pending(reason, estimate) = self.consider(cand) {
-                self.note(cand, &reason, estimate);
+                self.note(cand, reason, estimate);
             }
         }
         self.plan
@@ -111,9 +116,16 @@ impl<'a> Pass<'a> {
 
     fn class_set(&mut self, cand: &Cand<'a>) -> usize {
         let spec = &cand.job.spec;
+        let unconstrained = spec.gpu_model.is_none() && spec.min_gpu_memory_mib == 0;
+        if let Some(id) = self.any_class.filter(|_| unconstrained) {
+            return id;
+        }
         let key = (spec.gpu_model.as_deref(), spec.min_gpu_memory_mib);
         if let Some(&id) = self.class_sets.get(&key) {
             return id;
+        }
+        if unconstrained {
+            self.any_class = Some(self.class_lists.len());
         }
         let id = self.class_lists.len();
         self.class_lists.push(self.view.matching_classes(spec));
@@ -132,7 +144,7 @@ impl<'a> Pass<'a> {
             return Outcome::Pending(Reason::BehindJob { job }, None);
         }
         let admit = if self.config.uses_quotas() {
-            match self.quota.admit(&spec.group, spec.gpu_model.as_deref(), cand.gpus(), self.free.total) {
+            match self.quota.admit(cand.group, spec.gpu_model.as_deref(), cand.gpus(), self.free.total) {
                 Ok(admit) => admit,
                 Err(reason) => return Outcome::Pending(reason, None),
             }
@@ -245,7 +257,7 @@ impl<'a> Pass<'a> {
             let end_ms = self.now_ms.saturating_add(cand.limit_ms);
             self.releases.push(Release { end_ms, node, gpus });
         }
-        self.quota.charge(&spec.group, spec.gpu_model.as_deref(), cand.gpus());
+        self.quota.charge(cand.group, spec.gpu_model.as_deref(), cand.gpus());
         self.plan.placements.push(Placement { job_id: cand.job.id, ranks });
     }
 
@@ -304,13 +316,13 @@ impl<'a> Pass<'a> {
             topology: self.config.topology,
         };
         let need = preempt::Need { replicas, per, classes: &self.class_lists[set] };
-        let group = cand.job.spec.group.as_str();
+        let group = cand.group;
         let quota = &self.quota;
         let favour_short = self.config.favour_short;
         let allowed = |victim: &RunningView| {
-            let reclaim = admit == Admit::InQuota && victim.group != group && quota.is_borrowing(victim.group);
-            let priority = victim.group == group && victim.priority < cand.priority;
-            let short = favour_short && cand.queue_weight > victim.queue_weight && quota.is_borrowing(victim.group);
+            let reclaim = admit == Admit::InQuota && victim.group_id != group && quota.is_borrowing(victim.group_id);
+            let priority = victim.group_id == group && victim.priority < cand.priority;
+            let short = favour_short && cand.queue_weight > victim.queue_weight && quota.is_borrowing(victim.group_id);
             reclaim || priority || short
         };
         let found = scratch.find(&need, self.now_ms, allowed)?;
@@ -323,7 +335,7 @@ impl<'a> Pass<'a> {
             let run = &self.running[i];
             self.taken[i] = true;
             self.plan.stops.push(Stop { alloc_id: run.alloc_id, reason: StopReason::Preempted });
-            self.quota.release(run.group, run.model, run.gpus);
+            self.quota.release(run.group_id, run.model, run.gpus);
         }
         // Hold the free GPUs the job will use, so nobody takes them meanwhile.
         let per = cand.job.spec.gpus_per_replica;
@@ -340,12 +352,11 @@ impl<'a> Pass<'a> {
     }
 
     /// Record the reason, only if it changed (keeps plans small).
-    fn note(&mut self, cand: &Cand, reason: &Reason, estimate: Option<u64>) {
-        self.buf.clear();
-        let _ = write!(self.buf, "{reason}");
+    fn note(&mut self, cand: &Cand, reason: Reason, estimate: Option<u64>) {
+        let text = self.rendered.entry(reason).or_insert_with_key(|r| r.to_string());
         let job = cand.job;
-        if job.reason != self.buf || job.estimated_start_ms != estimate {
-            self.plan.pending.push(PendingNote { job_id: job.id, reason: self.buf.clone(), estimated_start_ms: estimate });
+        if job.reason != *text || job.estimated_start_ms != estimate {
+            self.plan.pending.push(PendingNote { job_id: job.id, reason: text.clone(), estimated_start_ms: estimate });
         }
     }
 }

@@ -17,22 +17,27 @@ use serde::{Deserialize, Serialize};
 
 use crate::state::{ClusterState, GroupQuota};
 
+use super::fasthash::FastMap;
 use super::reason::Reason;
 use super::view::View;
 
 #[derive(Debug, Clone, Default)]
-struct Book {
+struct Book<'a> {
+    name: &'a str,
+    quota: Option<&'a GroupQuota>,
     guaranteed: u64,
     used: u64,
     used_by_model: BTreeMap<String, u64>,
 }
 
+/// Per-pass quota accounting. Groups are interned to small ids once, so the
+/// per-job checks index vectors instead of comparing names.
 #[derive(Debug, Clone)]
 pub struct QuotaBook<'a> {
-    quotas: &'a BTreeMap<String, GroupQuota>,
-    books: BTreeMap<String, Book>,
+    ids: FastMap<&'a str, u32>,
+    books: Vec<Book<'a>>,
     /// Groups with a quota that lend to nobody or only to named groups.
-    restricted: Vec<String>,
+    restricted: Vec<u32>,
 }
 
 /// How a job was admitted.
@@ -43,70 +48,77 @@ pub enum Admit {
 }
 
 impl<'a> QuotaBook<'a> {
-    pub fn new(state: &'a ClusterState, view: &View) -> QuotaBook<'a> {
-        let mut books: BTreeMap<String, Book> = BTreeMap::new();
+    pub fn new(state: &'a ClusterState, view: &mut View<'a>) -> QuotaBook<'a> {
+        let mut book = QuotaBook { ids: FastMap::default(), books: Vec::new(), restricted: Vec::new() };
         for (group, quota) in &state.quotas {
-            books.entry(group.clone()).or_default().guaranteed = u64::from(quota.gpus);
-        }
-        for run in &view.running {
-            let book = books.entry(run.group.to_string()).or_default();
-            book.used += run.gpus;
-            if let Some(model) = run.model {
-                *book.used_by_model.entry(model.to_string()).or_insert(0) += run.gpus;
+            let id = book.intern(group.as_str()) as usize;
+            book.books[id].quota = Some(quota);
+            book.books[id].guaranteed = u64::from(quota.gpus);
+            if !quota.lend || !quota.lend_to.is_empty() {
+                book.restricted.push(id as u32);
             }
         }
-        let restricted =
-            state.quotas.values().filter(|q| !q.lend || !q.lend_to.is_empty()).map(|q| q.group.clone()).collect();
-        QuotaBook { quotas: &state.quotas, books, restricted }
+        for run in &mut view.running {
+            run.group_id = book.intern(run.group);
+            let entry = &mut book.books[run.group_id as usize];
+            entry.used += run.gpus;
+            if let Some(model) = run.model {
+                *entry.used_by_model.entry(model.to_string()).or_insert(0) += run.gpus;
+            }
+        }
+        book
     }
 
-    fn book(&self, group: &str) -> (u64, u64) {
-        self.books.get(group).map_or((0, 0), |b| (b.used, b.guaranteed))
+    /// The id of a group (added with no quota if new).
+    pub fn intern(&mut self, group: &'a str) -> u32 {
+        if let Some(&id) = self.ids.get(group) {
+            return id;
+        }
+        let id = self.books.len() as u32;
+        self.books.push(Book { name: group, ..Book::default() });
+        self.ids.insert(group, id);
+        id
     }
 
-    pub fn used(&self, group: &str) -> u64 {
-        self.books.get(group).map_or(0, |b| b.used)
+    pub fn used(&self, group: u32) -> u64 {
+        self.books[group as usize].used
     }
 
-    pub fn guaranteed(&self, group: &str) -> u64 {
-        self.books.get(group).map_or(0, |b| b.guaranteed)
+    pub fn guaranteed(&self, group: u32) -> u64 {
+        self.books[group as usize].guaranteed
     }
 
     /// Guaranteed GPUs the group is not using.
-    pub fn room(&self, group: &str) -> u64 {
-        self.books.get(group).map_or(0, |b| b.guaranteed.saturating_sub(b.used))
+    pub fn room(&self, group: u32) -> u64 {
+        let b = &self.books[group as usize];
+        b.guaranteed.saturating_sub(b.used)
     }
 
-    pub fn is_borrowing(&self, group: &str) -> bool {
-        self.books.get(group).is_some_and(|b| b.used > b.guaranteed)
+    pub fn is_borrowing(&self, group: u32) -> bool {
+        let b = &self.books[group as usize];
+        b.used > b.guaranteed
     }
 
-    fn lends_to(&self, lender: &str, borrower: &str) -> bool {
-        lender != borrower
-            && self.quotas.get(lender).is_some_and(|q| q.lend && (q.lend_to.is_empty() || q.lend_to.iter().any(|g| g == borrower)))
+    fn lends_to(&self, lender: u32, borrower: u32) -> bool {
+        let Some(q) = self.books[lender as usize].quota else { return false };
+        let name = self.books[borrower as usize].name;
+        lender != borrower && q.lend && (q.lend_to.is_empty() || q.lend_to.iter().any(|g| g == name))
     }
 
     /// Idle guaranteed GPUs of groups that do not lend to `group`: free
     /// GPUs it may not borrow.
-    pub fn protected(&self, group: &str) -> u64 {
-        self.restricted
-            .iter()
-            .filter(|h| h.as_str() != group && !self.lends_to(h, group))
-            .map(|h| self.room(h))
-            .sum()
+    pub fn protected(&self, group: u32) -> u64 {
+        self.restricted.iter().filter(|&&h| h != group && !self.lends_to(h, group)).map(|&h| self.room(h)).sum()
     }
 
-    fn in_quota(&self, group: &str, model: Option<&str>, gpus: u64) -> bool {
-        let (used, guaranteed) = self.book(group);
-        if used + gpus > guaranteed {
+    fn in_quota(&self, group: u32, model: Option<&str>, gpus: u64) -> bool {
+        let b = &self.books[group as usize];
+        if b.used + gpus > b.guaranteed {
             return false;
         }
-        let model_quota = model.and_then(|m| self.quotas.get(group)?.per_model.get(m).map(|&q| (m, u64::from(q))));
+        let model_quota = model.and_then(|m| b.quota?.per_model.get(m).map(|&q| (m, u64::from(q))));
         match model_quota {
-            Some((m, q)) => {
-                let used_model = self.books.get(group).and_then(|b| b.used_by_model.get(m)).copied().unwrap_or(0);
-                used_model + gpus <= q
-            }
+            Some((m, q)) => b.used_by_model.get(m).copied().unwrap_or(0) + gpus <= q,
             None => true,
         }
     }
@@ -114,39 +126,38 @@ impl<'a> QuotaBook<'a> {
     /// May the group start `gpus` more GPUs now, `free` GPUs being free?
     /// A borrower may not use the idle guarantee of groups that do not lend
     /// to it; whether the GPUs are there at all is placement's business.
-    pub fn admit(&self, group: &str, model: Option<&str>, gpus: u64, free: u64) -> Result<Admit, Reason> {
+    pub fn admit(&self, group: u32, model: Option<&str>, gpus: u64, free: u64) -> Result<Admit, Reason> {
         if self.in_quota(group, model, gpus) {
             return Ok(Admit::InQuota);
         }
-        let (used, guaranteed) = self.book(group);
-        let over = (used + gpus).saturating_sub(guaranteed);
-        let limit = self.quotas.get(group).and_then(|q| q.borrow_limit).map(u64::from);
-        if let Some(limit) = limit {
+        let b = &self.books[group as usize];
+        let over = (b.used + gpus).saturating_sub(b.guaranteed);
+        if let Some(limit) = b.quota.and_then(|q| q.borrow_limit).map(u64::from) {
             if over > limit {
-                return Err(Reason::BorrowLimit { group: group.into(), borrowed: over - gpus.min(over), limit });
+                let borrowed = b.used.saturating_sub(b.guaranteed);
+                return Err(Reason::BorrowLimit { group: b.name.into(), borrowed, limit });
             }
         }
         let protected = self.protected(group);
         if protected > 0 && free.saturating_sub(protected) < gpus {
-            return Err(Reason::QuotaExhausted { group: group.into(), used, guaranteed });
+            return Err(Reason::QuotaExhausted { group: b.name.into(), used: b.used, guaranteed: b.guaranteed });
         }
         Ok(Admit::Borrowing)
     }
 
-    pub fn charge(&mut self, group: &str, model: Option<&str>, gpus: u64) {
-        let book = self.books.entry(group.to_string()).or_default();
-        book.used += gpus;
+    pub fn charge(&mut self, group: u32, model: Option<&str>, gpus: u64) {
+        let b = &mut self.books[group as usize];
+        b.used += gpus;
         if let Some(m) = model {
-            *book.used_by_model.entry(m.to_string()).or_insert(0) += gpus;
+            *b.used_by_model.entry(m.to_string()).or_insert(0) += gpus;
         }
     }
 
-    pub fn release(&mut self, group: &str, model: Option<&str>, gpus: u64) {
-        if let Some(book) = self.books.get_mut(group) {
-            book.used = book.used.saturating_sub(gpus);
-            if let Some(used) = model.and_then(|m| book.used_by_model.get_mut(m)) {
-                *used = used.saturating_sub(gpus);
-            }
+    pub fn release(&mut self, group: u32, model: Option<&str>, gpus: u64) {
+        let b = &mut self.books[group as usize];
+        b.used = b.used.saturating_sub(gpus);
+        if let Some(used) = model.and_then(|m| b.used_by_model.get_mut(m)) {
+            *used = used.saturating_sub(gpus);
         }
     }
 }
@@ -169,23 +180,25 @@ pub struct QuotaReport {
 /// Quota, use, borrowed and lendable GPUs of every group with a quota or a
 /// running job, in group order.
 pub fn quota_report(state: &ClusterState) -> Vec<QuotaReport> {
-    let view = View::build(state, state.now_ms);
-    let book = QuotaBook::new(state, &view);
-    book.books
+    let mut view = View::build(state, state.now_ms);
+    let book = QuotaBook::new(state, &mut view);
+    let mut lines: Vec<QuotaReport> = book
+        .books
         .iter()
-        .map(|(group, b)| {
-            let quota = state.quotas.get(group);
-            let lend = quota.is_some_and(|q| q.lend);
+        .map(|b| {
+            let lend = b.quota.is_some_and(|q| q.lend);
             QuotaReport {
-                group: group.clone(),
+                group: b.name.to_string(),
                 guaranteed: b.guaranteed,
                 used: b.used,
                 borrowed: b.used.saturating_sub(b.guaranteed),
                 lendable: if lend { b.guaranteed.saturating_sub(b.used) } else { 0 },
-                borrow_limit: quota.and_then(|q| q.borrow_limit),
+                borrow_limit: b.quota.and_then(|q| q.borrow_limit),
                 lend,
-                lend_to: quota.map(|q| q.lend_to.clone()).unwrap_or_default(),
+                lend_to: b.quota.map(|q| q.lend_to.clone()).unwrap_or_default(),
             }
         })
-        .collect()
+        .collect();
+    lines.sort_by(|a, b| a.group.cmp(&b.group));
+    lines
 }

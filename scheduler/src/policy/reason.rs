@@ -6,7 +6,7 @@ use std::fmt;
 
 use crate::state::JobId;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Reason {
     /// No Ready node has GPUs of the model / memory the job asks for.
     NoMatchingGpus { model: Option<String>, min_memory_mib: u64 },

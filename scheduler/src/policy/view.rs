@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::state::{AllocId, ClusterState, GpuInfo, JobId, JobSpec, NodeState, Priority};
+use crate::state::{AllocId, ClusterState, GpuInfo, JobId, JobSpec, NodeState, Priority, QueueConfig};
+
+use super::fasthash::FastMap;
 
 use super::order::effective_priority;
 
@@ -42,6 +44,8 @@ pub struct RunningView<'a> {
     pub alloc_id: AllocId,
     pub job_id: JobId,
     pub group: &'a str,
+    /// Interned by the quota book.
+    pub group_id: u32,
     pub queue_weight: u32,
     pub priority: Priority,
     pub preemptible: bool,
@@ -64,11 +68,12 @@ pub struct RunningView<'a> {
 
 pub struct View<'a> {
     pub nodes: Vec<NodeView<'a>>,
-    pub node_index: BTreeMap<&'a str, u32>,
+    pub node_index: FastMap<&'a str, u32>,
     pub classes: Vec<NodeClass>,
     pub leaves: usize,
     pub racks: usize,
     pub running: Vec<RunningView<'a>>,
+    refs: Vec<&'a crate::state::Node>,
     /// Largest number of GPUs on one node (bounds the pool's buckets).
     pub max_gpus_per_node: u32,
 }
@@ -85,7 +90,7 @@ impl<'a> View<'a> {
         let mut leaf_ids: BTreeMap<(&str, &str), u32> = BTreeMap::new();
         let mut rack_ids: BTreeMap<&str, u32> = BTreeMap::new();
         let mut nodes = Vec::with_capacity(state.nodes.len());
-        let mut node_index = BTreeMap::new();
+        let mut node_index = FastMap::default();
         let mut max_gpus_per_node = 0;
         for node in state.nodes.values() {
             let class = node_class(&node.gpus);
@@ -126,6 +131,7 @@ impl<'a> View<'a> {
             leaves: leaf_ids.len(),
             racks: rack_ids.len(),
             running: Vec::new(),
+            refs: state.nodes.values().collect(),
             max_gpus_per_node,
         };
         view.running = view.running_allocs(state, now_ms);
@@ -134,18 +140,22 @@ impl<'a> View<'a> {
 
     fn running_allocs(&self, state: &'a ClusterState, now_ms: u64) -> Vec<RunningView<'a>> {
         let mut out = Vec::with_capacity(state.allocs.len());
+        let queues: FastMap<&str, &QueueConfig> = state.queues.iter().map(|(n, q)| (n.as_str(), q)).collect();
         for alloc in state.allocs.values() {
             let Some(job) = state.jobs.get(&alloc.job_id) else { continue };
-            let queue = state.queues.get(&job.spec.queue);
-            let limit_ms = state.runtime_limit_s(&job.spec).saturating_mul(1000);
+            let queue = queues.get(job.spec.queue.as_str()).copied();
+            let limit_s = match job.spec.runtime_limit_s {
+                0 => queue.map_or(24 * 3600, |q| q.default_runtime_s),
+                s => s,
+            };
+            let limit_ms = limit_s.saturating_mul(1000);
             let stopping = alloc.stop.is_some();
             let deadline_ms = alloc.created_at_ms.saturating_add(limit_ms);
             let end_ms = if stopping { now_ms } else { deadline_ms.max(now_ms) };
             let mut release: Vec<(u32, u32)> = Vec::with_capacity(alloc.ranks.len());
             for rank in &alloc.ranks {
                 let Some(&n) = self.node_index.get(rank.node.as_str()) else { continue };
-                let node = &state.nodes[&rank.node];
-                let count = self.releasable(node, &rank.gpus);
+                let count = self.releasable(self.refs[n as usize], &rank.gpus);
                 match release.iter_mut().find(|(m, _)| *m == n) {
                     Some(entry) => entry.1 += count,
                     None => release.push((n, count)),
@@ -157,6 +167,7 @@ impl<'a> View<'a> {
                 alloc_id: alloc.id,
                 job_id: job.id,
                 group: job.spec.group.as_str(),
+                group_id: 0,
                 queue_weight: queue.map_or(1, |q| q.weight),
                 priority: effective_priority(job, now_ms),
                 preemptible: queue.is_some_and(|q| q.preemptible),

@@ -95,7 +95,7 @@ fn spec(mix: &mut Mix, shape: &BenchShape, running: bool) -> JobSpec {
         priority,
         replicas,
         gpus_per_replica: per,
-        gpu_model: if mix.below(10) == 0 { Some("A100-40GB".into()) } else { None },
+        gpu_model: if !running && mix.below(10) == 0 { Some("A100-40GB".into()) } else { None },
         runtime_limit_s: match (queue, running) {
             ("short", _) => 1800,
             (_, true) => 3600 * (13 + mix.below(36)),
@@ -115,16 +115,18 @@ fn start_running(b: &mut Builder, mix: &mut Mix, shape: &BenchShape) {
         .map(|n| n.gpus.iter().filter(|g| g.healthy).map(|g| g.index).collect())
         .collect();
     let batches = 10u64;
-    let per_batch = shape.running.div_ceil(batches as u32);
+    let per_batch = shape.running.div_ceil(batches as u32) as usize;
+    // Largest first, so first fit does not strand the 8-GPU jobs.
+    let mut specs: Vec<JobSpec> = (0..shape.running).map(|_| spec(mix, shape, true)).collect();
+    specs.sort_by_key(|s| std::cmp::Reverse(s.total_gpus()));
     let mut cursor = 0usize;
-    for batch in 0..batches {
-        let now = T0_MS + batch * HOUR_MS;
+    for (batch, chunk) in specs.chunks(per_batch).enumerate() {
+        let now = T0_MS + batch as u64 * HOUR_MS;
         let first = b.state.next_job_id;
-        let specs: Vec<JobSpec> = (0..per_batch).map(|_| spec(mix, shape, true)).collect();
-        let submits = specs.iter().map(|s| Command::SubmitJob { request_id: None, spec: s.clone() }).collect();
+        let submits = chunk.iter().map(|s| Command::SubmitJob { request_id: None, spec: s.clone() }).collect();
         b.apply(now, submits);
         let mut placements = Vec::new();
-        for (k, s) in specs.iter().enumerate() {
+        for (k, s) in chunk.iter().enumerate() {
             let need = s.gpus_per_replica as usize;
             let Some(offset) = (0..names.len()).find(|o| free[(cursor + o) % names.len()].len() >= need) else { continue };
             let n = (cursor + offset) % names.len();
