@@ -30,7 +30,10 @@ use super::{Mode, PolicyConfig};
 /// counts as `Medium`.
 pub fn effective_priority(job: &Job, now_ms: u64) -> Priority {
     let ttl_ms = job.spec.priority_ttl_s.saturating_mul(1000);
-    if job.spec.priority == Priority::High && ttl_ms > 0 && now_ms >= job.submitted_at_ms.saturating_add(ttl_ms) {
+    if job.spec.priority == Priority::High
+        && ttl_ms > 0
+        && now_ms >= job.submitted_at_ms.saturating_add(ttl_ms)
+    {
         return Priority::Medium;
     }
     job.spec.priority
@@ -75,7 +78,13 @@ fn shortness(limit_ms: u64) -> u64 {
     steps
 }
 
-pub fn standing(config: &PolicyConfig, queue_weight: u32, priority: Priority, wait_ms: u64, limit_ms: u64) -> u64 {
+pub fn standing(
+    config: &PolicyConfig,
+    queue_weight: u32,
+    priority: Priority,
+    wait_ms: u64,
+    limit_ms: u64,
+) -> u64 {
     let aging = (wait_ms / config.aging_step_ms.max(1)).min(config.aging_cap);
     config.queue_points * u64::from(queue_weight)
         + config.priority_points * priority_level(priority)
@@ -99,10 +108,17 @@ pub fn pending<'a>(
         .values()
         .filter(|j| j.state == JobState::Pending)
         .map(|job| {
-            let (queue_weight, default_s) = queues.get(job.spec.queue.as_str()).copied().unwrap_or((1, 24 * 3600));
+            let (queue_weight, default_s) = queues
+                .get(job.spec.queue.as_str())
+                .copied()
+                .unwrap_or((1, 24 * 3600));
             let priority = effective_priority(job, now_ms);
             let wait_ms = now_ms.saturating_sub(job.submitted_at_ms);
-            let limit_s = if job.spec.runtime_limit_s > 0 { job.spec.runtime_limit_s } else { default_s };
+            let limit_s = if job.spec.runtime_limit_s > 0 {
+                job.spec.runtime_limit_s
+            } else {
+                default_s
+            };
             let limit_ms = limit_s.saturating_mul(1000);
             Cand {
                 job,
@@ -124,14 +140,26 @@ pub fn pending<'a>(
     let mut keys: Vec<(u128, u64, u32)> = cands
         .iter()
         .enumerate()
-        .map(|(i, c)| (u128::from(u64::MAX - c.standing) << 64 | u128::from(c.job.submitted_at_ms), c.job.id, i as u32))
+        .map(|(i, c)| {
+            (
+                u128::from(u64::MAX - c.standing) << 64 | u128::from(c.job.submitted_at_ms),
+                c.job.id,
+                i as u32,
+            )
+        })
         .collect();
     keys.sort_unstable();
-    let mut cands: Vec<Cand<'a>> = keys.iter().map(|&(_, _, i)| cands[i as usize].clone()).collect();
+    let mut cands: Vec<Cand<'a>> = keys
+        .iter()
+        .map(|&(_, _, i)| cands[i as usize].clone())
+        .collect();
     if config.quota_tiers {
         assign_tiers(&mut cands, quota);
     }
-    for cand in cands.iter_mut().filter(|c| c.wait_ms >= config.starve_after_ms) {
+    for cand in cands
+        .iter_mut()
+        .filter(|c| c.wait_ms >= config.starve_after_ms)
+    {
         cand.tier = 0;
     }
     // Stable bucketing by tier (0..=2), O(n).

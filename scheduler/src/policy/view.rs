@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::state::{AllocId, ClusterState, GpuInfo, JobId, JobSpec, NodeState, Priority, QueueConfig};
+use crate::state::{
+    AllocId, ClusterState, GpuInfo, JobId, JobSpec, NodeState, Priority, QueueConfig,
+};
 
 use super::fasthash::FastMap;
 
@@ -104,9 +106,15 @@ impl<'a> View<'a> {
             let next_rack = rack_ids.len() as u32;
             let rack = *rack_ids.entry(node.rack.as_str()).or_insert(next_rack);
             let next_leaf = leaf_ids.len() as u32;
-            let leaf = *leaf_ids.entry((node.rack.as_str(), node.leaf.as_str())).or_insert(next_leaf);
+            let leaf = *leaf_ids
+                .entry((node.rack.as_str(), node.leaf.as_str()))
+                .or_insert(next_leaf);
             let ready = node.state == NodeState::Ready;
-            let usable = if ready { node.gpus.iter().filter(|g| g.healthy).count() as u32 } else { 0 };
+            let usable = if ready {
+                node.gpus.iter().filter(|g| g.healthy).count() as u32
+            } else {
+                0
+            };
             let owned: Vec<u32> = state
                 .gpu_owner
                 .range((node.name.clone(), 0)..=(node.name.clone(), u32::MAX))
@@ -116,13 +124,23 @@ impl<'a> View<'a> {
                 .gpus
                 .iter()
                 .filter(|g| ready && g.healthy && !owned.contains(&g.index))
-                .map(|g| FreeGpu { index: g.index, nvlink: g.nvlink_domain })
+                .map(|g| FreeGpu {
+                    index: g.index,
+                    nvlink: g.nvlink_domain,
+                })
                 .collect::<Vec<_>>();
             let mut free = free;
             free.sort_by_key(|g| g.index);
             max_gpus_per_node = max_gpus_per_node.max(node.gpus.len() as u32);
             node_index.insert(node.name.as_str(), nodes.len() as u32);
-            nodes.push(NodeView { name: node.name.as_str(), class: class_id, leaf, rack, free, usable });
+            nodes.push(NodeView {
+                name: node.name.as_str(),
+                class: class_id,
+                leaf,
+                rack,
+                free,
+                usable,
+            });
         }
         let mut view = View {
             nodes,
@@ -140,9 +158,12 @@ impl<'a> View<'a> {
 
     fn running_allocs(&self, state: &'a ClusterState, now_ms: u64) -> Vec<RunningView<'a>> {
         let mut out = Vec::with_capacity(state.allocs.len());
-        let queues: FastMap<&str, &QueueConfig> = state.queues.iter().map(|(n, q)| (n.as_str(), q)).collect();
+        let queues: FastMap<&str, &QueueConfig> =
+            state.queues.iter().map(|(n, q)| (n.as_str(), q)).collect();
         for alloc in state.allocs.values() {
-            let Some(job) = state.jobs.get(&alloc.job_id) else { continue };
+            let Some(job) = state.jobs.get(&alloc.job_id) else {
+                continue;
+            };
             let queue = queues.get(job.spec.queue.as_str()).copied();
             let limit_s = match job.spec.runtime_limit_s {
                 0 => queue.map_or(24 * 3600, |q| q.default_runtime_s),
@@ -151,10 +172,16 @@ impl<'a> View<'a> {
             let limit_ms = limit_s.saturating_mul(1000);
             let stopping = alloc.stop.is_some();
             let deadline_ms = alloc.created_at_ms.saturating_add(limit_ms);
-            let end_ms = if stopping { now_ms } else { deadline_ms.max(now_ms) };
+            let end_ms = if stopping {
+                now_ms
+            } else {
+                deadline_ms.max(now_ms)
+            };
             let mut release: Vec<(u32, u32)> = Vec::with_capacity(alloc.ranks.len());
             for rank in &alloc.ranks {
-                let Some(&n) = self.node_index.get(rank.node.as_str()) else { continue };
+                let Some(&n) = self.node_index.get(rank.node.as_str()) else {
+                    continue;
+                };
                 let count = self.releasable(self.refs[n as usize], &rank.gpus);
                 match release.iter_mut().find(|(m, _)| *m == n) {
                     Some(entry) => entry.1 += count,
@@ -171,9 +198,11 @@ impl<'a> View<'a> {
                 queue_weight: queue.map_or(1, |q| q.weight),
                 priority: effective_priority(job, now_ms),
                 preemptible: queue.is_some_and(|q| q.preemptible),
-                protected_until_ms: alloc
-                    .created_at_ms
-                    .saturating_add(queue.map_or(0, |q| q.protected_runtime_s).saturating_mul(1000)),
+                protected_until_ms: alloc.created_at_ms.saturating_add(
+                    queue
+                        .map_or(0, |q| q.protected_runtime_s)
+                        .saturating_mul(1000),
+                ),
                 end_ms,
                 deadline_ms,
                 stopping,
@@ -190,7 +219,9 @@ impl<'a> View<'a> {
         if node.state != NodeState::Ready {
             return 0;
         }
-        gpus.iter().filter(|&&i| node.gpus.iter().any(|g| g.index == i && g.healthy)).count() as u32
+        gpus.iter()
+            .filter(|&&i| node.gpus.iter().any(|g| g.index == i && g.healthy))
+            .count() as u32
     }
 
     /// Node classes a job can run on (model and memory constraints).
@@ -199,7 +230,8 @@ impl<'a> View<'a> {
             .iter()
             .enumerate()
             .filter(|(_, c)| {
-                spec.gpu_model.as_ref().is_none_or(|m| *m == c.model) && c.memory_mib >= spec.min_gpu_memory_mib
+                spec.gpu_model.as_ref().is_none_or(|m| *m == c.model)
+                    && c.memory_mib >= spec.min_gpu_memory_mib
             })
             .map(|(i, _)| i as u32)
             .collect()

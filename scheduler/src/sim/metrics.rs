@@ -28,7 +28,11 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
 fn summary(values: &[f64]) -> Value {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
-    let mean = if sorted.is_empty() { 0.0 } else { sorted.iter().sum::<f64>() / sorted.len() as f64 };
+    let mean = if sorted.is_empty() {
+        0.0
+    } else {
+        sorted.iter().sum::<f64>() / sorted.len() as f64
+    };
     json!({
         "mean": round(mean),
         "p50": round(percentile(&sorted, 0.5)),
@@ -47,7 +51,8 @@ fn busy_in_window(intervals: &[Interval], window_ms: u64, useful: bool) -> f64 {
         .iter()
         .map(|i| {
             let end = if useful { i.useful_end_ms } else { i.end_ms };
-            i.gpus as f64 * (end.min(window_ms).saturating_sub(i.start_ms.min(window_ms))) as f64 / 1000.0
+            i.gpus as f64 * (end.min(window_ms).saturating_sub(i.start_ms.min(window_ms))) as f64
+                / 1000.0
         })
         .sum()
 }
