@@ -109,7 +109,7 @@ impl Default for PolicyConfig {
             starve_after_ms: 36 * 3600 * 1000,
             limit_points: 15,
             quota_tiers: true,
-            max_preemptors_per_pass: 16,
+            max_preemptors_per_pass: 8,
             favour_short: false,
             reservation_horizon_ms: 90 * 24 * 3600 * 1000,
             reservation_wait_divisor: 1,

@@ -141,20 +141,18 @@ pub fn pending<'a>(
         .iter()
         .enumerate()
         .map(|(i, c)| {
+            let standing = u128::from(u64::MAX - c.standing) << 64;
             (
-                u128::from(u64::MAX - c.standing) << 64 | u128::from(c.job.submitted_at_ms),
+                standing | u128::from(c.job.submitted_at_ms),
                 c.job.id,
                 i as u32,
             )
         })
         .collect();
     keys.sort_unstable();
-    let mut cands: Vec<Cand<'a>> = keys
-        .iter()
-        .map(|&(_, _, i)| cands[i as usize].clone())
-        .collect();
+    let order: Vec<u32> = keys.into_iter().map(|(_, _, i)| i).collect();
     if config.quota_tiers {
-        assign_tiers(&mut cands, quota);
+        assign_tiers(&mut cands, &order, quota);
     }
     for cand in cands
         .iter_mut()
@@ -162,22 +160,26 @@ pub fn pending<'a>(
     {
         cand.tier = 0;
     }
-    // Stable bucketing by tier (0..=2), O(n).
-    let mut tiers: [Vec<Cand<'a>>; 3] = [Vec::new(), Vec::new(), Vec::new()];
-    for cand in cands {
-        tiers[usize::from(cand.tier.min(2))].push(cand);
+    // Stable by tier (0..=2): one walk over the order per tier.
+    let mut out = Vec::with_capacity(cands.len());
+    for tier in 0..=2u8 {
+        out.extend(
+            order
+                .iter()
+                .map(|&i| &cands[i as usize])
+                .filter(|c| c.tier.min(2) == tier)
+                .cloned(),
+        );
     }
-    let [mut first, second, third] = tiers;
-    first.extend(second);
-    first.extend(third);
-    first
+    out
 }
 
 /// Tier 1 for the jobs that fit, in standing order, in what is left of their
 /// group's guarantee; tier 2 for the rest.
-fn assign_tiers(cands: &mut [Cand], quota: &QuotaBook) {
+fn assign_tiers(cands: &mut [Cand], order: &[u32], quota: &QuotaBook) {
     let mut room: Vec<Option<u64>> = Vec::new();
-    for cand in cands.iter_mut() {
+    for &i in order {
+        let cand = &mut cands[i as usize];
         let g = cand.group as usize;
         if room.len() <= g {
             room.resize(g + 1, None);

@@ -2,12 +2,11 @@
 
 use std::collections::BTreeMap;
 
-use super::fasthash::FastMap;
-
 use crate::state::{
-    ClusterState, JobId, PendingNote, Placement, Plan, RankPlacement, Stop, StopReason,
+    ClusterState, JobId, PendingNote, Placement, Plan, Priority, RankPlacement, Stop, StopReason,
 };
 
+use super::fasthash::FastMap;
 use super::order::{self, Cand};
 use super::pool::{place, Pool, Spread};
 use super::preempt::{self, Scratch};
@@ -53,6 +52,10 @@ pub struct Pass<'a> {
     any_class: Option<usize>,
     taken: Vec<bool>,
     preempt_attempts: usize,
+    /// Preemption attempts that found nothing, by what decides the outcome
+    /// (shape, group, admission, priority, queue weight); cleared when a
+    /// placement changes who borrows.
+    preempt_failed: BTreeMap<(ShapeKey, u32, bool, Priority, u32), ()>,
     plan: Plan,
     /// Rendered reasons of this pass (many jobs share one).
     rendered: FastMap<Reason, String>,
@@ -86,6 +89,7 @@ impl<'a> Pass<'a> {
             any_class: None,
             taken,
             preempt_attempts: 0,
+            preempt_failed: BTreeMap::new(),
             plan: Plan {
                 computed_at_index: state.applied_index,
                 ..Plan::default()
@@ -369,6 +373,16 @@ impl<'a> Pass<'a> {
         {
             return None;
         }
+        let memo = (
+            shape,
+            cand.group,
+            admit == Admit::InQuota,
+            cand.priority,
+            cand.queue_weight,
+        );
+        if self.preempt_failed.contains_key(&memo) {
+            return None;
+        }
         self.preempt_attempts += 1;
         let (set, replicas, per) = shape;
         let mut excluded = vec![false; self.view.nodes.len()];
@@ -403,7 +417,10 @@ impl<'a> Pass<'a> {
                 && quota.is_borrowing(victim.group_id);
             reclaim || priority || short
         };
-        let found = scratch.find(&need, self.now_ms, allowed)?;
+        let Some(found) = scratch.find(&need, self.now_ms, allowed) else {
+            self.preempt_failed.insert(memo, ());
+            return None;
+        };
         self.apply_preemption(cand, &found);
         Some(Outcome::Pending(
             Reason::Preempting {

@@ -48,6 +48,8 @@ pub struct JobRecord {
 /// One allocation's life, for utilization.
 #[derive(Debug, Clone, Copy)]
 pub struct Interval {
+    /// Index of the trace job.
+    pub job: usize,
     pub start_ms: u64,
     pub end_ms: u64,
     pub gpus: u64,
@@ -214,6 +216,7 @@ impl<'t> Simulator<'t> {
             record.remaining_ms = 0;
             record.finish_ms = Some(end);
             self.intervals.push(Interval {
+                job: live.job,
                 start_ms: live.start_ms,
                 end_ms: end,
                 gpus: live.gpus,
@@ -352,6 +355,7 @@ impl<'t> Simulator<'t> {
                 record.lost_gpu_ms += (ran - saved) * live.gpus;
             }
             self.intervals.push(Interval {
+                job: live.job,
                 start_ms: live.start_ms,
                 end_ms: t,
                 gpus: live.gpus,

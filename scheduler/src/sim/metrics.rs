@@ -6,6 +6,9 @@
 //! * jct_s = completion - submit; bounded slowdown = max(1, jct / max(run, 10 s)).
 //! * utilization = GPU-seconds allocated inside the submit window / (GPUs x
 //!   window); useful_utilization leaves out the work lost to preemption.
+//! * per group: jobs, GPU-hours of work (gpus x duration), mean wait,
+//!   demand_share (its part of all work), window_share (its part of the
+//!   useful GPU-seconds delivered inside the window) and quota_share.
 //! * percentiles interpolate linearly (numpy's default), as refsim does.
 
 use std::collections::BTreeMap;
@@ -46,14 +49,16 @@ fn round(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
+fn busy_of(i: &Interval, window_ms: u64, useful: bool) -> f64 {
+    let end = if useful { i.useful_end_ms } else { i.end_ms };
+    let span_ms = end.min(window_ms).saturating_sub(i.start_ms.min(window_ms));
+    i.gpus as f64 * span_ms as f64 / 1000.0
+}
+
 fn busy_in_window(intervals: &[Interval], window_ms: u64, useful: bool) -> f64 {
     intervals
         .iter()
-        .map(|i| {
-            let end = if useful { i.useful_end_ms } else { i.end_ms };
-            i.gpus as f64 * (end.min(window_ms).saturating_sub(i.start_ms.min(window_ms))) as f64
-                / 1000.0
-        })
+        .map(|i| busy_of(i, window_ms, useful))
         .sum()
 }
 
@@ -62,6 +67,8 @@ struct GroupFig {
     jobs: u64,
     gpu_s: f64,
     wait_s: f64,
+    /// Useful GPU-seconds inside the window.
+    window_gpu_s: f64,
 }
 
 pub struct Context<'a> {
@@ -96,7 +103,12 @@ pub fn report(ctx: &Context, out: &Outcome) -> Value {
         g.gpu_s += f64::from(job.gpus) * run;
         g.wait_s += wait;
     }
+    for i in &out.intervals {
+        let group = ctx.trace[i.job].group.as_str();
+        groups.entry(group).or_default().window_gpu_s += busy_of(i, ctx.window_ms, true);
+    }
     let finished = waits.len();
+    let window_total: f64 = groups.values().map(|g| g.window_gpu_s).sum();
     let total_gpu_s: f64 = groups.values().map(|g| g.gpu_s).sum();
     let window_gpu_s = ctx.gpus as f64 * ctx.window_ms as f64 / 1000.0;
     let per_group: BTreeMap<&str, Value> = groups
@@ -108,8 +120,9 @@ pub fn report(ctx: &Context, out: &Outcome) -> Value {
                 json!({
                     "jobs": g.jobs,
                     "gpu_hours": round(g.gpu_s / 3600.0),
-                    "mean_wait_s": round(g.wait_s / g.jobs as f64),
-                    "share": round(if total_gpu_s > 0.0 { g.gpu_s / total_gpu_s } else { 0.0 }),
+                    "mean_wait_s": round(if g.jobs > 0 { g.wait_s / g.jobs as f64 } else { 0.0 }),
+                    "demand_share": round(if total_gpu_s > 0.0 { g.gpu_s / total_gpu_s } else { 0.0 }),
+                    "window_share": round(if window_total > 0.0 { g.window_gpu_s / window_total } else { 0.0 }),
                     "quota_gpus": quota,
                     "quota_share": round(f64::from(quota) / ctx.gpus as f64),
                 }),
