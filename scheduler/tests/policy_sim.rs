@@ -80,6 +80,8 @@ fn fifo_and_easy_agree_with_the_reference_simulator() {
     );
     assert_eq!(easy["finished"], 2480);
     assert_eq!(easy["preemptions"], 0);
+    assert_eq!(fifo["rejected_placements"], 0);
+    assert_eq!(easy["rejected_placements"], 0);
 }
 
 #[test]
@@ -93,4 +95,8 @@ fn rota_simulation_is_deterministic_and_finishes_every_job() {
     assert_eq!(first, second);
     assert_eq!(first["finished"], 2480);
     assert_eq!(first["unfinished"], 0);
+    assert_eq!(
+        first["rejected_placements"], 0,
+        "apply refused a placement of the policy"
+    );
 }

@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use crate::policy::{plan_with, PolicyConfig};
 use crate::state::{
-    AllocId, ClusterState, Command, GpuInfo, GroupQuota, JobId, JobState, NodeRegistration,
-    Proposal, StateLimits, StopReason,
+    AllocId, ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobId, JobState,
+    NodeRegistration, Proposal, StateLimits, StopReason,
 };
 
 use super::trace::{gang_shape, spec_for, TraceJob};
@@ -63,6 +63,8 @@ pub struct Outcome {
     pub pass_us: Vec<u64>,
     pub unschedulable: usize,
     pub runtime_kills: u64,
+    /// Placements the state refused on apply (a policy bug if ever > 0).
+    pub rejected_placements: u64,
 }
 
 struct Live {
@@ -85,6 +87,7 @@ pub struct Simulator<'t> {
     pass_us: Vec<u64>,
     unschedulable: usize,
     runtime_kills: u64,
+    rejected_placements: u64,
 }
 
 fn node_name(i: u32) -> String {
@@ -110,6 +113,7 @@ impl<'t> Simulator<'t> {
             pass_us: Vec::new(),
             unschedulable: 0,
             runtime_kills: 0,
+            rejected_placements: 0,
             config,
             trace,
         };
@@ -117,13 +121,13 @@ impl<'t> Simulator<'t> {
         sim
     }
 
-    fn apply(&mut self, now_ms: u64, commands: Vec<Command>) {
+    fn apply(&mut self, now_ms: u64, commands: Vec<Command>) -> Vec<CommandResult> {
         if commands.is_empty() {
-            return;
+            return Vec::new();
         }
         self.index += 1;
         self.state
-            .apply_proposal(self.index, &Proposal { now_ms, commands });
+            .apply_proposal(self.index, &Proposal { now_ms, commands })
     }
 
     fn setup(&mut self) {
@@ -199,6 +203,7 @@ impl<'t> Simulator<'t> {
             pass_us: self.pass_us,
             unschedulable: self.unschedulable,
             runtime_kills: self.runtime_kills,
+            rejected_placements: self.rejected_placements,
         }
     }
 
@@ -299,7 +304,11 @@ impl<'t> Simulator<'t> {
             }
             let placed: Vec<JobId> = plan.placements.iter().map(|p| p.job_id).collect();
             let stops = plan.stops.clone();
-            self.apply(t, vec![Command::ApplyPlan(plan)]);
+            for result in self.apply(t, vec![Command::ApplyPlan(plan)]) {
+                if let CommandResult::PlanApplied { rejected, .. } = result {
+                    self.rejected_placements += u64::from(rejected);
+                }
+            }
             self.started(t, &placed);
             if !self.stopped(t, &stops) {
                 return;

@@ -146,6 +146,7 @@ pub fn report(ctx: &Context, out: &Outcome) -> Value {
         "preemptions": preemptions,
         "gpu_hours_lost": round(lost_gpu_ms as f64 / 3_600_000.0),
         "runtime_limit_kills": out.runtime_kills,
+        "rejected_placements": out.rejected_placements,
         "groups": per_group,
         "timing": {
             "note": "wall-clock pass times; the only figures that vary between runs",
