@@ -200,3 +200,52 @@ fn random_clusters_plan_only_what_apply_accepts() {
     assert!(placed > 1000, "placed {placed}");
     assert!(stopped > 10, "stopped {stopped}");
 }
+
+#[test]
+fn usage_and_why_reports() {
+    let mut mix = Mix::new(7);
+    let mut w = World {
+        state: ClusterState::default(),
+        index: 0,
+        now_s: 1_000,
+    };
+    let setup = cluster(&mut mix);
+    w.apply(setup);
+    let spec = JobSpec {
+        group: "a".into(),
+        runtime_limit_s: 3600,
+        ..JobSpec::simple(&["x"])
+    };
+    let huge = JobSpec {
+        group: "a".into(),
+        replicas: 64,
+        gpus_per_replica: 8,
+        ..JobSpec::simple(&["x"])
+    };
+    w.apply(vec![
+        Command::SubmitJob {
+            request_id: None,
+            spec,
+        },
+        Command::SubmitJob {
+            request_id: None,
+            spec: huge,
+        },
+    ]);
+    let plan = policy::plan(&w.state, w.now_s * 1000);
+    w.apply(vec![Command::ApplyPlan(plan)]);
+    w.now_s += 100;
+    let usage = policy::usage_report(&w.state, w.now_s * 1000);
+    assert_eq!(usage.len(), 1);
+    assert_eq!(
+        (usage[0].group.as_str(), usage[0].queue.as_str()),
+        ("a", "training")
+    );
+    assert_eq!((usage[0].gpu_seconds, usage[0].gpus_now), (100, 1));
+    let why = policy::why(&w.state, 2).expect("job 2 exists");
+    assert_eq!(
+        (why.state.as_str(), why.code.as_str()),
+        ("pending", "gang_too_large")
+    );
+    assert!(policy::why(&w.state, 99).is_none());
+}

@@ -40,6 +40,7 @@ pub mod pool;
 pub mod preempt;
 pub mod quota;
 pub mod reason;
+pub mod report;
 pub mod reserve;
 pub mod view;
 
@@ -49,6 +50,7 @@ use crate::state::{ClusterState, Plan};
 
 pub use quota::{quota_report, QuotaReport};
 pub use reason::Reason;
+pub use report::{usage_report, why, UsageLine, Why};
 
 /// Which scheduling discipline a pass follows. `Rota` is the policy; `Fifo`
 /// and `Easy` are the baselines the simulator compares it with (submit order,
