@@ -51,6 +51,14 @@ fn priority_level(priority: Priority) -> u64 {
 #[derive(Debug, Clone)]
 pub struct Cand<'a> {
     pub job: &'a Job,
+    /// Copies of what every pass reads of each job, taken while its record
+    /// is in cache (the pass is memory-bound at 50,000 pending jobs).
+    pub replicas: u32,
+    pub per: u32,
+    pub model: Option<&'a str>,
+    pub min_memory_mib: u64,
+    pub reason: &'a str,
+    pub estimate: Option<u64>,
     /// Group id in the quota book.
     pub group: u32,
     pub tier: u8,
@@ -63,7 +71,7 @@ pub struct Cand<'a> {
 
 impl Cand<'_> {
     pub fn gpus(&self) -> u64 {
-        self.job.spec.total_gpus()
+        u64::from(self.replicas) * u64::from(self.per)
     }
 }
 
@@ -122,6 +130,12 @@ pub fn pending<'a>(
             let limit_ms = limit_s.saturating_mul(1000);
             Cand {
                 job,
+                replicas: job.spec.replicas,
+                per: job.spec.gpus_per_replica,
+                model: job.spec.gpu_model.as_deref(),
+                min_memory_mib: job.spec.min_gpu_memory_mib,
+                reason: job.reason.as_str(),
+                estimate: job.estimated_start_ms,
                 group: quota.intern(job.spec.group.as_str()),
                 tier: 0,
                 standing: standing(config, queue_weight, priority, wait_ms, limit_ms),

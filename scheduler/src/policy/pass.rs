@@ -137,12 +137,11 @@ impl<'a> Pass<'a> {
     }
 
     fn class_set(&mut self, cand: &Cand<'a>) -> usize {
-        let spec = &cand.job.spec;
-        let unconstrained = spec.gpu_model.is_none() && spec.min_gpu_memory_mib == 0;
+        let unconstrained = cand.model.is_none() && cand.min_memory_mib == 0;
         if let Some(id) = self.any_class.filter(|_| unconstrained) {
             return id;
         }
-        let key = (spec.gpu_model.as_deref(), spec.min_gpu_memory_mib);
+        let key = (cand.model, cand.min_memory_mib);
         if let Some(&id) = self.class_sets.get(&key) {
             return id;
         }
@@ -150,15 +149,15 @@ impl<'a> Pass<'a> {
             self.any_class = Some(self.class_lists.len());
         }
         let id = self.class_lists.len();
-        self.class_lists.push(self.view.matching_classes(spec));
+        self.class_lists
+            .push(self.view.matching_classes(&cand.job.spec));
         self.class_sets.insert(key, id);
         id
     }
 
     fn consider(&mut self, cand: &Cand<'a>) -> Outcome {
-        let spec = &cand.job.spec;
         let set = self.class_set(cand);
-        let shape: ShapeKey = (set, spec.replicas, spec.gpus_per_replica);
+        let shape: ShapeKey = (set, cand.replicas, cand.per);
         if let Some(reason) = self.static_check(shape, cand) {
             return Outcome::Pending(reason, None);
         }
@@ -166,12 +165,10 @@ impl<'a> Pass<'a> {
             return Outcome::Pending(Reason::BehindJob { job }, None);
         }
         let admit = if self.config.uses_quotas() {
-            match self.quota.admit(
-                cand.group,
-                spec.gpu_model.as_deref(),
-                cand.gpus(),
-                self.free.total,
-            ) {
+            match self
+                .quota
+                .admit(cand.group, cand.model, cand.gpus(), self.free.total)
+            {
                 Ok(admit) => admit,
                 Err(reason) => return Outcome::Pending(reason, None),
             }
@@ -196,8 +193,8 @@ impl<'a> Pass<'a> {
             Reason::NoFreeGpus
         } else {
             Reason::InsufficientGpus {
-                replicas: spec.replicas,
-                per_replica: spec.gpus_per_replica,
+                replicas: cand.replicas,
+                per_replica: cand.per,
             }
         };
         if self.reservation.is_some() {
@@ -461,7 +458,7 @@ impl<'a> Pass<'a> {
             .entry(reason)
             .or_insert_with_key(|r| r.to_string());
         let job = cand.job;
-        if job.reason != *text || job.estimated_start_ms != estimate {
+        if cand.estimate != estimate || cand.reason != text.as_str() {
             self.plan.pending.push(PendingNote {
                 job_id: job.id,
                 reason: text.clone(),
