@@ -94,6 +94,7 @@ impl<'a> View<'a> {
         let mut nodes = Vec::with_capacity(state.nodes.len());
         let mut node_index = FastMap::default();
         let mut max_gpus_per_node = 0;
+        let mut owners = state.gpu_owner.keys().map(|(n, i)| (n, i)).peekable();
         for node in state.nodes.values() {
             let class = node_class(&node.gpus);
             let class_id = match classes.iter().position(|c| *c == class) {
@@ -115,11 +116,16 @@ impl<'a> View<'a> {
             } else {
                 0
             };
-            let owned: Vec<u32> = state
-                .gpu_owner
-                .range((node.name.clone(), 0)..=(node.name.clone(), u32::MAX))
-                .map(|((_, i), _)| *i)
-                .collect();
+            // gpu_owner and nodes are both in node-name order: one merge walk.
+            let mut owned: Vec<u32> = Vec::new();
+            while let Some(&(owner, index)) = owners.peek() {
+                match owner.as_str().cmp(node.name.as_str()) {
+                    std::cmp::Ordering::Less => {}
+                    std::cmp::Ordering::Equal => owned.push(*index),
+                    std::cmp::Ordering::Greater => break,
+                }
+                owners.next();
+            }
             let free = node
                 .gpus
                 .iter()
