@@ -8,9 +8,10 @@
 //! Nomad-style feasibility that records why each job was rejected):
 //!
 //! 1. **enforce**: allocations past their runtime limit are stopped.
-//! 2. **order**: pending jobs are sorted by quota tier, then standing, then
-//!    submit time, then id (see [`order`]). Standing = queue weight + priority
-//!    + a bounded aging bonus, so nobody starves.
+//! 2. **order**: pending jobs are sorted by tier (waited 36 h; inside the
+//!    group's guarantee; borrowing), then standing, then submit time, then id
+//!    (see [`order`]). Standing = queue weight + priority + shortness of the
+//!    runtime limit + a bounded aging bonus; the 36 h tier bounds every wait.
 //! 3. **allocate**: in that order, each job passes static feasibility (a node
 //!    class with its GPU model and memory exists, the gang fits the healthy
 //!    cluster), quota admission ([`quota`]), then gang placement on the
@@ -26,9 +27,18 @@
 //!    gets a reservation at the earliest time enough GPUs free up (from the
 //!    running jobs' runtime limits, [`reserve`]). Later jobs start only where
 //!    they cannot delay it: they end (by their limit) before it, or use GPUs
-//!    the reservation does not need. A head whose reservation cannot be
-//!    computed (it fits no matter what only on GPUs that are down, drained or
-//!    fenced) yields instead of holding GPUs idle.
+//!    the reservation does not need. A head that cannot run on the healthy,
+//!    ready cluster at all (model absent, gang larger than the cluster) or is
+//!    held back by quota yields at once instead of holding GPUs idle; one
+//!    whose start is beyond `reservation_horizon_ms` plus its wait yields too.
+//!
+//! Placement ([`pool::place`]): a gang goes to the smallest topology domain
+//! that holds it (one node, one leaf switch, one rack, the cluster; the
+//! tightest such domain), nodes binpacked (fullest that fits first) so whole
+//! nodes stay free for large jobs; inside a node, one NVLink domain when one
+//! holds the rank. Nodes are treated as homogeneous (class = model of the
+//! first GPU and the smallest memory); unhealthy GPUs and non-Ready nodes
+//! are never free.
 //! 6. **notes**: every job left pending gets a machine-readable reason
 //!    (`code: detail`, see [`reason`]) and, where a reservation gives one, an
 //!    estimated start; only changed notes go into the plan.
