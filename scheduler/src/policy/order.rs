@@ -207,3 +207,29 @@ fn assign_tiers(cands: &mut [Cand], order: &[u32], quota: &QuotaBook) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shortness_counts_halvings_below_a_day() {
+        let min = 60_000;
+        assert_eq!(shortness(10 * min), 7);
+        assert_eq!(shortness(20 * min), 6);
+        assert_eq!(shortness(40 * min), 5);
+        assert_eq!(shortness(60 * min), 4);
+        assert_eq!(shortness(12 * 60 * min), 1);
+        assert_eq!(shortness(24 * 60 * min), 0);
+        assert_eq!(shortness(7 * 24 * 60 * min), 0);
+        assert_eq!(shortness(0), 16);
+    }
+
+    #[test]
+    fn aging_is_bounded() {
+        let config = PolicyConfig::default();
+        let fresh = standing(&config, 2, Priority::Medium, 0, 3_600_000);
+        let old = standing(&config, 2, Priority::Medium, 1_000 * 3_600_000, 3_600_000);
+        assert_eq!(old - fresh, config.aging_cap);
+    }
+}

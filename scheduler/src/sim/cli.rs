@@ -301,3 +301,20 @@ pub fn run_bench_plan(args: &BenchPlanArgs) -> anyhow::Result<Value> {
         "steady": pass_figures(&steady, &plan2),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apportion_gives_whole_gpus_summing_to_the_total() {
+        let weights: BTreeMap<String, f64> = [("a", 1.0), ("b", 1.0), ("c", 1.0)]
+            .iter()
+            .map(|(g, w)| (g.to_string(), *w))
+            .collect();
+        let quotas = apportion(&weights, 10);
+        assert_eq!(quotas.values().sum::<u32>(), 10);
+        assert_eq!(quotas["a"], 4); // largest remainders, then name
+        assert_eq!((quotas["b"], quotas["c"]), (3, 3));
+    }
+}
