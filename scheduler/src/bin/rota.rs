@@ -44,6 +44,10 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         limit: u32,
     },
+    /// Why a job is pending (machine-readable code, detail, estimated start).
+    Why { job_id: u64 },
+    /// Replay a trace through the policy on a virtual clock (no cluster needed).
+    Sim(rota_scheduler::sim::SimArgs),
     /// Cancel a job.
     Cancel { job_id: u64 },
     /// Print a rank's output, read from the agent of the node that ran it.
@@ -88,6 +92,8 @@ enum MemberAction {
 enum BenchWhat {
     /// Durable submit throughput and latency.
     Submit(BenchSubmitArgs),
+    /// Scheduling pass time over a synthetic cluster (no cluster needed).
+    Plan(rota_scheduler::sim::BenchPlanArgs),
 }
 
 #[derive(clap::Args)]
@@ -172,6 +178,11 @@ async fn run_server(args: ServerArgs) -> Result<()> {
     Ok(())
 }
 
+fn print_json(value: &serde_json::Value) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Cli::parse();
@@ -179,14 +190,18 @@ async fn main() -> Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
         .with_writer(std::io::stderr)
         .init();
-    if let Command::Server(server_args) = args.command {
-        return run_server(server_args).await;
+    match args.command {
+        Command::Server(server_args) => return run_server(server_args).await,
+        Command::Sim(sim) => return print_json(&rota_scheduler::sim::run_sim(&sim)?),
+        Command::Bench { what: BenchWhat::Plan(bench) } => return print_json(&rota_scheduler::sim::run_bench_plan(&bench)?),
+        _ => {}
     }
     let mut client = Client::new(&args.endpoints)?;
     client.deadline = Duration::from_secs(args.timeout_s);
     let format = args.output;
     match args.command {
-        Command::Server(_) => unreachable!("handled above"),
+        Command::Server(_) | Command::Sim(_) | Command::Bench { what: BenchWhat::Plan(_) } => unreachable!("handled above"),
+        Command::Why { job_id } => cli::why(&client, job_id, format).await,
         Command::Submit(submit) => cli::submit(&client, &submit, format).await,
         Command::Status { job_id } => cli::status(&client, job_id, format).await,
         Command::Jobs { state, group, limit } => cli::jobs(&client, state.as_deref(), group.as_deref(), limit, format).await,

@@ -11,6 +11,7 @@ use rota_proto::v1 as pb;
 
 use crate::client::Client;
 use crate::server::convert::priority_to_pb;
+use crate::server::wall_clock_ms;
 use crate::state::{JobState, Priority};
 use output::{cluster_json, job_json, node_json, print_cluster, print_job, print_jobs, print_nodes, Format};
 
@@ -49,6 +50,9 @@ pub struct SubmitArgs {
     pub grace_period_s: u64,
     #[arg(long, default_value_t = 0)]
     pub max_retries: u32,
+    /// Seconds of waiting after which a high priority falls back to medium (0 = never).
+    #[arg(long, default_value_t = 0)]
+    pub priority_ttl_s: u64,
     /// Extra environment, NAME=VALUE; repeatable.
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub env: Vec<String>,
@@ -91,6 +95,7 @@ impl SubmitArgs {
             runtime_limit_s: self.runtime_limit_s,
             grace_period_s: self.grace_period_s,
             max_retries: self.max_retries,
+            priority_ttl_s: self.priority_ttl_s,
         };
         let request_id = self.request_id.clone().unwrap_or_else(random_request_id);
         Ok(pb::SubmitJobRequest { spec: Some(spec), request_id })
@@ -131,6 +136,32 @@ pub async fn status(client: &Client, job_id: u64, format: Format) -> Result<()> 
     match format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&job_json(&job))?),
         Format::Table => print_job(&job),
+    }
+    Ok(())
+}
+
+/// `rota why`: the pending reason's stable code, its detail, and the estimated start.
+pub async fn why(client: &Client, job_id: u64, format: Format) -> Result<()> {
+    let job = get_job(client, job_id).await?;
+    let state = output::state_name(job.state);
+    let (code, detail) = job.reason.split_once(':').map_or((job.reason.as_str(), ""), |(c, d)| (c.trim(), d.trim()));
+    let estimated = (job.estimated_start_ms > 0).then_some(job.estimated_start_ms);
+    match format {
+        Format::Json => println!(
+            "{}",
+            serde_json::json!({"job_id": job_id, "state": state, "code": code, "reason": job.reason, "estimated_start_ms": estimated})
+        ),
+        Format::Table => {
+            println!("job {job_id} is {state}");
+            if !job.reason.is_empty() {
+                println!("  {code}: {detail}");
+            }
+            match estimated {
+                Some(ms) => println!("  estimated start: in {} s", ms.saturating_sub(wall_clock_ms()) / 1000),
+                None if job.state == pb::JobState::Pending as i32 => println!("  estimated start: unknown"),
+                None => {}
+            }
+        }
     }
     Ok(())
 }

@@ -45,6 +45,7 @@ pub fn spec_from_pb(spec: Option<pb::JobSpec>) -> Result<JobSpec, Rejection> {
         runtime_limit_s: spec.runtime_limit_s,
         grace_period_s: if spec.grace_period_s == 0 { 60 } else { spec.grace_period_s },
         max_retries: spec.max_retries,
+        priority_ttl_s: spec.priority_ttl_s,
     })
 }
 
@@ -63,6 +64,7 @@ pub fn spec_to_pb(spec: &JobSpec) -> pb::JobSpec {
         runtime_limit_s: spec.runtime_limit_s,
         grace_period_s: spec.grace_period_s,
         max_retries: spec.max_retries,
+        priority_ttl_s: spec.priority_ttl_s,
     }
 }
 

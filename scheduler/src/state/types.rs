@@ -56,6 +56,10 @@ pub struct JobSpec {
     pub runtime_limit_s: u64,
     pub grace_period_s: u64,
     pub max_retries: u32,
+    /// 0 = never. Once the job has waited this long since submit, a `High`
+    /// priority falls back to `Medium` (the policy reads it; apply does not).
+    #[serde(default)]
+    pub priority_ttl_s: u64,
 }
 
 impl JobSpec {
@@ -79,6 +83,7 @@ impl JobSpec {
             runtime_limit_s: 0,
             grace_period_s: 60,
             max_retries: 0,
+            priority_ttl_s: 0,
         }
     }
 }

@@ -1,0 +1,165 @@
+//! The scheduling policy: `plan(&ClusterState, now_ms) -> Plan`.
+//!
+//! Pure and deterministic: no I/O, no clock, no randomness; ordered maps and
+//! explicit tie-breaks only, so every replica (and the simulator) computes the
+//! same plan from the same state.
+//!
+//! One pass runs these actions in order (the shape of Volcano's actions, with
+//! Nomad-style feasibility that records why each job was rejected):
+//!
+//! 1. **enforce**: allocations past their runtime limit are stopped.
+//! 2. **order**: pending jobs are sorted by tier (waited 36 h; inside the
+//!    group's guarantee; borrowing), then standing, then submit time, then id
+//!    (see [`order`]). Standing = queue weight + priority + shortness of the
+//!    runtime limit + a bounded aging bonus; the 36 h tier bounds every wait.
+//! 3. **allocate**: in that order, each job passes static feasibility (a node
+//!    class with its GPU model and memory exists, the gang fits the healthy
+//!    cluster), quota admission ([`quota`]), then gang placement on the
+//!    free-GPU index ([`pool`]): all ranks or none. A shape that did not fit is
+//!    remembered for the rest of the pass (GPUs only get scarcer within a pass).
+//! 4. **preempt / reclaim**: a job that does not fit and has waited past
+//!    `preempt_after_ms` may stop victims ([`preempt`]): borrowers of its
+//!    group's guaranteed quota (reclaim) or lower-priority jobs of its own
+//!    group; never a service job, never one younger than its queue's protected
+//!    runtime; cheapest victims first (priority, then GPU-seconds since the
+//!    last checkpoint).
+//! 5. **reserve + backfill**: the first job that can neither start nor preempt
+//!    gets a reservation at the earliest time enough GPUs free up (from the
+//!    running jobs' runtime limits, [`reserve`]). Later jobs start only where
+//!    they cannot delay it: they end (by their limit) before it, or use GPUs
+//!    the reservation does not need. A head that cannot run on the healthy,
+//!    ready cluster at all (model absent, gang larger than the cluster) or is
+//!    held back by quota yields at once instead of holding GPUs idle; one
+//!    whose start is beyond `reservation_horizon_ms` plus its wait yields too.
+//!
+//! Placement ([`pool::place`]): a gang goes to the smallest topology domain
+//! that holds it (one node, one leaf switch, one rack, the cluster; the
+//! tightest such domain), nodes binpacked (fullest that fits first) so whole
+//! nodes stay free for large jobs; inside a node, one NVLink domain when one
+//! holds the rank. Nodes are treated as homogeneous (class = model of the
+//! first GPU and the smallest memory); unhealthy GPUs and non-Ready nodes
+//! are never free.
+//! 6. **notes**: every job left pending gets a machine-readable reason
+//!    (`code: detail`, see [`reason`]) and, where a reservation gives one, an
+//!    estimated start; only changed notes go into the plan.
+
+mod fasthash;
+pub mod order;
+pub mod pass;
+pub mod pool;
+pub mod preempt;
+pub mod quota;
+pub mod reason;
+pub mod report;
+pub mod reserve;
+pub mod view;
+
+use serde::{Deserialize, Serialize};
+
+use crate::state::{ClusterState, Plan};
+
+pub use quota::{quota_report, QuotaReport};
+pub use reason::Reason;
+pub use report::{usage_report, why, UsageLine, Why};
+
+/// Which scheduling discipline a pass follows. `Rota` is the policy; `Fifo`
+/// and `Easy` are the baselines the simulator compares it with (submit order,
+/// no quotas, no preemption; `Easy` adds EASY backfill with one reservation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mode {
+    Rota,
+    Fifo,
+    Easy,
+}
+
+/// Tunables of the policy. `PolicyConfig::default()` is what the leader uses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyConfig {
+    pub mode: Mode,
+    /// A pending job may preempt only after waiting this long (default 5 min).
+    pub preempt_after_ms: u64,
+    /// Standing points per queue-weight unit.
+    pub queue_points: u64,
+    /// Standing points per priority level (low 0, medium 1, high 2).
+    pub priority_points: u64,
+    /// One aging point per this much waiting ...
+    pub aging_step_ms: u64,
+    /// ... up to this many points (bounded: see `order`).
+    pub aging_cap: u64,
+    /// A job that has waited this long goes ahead of all others (oldest
+    /// first), so it gets the reservation: nobody starves.
+    pub starve_after_ms: u64,
+    /// Standing points per halving of the runtime limit below one day
+    /// (shorter jobs first, as a user-visible incentive to ask for less).
+    pub limit_points: u64,
+    /// Order jobs inside their group's guarantee before borrowers.
+    pub quota_tiers: bool,
+    /// Preemptors considered per pass (bounds the cost of a pass).
+    pub max_preemptors_per_pass: usize,
+    /// A short-queue job may preempt jobs of lower-weight queues of groups
+    /// that are over their guaranteed quota (besides reclaim and priority).
+    pub favour_short: bool,
+    /// A head reserves only if its start is within this horizon plus the time
+    /// it has waited divided by `reservation_wait_divisor`; otherwise it
+    /// yields to the jobs behind it (they backfill without its reservation).
+    /// Its wait grows, so it reserves in the end.
+    pub reservation_horizon_ms: u64,
+    pub reservation_wait_divisor: u64,
+    /// Place gangs in the smallest topology domain that holds them.
+    pub topology: bool,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            mode: Mode::Rota,
+            preempt_after_ms: 5 * 60 * 1000,
+            queue_points: 10,
+            priority_points: 15,
+            aging_step_ms: 10 * 60 * 1000,
+            aging_cap: 60,
+            starve_after_ms: 36 * 3600 * 1000,
+            limit_points: 15,
+            quota_tiers: true,
+            max_preemptors_per_pass: 8,
+            favour_short: false,
+            reservation_horizon_ms: 90 * 24 * 3600 * 1000,
+            reservation_wait_divisor: 1,
+            topology: true,
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// A baseline: submit order, no quotas, no preemption, no topology.
+    pub fn baseline(mode: Mode) -> PolicyConfig {
+        PolicyConfig {
+            mode,
+            favour_short: false,
+            topology: false,
+            ..PolicyConfig::default()
+        }
+    }
+
+    pub fn uses_quotas(&self) -> bool {
+        self.mode == Mode::Rota
+    }
+
+    pub fn preempts(&self) -> bool {
+        self.mode == Mode::Rota
+    }
+
+    pub fn backfills(&self) -> bool {
+        self.mode != Mode::Fifo
+    }
+}
+
+/// The leader's entry point: one pass of the default policy.
+pub fn plan(state: &ClusterState, now_ms: u64) -> Plan {
+    plan_with(state, now_ms, &PolicyConfig::default())
+}
+
+/// One pass with explicit tunables (the simulator and the baselines).
+pub fn plan_with(state: &ClusterState, now_ms: u64, config: &PolicyConfig) -> Plan {
+    pass::Pass::new(state, now_ms, config).run()
+}

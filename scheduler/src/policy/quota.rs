@@ -1,0 +1,237 @@
+//! Group quotas: guaranteed GPUs, borrowing of idle quota, reclaim.
+//!
+//! A group using no more than its guarantee is "in quota"; beyond it, it
+//! borrows: free GPUs nobody guarantees, or the idle guarantee of groups that
+//! lend to it (`lend`, and `lend_to` empty or naming it), never the idle
+//! guarantee of groups that do not lend to it, and no more than its
+//! `borrow_limit` beyond its guarantee. In-quota jobs are ordered first. Borrowed GPUs are reclaimed by preemption when their owner
+//! needs its guarantee (see `preempt`). Per-model guarantees (`per_model`)
+//! bound a job that asks for that model: it is in quota only if the group's use
+//! of jobs asking for the model stays within it too.
+//!
+//! Groups without a quota entry have a guarantee of 0 and no borrowing limit.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::state::{ClusterState, GroupQuota};
+
+use super::fasthash::FastMap;
+use super::reason::Reason;
+use super::view::View;
+
+#[derive(Debug, Clone, Default)]
+struct Book<'a> {
+    name: &'a str,
+    quota: Option<&'a GroupQuota>,
+    guaranteed: u64,
+    used: u64,
+    used_by_model: BTreeMap<String, u64>,
+}
+
+/// Per-pass quota accounting. Groups are interned to small ids once, so the
+/// per-job checks index vectors instead of comparing names.
+#[derive(Debug, Clone)]
+pub struct QuotaBook<'a> {
+    ids: FastMap<&'a str, u32>,
+    books: Vec<Book<'a>>,
+    /// Groups with a quota that lend to nobody or only to named groups.
+    restricted: Vec<u32>,
+}
+
+/// How a job was admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    InQuota,
+    Borrowing,
+}
+
+impl<'a> QuotaBook<'a> {
+    pub fn new(state: &'a ClusterState, view: &mut View<'a>) -> QuotaBook<'a> {
+        let mut book = QuotaBook {
+            ids: FastMap::default(),
+            books: Vec::new(),
+            restricted: Vec::new(),
+        };
+        for (group, quota) in &state.quotas {
+            let id = book.intern(group.as_str()) as usize;
+            book.books[id].quota = Some(quota);
+            book.books[id].guaranteed = u64::from(quota.gpus);
+            if !quota.lend || !quota.lend_to.is_empty() {
+                book.restricted.push(id as u32);
+            }
+        }
+        for run in &mut view.running {
+            run.group_id = book.intern(run.group);
+            let entry = &mut book.books[run.group_id as usize];
+            entry.used += run.gpus;
+            if let Some(model) = run.model {
+                *entry.used_by_model.entry(model.to_string()).or_insert(0) += run.gpus;
+            }
+        }
+        book
+    }
+
+    /// The id of a group (added with no quota if new).
+    pub fn intern(&mut self, group: &'a str) -> u32 {
+        if let Some(&id) = self.ids.get(group) {
+            return id;
+        }
+        let id = self.books.len() as u32;
+        self.books.push(Book {
+            name: group,
+            ..Book::default()
+        });
+        self.ids.insert(group, id);
+        id
+    }
+
+    pub fn used(&self, group: u32) -> u64 {
+        self.books[group as usize].used
+    }
+
+    pub fn guaranteed(&self, group: u32) -> u64 {
+        self.books[group as usize].guaranteed
+    }
+
+    /// Guaranteed GPUs the group is not using.
+    pub fn room(&self, group: u32) -> u64 {
+        let b = &self.books[group as usize];
+        b.guaranteed.saturating_sub(b.used)
+    }
+
+    pub fn is_borrowing(&self, group: u32) -> bool {
+        let b = &self.books[group as usize];
+        b.used > b.guaranteed
+    }
+
+    fn lends_to(&self, lender: u32, borrower: u32) -> bool {
+        let Some(q) = self.books[lender as usize].quota else {
+            return false;
+        };
+        let name = self.books[borrower as usize].name;
+        lender != borrower
+            && q.lend
+            && (q.lend_to.is_empty() || q.lend_to.iter().any(|g| g == name))
+    }
+
+    /// Idle guaranteed GPUs of groups that do not lend to `group`: free
+    /// GPUs it may not borrow.
+    pub fn protected(&self, group: u32) -> u64 {
+        self.restricted
+            .iter()
+            .filter(|&&h| h != group && !self.lends_to(h, group))
+            .map(|&h| self.room(h))
+            .sum()
+    }
+
+    fn in_quota(&self, group: u32, model: Option<&str>, gpus: u64) -> bool {
+        let b = &self.books[group as usize];
+        if b.used + gpus > b.guaranteed {
+            return false;
+        }
+        let model_quota = model.and_then(|m| b.quota?.per_model.get(m).map(|&q| (m, u64::from(q))));
+        match model_quota {
+            Some((m, q)) => b.used_by_model.get(m).copied().unwrap_or(0) + gpus <= q,
+            None => true,
+        }
+    }
+
+    /// May the group start `gpus` more GPUs now, `free` GPUs being free?
+    /// A borrower may not use the idle guarantee of groups that do not lend
+    /// to it; whether the GPUs are there at all is placement's business.
+    pub fn admit(
+        &self,
+        group: u32,
+        model: Option<&str>,
+        gpus: u64,
+        free: u64,
+    ) -> Result<Admit, Reason> {
+        if self.in_quota(group, model, gpus) {
+            return Ok(Admit::InQuota);
+        }
+        let b = &self.books[group as usize];
+        let over = (b.used + gpus).saturating_sub(b.guaranteed);
+        if let Some(limit) = b.quota.and_then(|q| q.borrow_limit).map(u64::from) {
+            if over > limit {
+                let borrowed = b.used.saturating_sub(b.guaranteed);
+                return Err(Reason::BorrowLimit {
+                    group: b.name.into(),
+                    borrowed,
+                    limit,
+                });
+            }
+        }
+        let protected = self.protected(group);
+        if protected > 0 && free.saturating_sub(protected) < gpus {
+            return Err(Reason::QuotaExhausted {
+                group: b.name.into(),
+                used: b.used,
+                guaranteed: b.guaranteed,
+            });
+        }
+        Ok(Admit::Borrowing)
+    }
+
+    pub fn charge(&mut self, group: u32, model: Option<&str>, gpus: u64) {
+        let b = &mut self.books[group as usize];
+        b.used += gpus;
+        if let Some(m) = model {
+            *b.used_by_model.entry(m.to_string()).or_insert(0) += gpus;
+        }
+    }
+
+    pub fn release(&mut self, group: u32, model: Option<&str>, gpus: u64) {
+        let b = &mut self.books[group as usize];
+        b.used = b.used.saturating_sub(gpus);
+        if let Some(used) = model.and_then(|m| b.used_by_model.get_mut(m)) {
+            *used = used.saturating_sub(gpus);
+        }
+    }
+}
+
+/// One line of `rota quota show`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaReport {
+    pub group: String,
+    pub guaranteed: u64,
+    pub used: u64,
+    /// GPUs used beyond the guarantee.
+    pub borrowed: u64,
+    /// Guaranteed GPUs idle now and available to others (0 if it does not lend).
+    pub lendable: u64,
+    pub borrow_limit: Option<u32>,
+    pub lend: bool,
+    pub lend_to: Vec<String>,
+}
+
+/// Quota, use, borrowed and lendable GPUs of every group with a quota or a
+/// running job, in group order.
+pub fn quota_report(state: &ClusterState) -> Vec<QuotaReport> {
+    let mut view = View::build(state, state.now_ms);
+    let book = QuotaBook::new(state, &mut view);
+    let mut lines: Vec<QuotaReport> = book
+        .books
+        .iter()
+        .map(|b| {
+            let lend = b.quota.is_some_and(|q| q.lend);
+            QuotaReport {
+                group: b.name.to_string(),
+                guaranteed: b.guaranteed,
+                used: b.used,
+                borrowed: b.used.saturating_sub(b.guaranteed),
+                lendable: if lend {
+                    b.guaranteed.saturating_sub(b.used)
+                } else {
+                    0
+                },
+                borrow_limit: b.quota.and_then(|q| q.borrow_limit),
+                lend,
+                lend_to: b.quota.map(|q| q.lend_to.clone()).unwrap_or_default(),
+            }
+        })
+        .collect();
+    lines.sort_by(|a, b| a.group.cmp(&b.group));
+    lines
+}

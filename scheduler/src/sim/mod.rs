@@ -1,0 +1,12 @@
+//! Trace-driven simulator: the real policy (`policy::plan_with`) and the real
+//! state machine (`ClusterState::apply_proposal`) on a virtual clock, with
+//! `fifo` and `easy` baselines run on the same input; and the synthetic
+//! cluster of `rota bench plan`.
+
+pub mod bench;
+pub mod cli;
+pub mod engine;
+pub mod metrics;
+pub mod trace;
+
+pub use cli::{run_bench_plan, run_sim, BenchPlanArgs, SimArgs};
