@@ -28,12 +28,7 @@ pub struct AgentOptions {
 
 impl Default for AgentOptions {
     fn default() -> Self {
-        Self {
-            fake_gpus: Some("8xH100-80GB".into()),
-            heartbeat_ms: 200,
-            extra_args: Vec::new(),
-            env: Vec::new(),
-        }
+        Self { fake_gpus: Some("8xH100-80GB".into()), heartbeat_ms: 200, extra_args: Vec::new(), env: Vec::new() }
     }
 }
 
@@ -51,12 +46,7 @@ pub struct LocalAgent {
 
 impl LocalAgent {
     /// Start an agent named `name` under `root/agent-NAME`.
-    pub fn start(
-        root: &Path,
-        name: &str,
-        endpoints_csv: &str,
-        options: AgentOptions,
-    ) -> Result<LocalAgent> {
+    pub fn start(root: &Path, name: &str, endpoints_csv: &str, options: AgentOptions) -> Result<LocalAgent> {
         let mut agent = LocalAgent {
             name: name.to_string(),
             data_dir: root.join(format!("agent-{name}")),
@@ -73,15 +63,8 @@ impl LocalAgent {
 
     fn spawn(&mut self) -> Result<()> {
         std::fs::create_dir_all(&self.data_dir)?;
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(self.data_dir.join("agent.log"))?;
-        let port = self
-            .address
-            .rsplit_once(':')
-            .map(|(_, p)| p.to_string())
-            .unwrap_or_default();
+        let log = File::options().create(true).append(true).open(self.data_dir.join("agent.log"))?;
+        let port = self.address.rsplit_once(':').map(|(_, p)| p.to_string()).unwrap_or_default();
         let mut command = Command::new(&self.bin);
         command
             .args(["--endpoints", &self.endpoints, "--node-name", &self.name])
@@ -99,11 +82,7 @@ impl LocalAgent {
         for (key, value) in &self.options.env {
             command.env(key, value);
         }
-        self.child = Some(
-            command
-                .spawn()
-                .with_context(|| format!("starting {}", self.bin.display()))?,
-        );
+        self.child = Some(command.spawn().with_context(|| format!("starting {}", self.bin.display()))?);
         self.paused = false;
         Ok(())
     }

@@ -53,7 +53,9 @@ pub fn acknowledged_exactly_once(acks: &[Ack], jobs: &[FinalJob], resubmits: &[R
     let mut violations = Vec::new();
     for ack in acks {
         match by_request.get(ack.request_id.as_str()).map(Vec::as_slice) {
-            None | Some([]) => violations.push(format!("request {} acknowledged as job {} at {} ms is lost", ack.request_id, ack.job_id, ack.acked_ms)),
+            None | Some([]) => {
+                violations.push(format!("request {} acknowledged as job {} at {} ms is lost", ack.request_id, ack.job_id, ack.acked_ms))
+            }
             Some([id]) if *id == ack.job_id => {}
             // An acknowledgement without a job id (only a broken build gives one) can only be checked for existence.
             Some([_]) if ack.job_id == 0 => {}

@@ -57,7 +57,15 @@ pub struct ClusterOptions {
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        Self { heartbeat_ms: 50, election_min_ms: 100, election_max_ms: 200, snapshot_every: 20_000, keep_logs: 5_000, node_ttl_ms: 30_000, env: vec![] }
+        Self {
+            heartbeat_ms: 50,
+            election_min_ms: 100,
+            election_max_ms: 200,
+            snapshot_every: 20_000,
+            keep_logs: 5_000,
+            node_ttl_ms: 30_000,
+            env: vec![],
+        }
     }
 }
 

@@ -59,9 +59,7 @@ impl FromStr for FaultKind {
             "partition-leader" => FaultKind::PartitionLeader,
             "kill-follower" => FaultKind::KillFollower,
             "restart-agent" => FaultKind::RestartAgent,
-            other => bail!(
-                "--faults: unknown fault {other:?} (kill-leader, pause-leader, partition-leader, kill-follower, restart-agent)"
-            ),
+            other => bail!("--faults: unknown fault {other:?} (kill-leader, pause-leader, partition-leader, kill-follower, restart-agent)"),
         })
     }
 }

@@ -67,9 +67,10 @@ struct RunArgs {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(
-        tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "warn".into()),
-    ).init();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "warn".into()))
+        .init();
     let Command::Run(args) = Cli::parse().command;
     if !matches!(args.replicas, 3 | 5 | 7) {
         anyhow::bail!("--replicas: 3, 5 or 7");

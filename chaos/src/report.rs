@@ -39,7 +39,13 @@ pub fn summary(report: &Report) -> String {
         d.count, d.min_ms, d.median_ms, d.p99_ms, d.max_ms
     );
     for check in &report.checks {
-        let mark = if check.skipped { "SKIP" } else if check.passed { "ok" } else { "FAIL" };
+        let mark = if check.skipped {
+            "SKIP"
+        } else if check.passed {
+            "ok"
+        } else {
+            "FAIL"
+        };
         out += &format!("  [{mark}] {} ({} violations)\n", check.name, check.violations);
         for detail in &check.details {
             out += &format!("        {detail}\n");

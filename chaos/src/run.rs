@@ -199,7 +199,10 @@ async fn settle(clients: &Clients, acked: &BTreeSet<u64>, limit: Duration) {
     while !open.is_empty() && Instant::now() < deadline {
         let mut still_open = BTreeSet::new();
         for &id in &open {
-            let final_state = clients.get(id).await.map(|j| matches!(j.state(), pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled));
+            let final_state = clients
+                .get(id)
+                .await
+                .map(|j| matches!(j.state(), pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled));
             if !final_state.unwrap_or(false) {
                 still_open.insert(id);
             }

@@ -65,7 +65,12 @@ impl Clients {
         }
     }
 
-    pub async fn submit(&self, start: usize, request: &pb::SubmitJobRequest, deadline_ms: u64) -> (Result<pb::SubmitJobResponse, Status>, u32) {
+    pub async fn submit(
+        &self,
+        start: usize,
+        request: &pb::SubmitJobRequest,
+        deadline_ms: u64,
+    ) -> (Result<pb::SubmitJobResponse, Status>, u32) {
         self.call(start, deadline_ms, |mut c| {
             let request = request.clone();
             async move { c.submit_job(request).await }
@@ -79,7 +84,8 @@ impl Clients {
     }
 
     pub async fn cancel(&self, job_id: u64) -> Result<pb::CancelJobResponse, Status> {
-        let (result, _) = self.call(0, SUBMIT_DEADLINE_MS, |mut c| async move { c.cancel_job(pb::CancelJobRequest { job_id }).await }).await;
+        let (result, _) =
+            self.call(0, SUBMIT_DEADLINE_MS, |mut c| async move { c.cancel_job(pb::CancelJobRequest { job_id }).await }).await;
         result
     }
 }

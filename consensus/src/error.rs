@@ -13,10 +13,7 @@ pub enum ConsensusError {
     Storage(String),
     /// This replica is not the leader; retry on `leader_id` / `leader_addr`.
     #[error("not the leader; forward to {leader_id:?} at {leader_addr:?}")]
-    ForwardToLeader {
-        leader_id: Option<NodeId>,
-        leader_addr: Option<String>,
-    },
+    ForwardToLeader { leader_id: Option<NodeId>, leader_addr: Option<String> },
     /// A membership change was refused (e.g. another change in progress,
     /// or a voter that is not a learner yet).
     #[error("membership change refused: {0}")]
@@ -35,10 +32,7 @@ pub enum WriteError {
     /// This replica is not the leader; retry on `leader_id` / `leader_addr`
     /// (both `None` while no leader is known).
     #[error("not the leader; forward to {leader_id:?} at {leader_addr:?}")]
-    ForwardToLeader {
-        leader_id: Option<NodeId>,
-        leader_addr: Option<String>,
-    },
+    ForwardToLeader { leader_id: Option<NodeId>, leader_addr: Option<String> },
     /// The write could not be committed here (no quorum, shutting down,
     /// storage failure).
     #[error("unavailable: {0}")]
@@ -48,13 +42,7 @@ pub enum WriteError {
 impl From<WriteError> for ConsensusError {
     fn from(e: WriteError) -> Self {
         match e {
-            WriteError::ForwardToLeader {
-                leader_id,
-                leader_addr,
-            } => ConsensusError::ForwardToLeader {
-                leader_id,
-                leader_addr,
-            },
+            WriteError::ForwardToLeader { leader_id, leader_addr } => ConsensusError::ForwardToLeader { leader_id, leader_addr },
             WriteError::Unavailable(s) => ConsensusError::Unavailable(s),
         }
     }

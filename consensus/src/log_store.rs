@@ -20,10 +20,7 @@ use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{AnyError, ErrorSubject, ErrorVerb, RaftLogReader, StorageIOError, Vote};
-use rocksdb::{
-    ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch,
-    WriteOptions, DB,
-};
+use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::oneshot;
@@ -59,14 +56,11 @@ pub(crate) type DbClosed = oneshot::Receiver<()>;
 
 /// Open (or create) the replica's RocksDB with all column families.
 pub(crate) fn open_db(path: &Path) -> Result<(Arc<Db>, DbClosed), ConsensusError> {
-    std::fs::create_dir_all(path)
-        .map_err(|e| ConsensusError::Storage(format!("create {}: {e}", path.display())))?;
+    std::fs::create_dir_all(path).map_err(|e| ConsensusError::Storage(format!("create {}: {e}", path.display())))?;
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
-    let cfs = [CF_LOG, CF_META, CF_SM]
-        .into_iter()
-        .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+    let cfs = [CF_LOG, CF_META, CF_SM].into_iter().map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
     let db = DB::open_cf_descriptors(&opts, path, cfs)
         .map_err(|e| ConsensusError::Storage(format!("open rocksdb at {}: {e}", path.display())))?;
     let (tx, rx) = oneshot::channel();
@@ -75,42 +69,23 @@ pub(crate) fn open_db(path: &Path) -> Result<(Arc<Db>, DbClosed), ConsensusError
 
 pub(crate) fn cf<'a>(db: &'a DB, name: &str) -> Result<&'a ColumnFamily, StorageError> {
     db.cf_handle(name).ok_or_else(|| {
-        StorageIOError::new(
-            ErrorSubject::Store,
-            ErrorVerb::Read,
-            AnyError::error(format!("missing column family {name}")),
-        )
-        .into()
+        StorageIOError::new(ErrorSubject::Store, ErrorVerb::Read, AnyError::error(format!("missing column family {name}"))).into()
     })
 }
 
-pub(crate) fn sto_err(
-    subject: ErrorSubject<NodeId>,
-    verb: ErrorVerb,
-    e: &(impl std::error::Error + 'static),
-) -> StorageError {
+pub(crate) fn sto_err(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: &(impl std::error::Error + 'static)) -> StorageError {
     StorageIOError::new(subject, verb, AnyError::new(e)).into()
 }
 
-pub(crate) fn sto_msg(
-    subject: ErrorSubject<NodeId>,
-    verb: ErrorVerb,
-    msg: impl ToString,
-) -> StorageError {
+pub(crate) fn sto_msg(subject: ErrorSubject<NodeId>, verb: ErrorVerb, msg: impl ToString) -> StorageError {
     StorageIOError::new(subject, verb, AnyError::error(msg)).into()
 }
 
-pub(crate) fn encode<T: Serialize>(
-    v: &T,
-    subject: ErrorSubject<NodeId>,
-) -> Result<Vec<u8>, StorageError> {
+pub(crate) fn encode<T: Serialize>(v: &T, subject: ErrorSubject<NodeId>) -> Result<Vec<u8>, StorageError> {
     bincode::serialize(v).map_err(|e| sto_err(subject, ErrorVerb::Write, &*e))
 }
 
-pub(crate) fn decode<T: DeserializeOwned>(
-    bytes: &[u8],
-    subject: ErrorSubject<NodeId>,
-) -> Result<T, StorageError> {
+pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8], subject: ErrorSubject<NodeId>) -> Result<T, StorageError> {
     bincode::deserialize(bytes).map_err(|e| sto_err(subject, ErrorVerb::Read, &*e))
 }
 
@@ -131,13 +106,8 @@ fn index_key(index: u64) -> [u8; 8] {
 }
 
 fn key_index(key: &[u8]) -> Result<u64, StorageError> {
-    let arr: [u8; 8] = key.try_into().map_err(|_| {
-        sto_msg(
-            ErrorSubject::Logs,
-            ErrorVerb::Read,
-            format!("bad log key of {} bytes", key.len()),
-        )
-    })?;
+    let arr: [u8; 8] =
+        key.try_into().map_err(|_| sto_msg(ErrorSubject::Logs, ErrorVerb::Read, format!("bad log key of {} bytes", key.len())))?;
     Ok(u64::from_be_bytes(arr))
 }
 
@@ -158,13 +128,9 @@ pub struct LogStore {
 
 impl LogStore {
     pub(crate) fn new(db: Arc<Db>) -> Result<Self, ConsensusError> {
-        let store = LogStore {
-            db,
-            committed: Arc::new(AtomicU64::new(0)),
-        };
-        let committed: Option<LogId> = store
-            .get_meta(KEY_COMMITTED, ErrorSubject::Store)
-            .map_err(|e| ConsensusError::Storage(e.to_string()))?;
+        let store = LogStore { db, committed: Arc::new(AtomicU64::new(0)) };
+        let committed: Option<LogId> =
+            store.get_meta(KEY_COMMITTED, ErrorSubject::Store).map_err(|e| ConsensusError::Storage(e.to_string()))?;
         store.set_committed_index(committed.as_ref());
         Ok(store)
     }
@@ -186,11 +152,7 @@ impl LogStore {
         self.committed.store(v, Ordering::Release);
     }
 
-    fn get_meta<T: DeserializeOwned>(
-        &self,
-        key: &[u8],
-        subject: ErrorSubject<NodeId>,
-    ) -> Result<Option<T>, StorageError> {
+    fn get_meta<T: DeserializeOwned>(&self, key: &[u8], subject: ErrorSubject<NodeId>) -> Result<Option<T>, StorageError> {
         let cf = cf(&self.db, CF_META)?;
         match self.db.get_cf(cf, key) {
             Ok(Some(bytes)) => Ok(Some(decode(&bytes, subject)?)),
@@ -217,10 +179,7 @@ impl LogStore {
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
-        &mut self,
-        range: RB,
-    ) -> Result<Vec<Entry>, StorageError> {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(&mut self, range: RB) -> Result<Vec<Entry>, StorageError> {
         let start = match range.start_bound() {
             Bound::Included(&s) => s,
             Bound::Excluded(&s) => match s.checked_add(1) {
@@ -232,10 +191,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let cf = cf(&self.db, CF_LOG)?;
         let key = index_key(start);
         let mut out = Vec::new();
-        for item in self
-            .db
-            .iterator_cf(cf, IteratorMode::From(&key, Direction::Forward))
-        {
+        for item in self.db.iterator_cf(cf, IteratorMode::From(&key, Direction::Forward)) {
             let (k, v) = item.map_err(|e| sto_err(ErrorSubject::Logs, ErrorVerb::Read, &e))?;
             let index = key_index(&k)?;
             if !range.contains(&index) {
@@ -253,10 +209,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged_log_id = self.last_purged()?;
         let last_log_id = self.last_log_id()?.or(last_purged_log_id);
-        Ok(LogState {
-            last_purged_log_id,
-            last_log_id,
-        })
+        Ok(LogState { last_purged_log_id, last_log_id })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -268,8 +221,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let db = self.db.clone();
         blocking(ErrorSubject::Vote, move || {
             let cf = cf(&db, CF_META)?;
-            db.put_cf_opt(cf, KEY_VOTE, value, &synced())
-                .map_err(|e| sto_err(ErrorSubject::Vote, ErrorVerb::Write, &e))
+            db.put_cf_opt(cf, KEY_VOTE, value, &synced()).map_err(|e| sto_err(ErrorSubject::Vote, ErrorVerb::Write, &e))
         })
         .await
     }
@@ -281,9 +233,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         let cf = cf(&self.db, CF_META)?;
         let res = match &committed {
-            Some(c) => self
-                .db
-                .put_cf(cf, KEY_COMMITTED, encode(c, ErrorSubject::Store)?),
+            Some(c) => self.db.put_cf(cf, KEY_COMMITTED, encode(c, ErrorSubject::Store)?),
             None => self.db.delete_cf(cf, KEY_COMMITTED),
         };
         res.map_err(|e| sto_err(ErrorSubject::Store, ErrorVerb::Write, &e))?;
@@ -295,21 +245,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.get_meta(KEY_COMMITTED, ErrorSubject::Store)
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError>
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
         let mut rows = Vec::new();
         for entry in entries {
-            rows.push((
-                index_key(entry.log_id.index),
-                encode(&entry, ErrorSubject::Log(entry.log_id))?,
-            ));
+            rows.push((index_key(entry.log_id.index), encode(&entry, ErrorSubject::Log(entry.log_id))?));
         }
         let db = self.db.clone();
         let res = blocking(ErrorSubject::Logs, move || {
@@ -318,8 +261,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             for (k, v) in rows {
                 batch.put_cf(cf, k, v);
             }
-            db.write_opt(batch, &synced())
-                .map_err(|e| sto_err(ErrorSubject::Logs, ErrorVerb::Write, &e))
+            db.write_opt(batch, &synced()).map_err(|e| sto_err(ErrorSubject::Logs, ErrorVerb::Write, &e))
         })
         .await;
         match res {
@@ -341,8 +283,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let mut batch = WriteBatch::default();
             batch.delete_range_cf(cf, index_key(log_id.index), index_key(u64::MAX));
             batch.delete_cf(cf, index_key(u64::MAX));
-            db.write_opt(batch, &synced())
-                .map_err(|e| sto_err(ErrorSubject::Logs, ErrorVerb::Delete, &e))
+            db.write_opt(batch, &synced()).map_err(|e| sto_err(ErrorSubject::Logs, ErrorVerb::Delete, &e))
         })
         .await
     }
@@ -357,8 +298,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.put_cf(meta_cf, KEY_LAST_PURGED, value);
             batch.delete_range_cf(log_cf, index_key(0), index_key(log_id.index));
             batch.delete_cf(log_cf, index_key(log_id.index));
-            db.write(batch)
-                .map_err(|e| sto_err(ErrorSubject::Logs, ErrorVerb::Delete, &e))
+            db.write(batch).map_err(|e| sto_err(ErrorSubject::Logs, ErrorVerb::Delete, &e))
         })
         .await
     }

@@ -10,14 +10,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::error::{
-    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
-    Unreachable,
-};
+use openraft::error::{InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest, VoteResponse,
 };
 use openraft::{AnyError, BasicNode, RPCTypes};
 use rota_proto::raft::raft_client::RaftClient;
@@ -48,48 +44,24 @@ pub struct NetworkFactory {
 }
 
 impl NetworkFactory {
-    pub fn new(
-        self_id: NodeId,
-        peer_addrs: BTreeMap<NodeId, String>,
-        rpc_timeout: Duration,
-        snapshot_timeout: Duration,
-    ) -> Self {
-        Self {
-            inner: Arc::new(NetInner {
-                self_id,
-                peer_addrs,
-                rpc_timeout,
-                snapshot_timeout,
-                channels: Mutex::new(HashMap::new()),
-            }),
-        }
+    pub fn new(self_id: NodeId, peer_addrs: BTreeMap<NodeId, String>, rpc_timeout: Duration, snapshot_timeout: Duration) -> Self {
+        Self { inner: Arc::new(NetInner { self_id, peer_addrs, rpc_timeout, snapshot_timeout, channels: Mutex::new(HashMap::new()) }) }
     }
 
     /// The address to reach `target` at: configured peer address first,
     /// then the one stored in the membership.
     pub fn resolve(&self, target: NodeId, node: Option<&BasicNode>) -> Option<String> {
-        self.inner
-            .peer_addrs
-            .get(&target)
-            .cloned()
-            .or_else(|| node.map(|n| n.addr.clone()))
+        self.inner.peer_addrs.get(&target).cloned().or_else(|| node.map(|n| n.addr.clone()))
     }
 }
 
 impl NetInner {
     fn channel(&self, addr: &str) -> Result<Channel, String> {
-        let mut channels = self
-            .channels
-            .lock()
-            .map_err(|_| "channel cache poisoned".to_string())?;
+        let mut channels = self.channels.lock().map_err(|_| "channel cache poisoned".to_string())?;
         if let Some(ch) = channels.get(addr) {
             return Ok(ch.clone());
         }
-        let uri = if addr.contains("://") {
-            addr.to_string()
-        } else {
-            format!("http://{addr}")
-        };
+        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
         let ch = Endpoint::from_shared(uri)
             .map_err(|e| format!("invalid peer address {addr:?}: {e}"))?
             .connect_timeout(self.rpc_timeout)
@@ -105,13 +77,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         let addr = self.resolve(target, Some(node)).unwrap_or_default();
-        PeerClient {
-            net: self.inner.clone(),
-            target,
-            node: node.clone(),
-            addr,
-            client: None,
-        }
+        PeerClient { net: self.inner.clone(), target, node: node.clone(), addr, client: None }
     }
 }
 
@@ -145,19 +111,12 @@ impl PeerClient {
             return Err(format!("no address known for node {}", self.target));
         }
         let ch = self.net.channel(&self.addr)?;
-        let c = RaftClient::new(ch)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let c = RaftClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES);
         self.client = Some(c.clone());
         Ok(c)
     }
 
-    async fn call<Resp, E>(
-        &mut self,
-        kind: RPCTypes,
-        payload: Vec<u8>,
-        timeout: Duration,
-    ) -> Result<Resp, RpcErr<E>>
+    async fn call<Resp, E>(&mut self, kind: RPCTypes, payload: Vec<u8>, timeout: Duration) -> Result<Resp, RpcErr<E>>
     where
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
@@ -172,47 +131,26 @@ impl PeerClient {
             }
         };
         let reply = match tokio::time::timeout(timeout, fut).await {
-            Err(_) => {
-                return Err(RPCError::Timeout(Timeout {
-                    action: kind,
-                    id: self.net.self_id,
-                    target: self.target,
-                    timeout,
-                }))
-            }
+            Err(_) => return Err(RPCError::Timeout(Timeout { action: kind, id: self.net.self_id, target: self.target, timeout })),
             Ok(Err(status)) => {
                 let text = format!("{kind} to node {} at {}: {status}", self.target, self.addr);
                 return Err(match status.code() {
-                    tonic::Code::Unavailable
-                    | tonic::Code::Unknown
-                    | tonic::Code::Unimplemented => unreachable(text),
-                    tonic::Code::DeadlineExceeded => RPCError::Timeout(Timeout {
-                        action: kind,
-                        id: self.net.self_id,
-                        target: self.target,
-                        timeout,
-                    }),
+                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Unimplemented => unreachable(text),
+                    tonic::Code::DeadlineExceeded => {
+                        RPCError::Timeout(Timeout { action: kind, id: self.net.self_id, target: self.target, timeout })
+                    }
                     _ => network(text),
                 });
             }
             Ok(Ok(r)) => r.into_inner(),
         };
-        let res: Result<Resp, RaftError<NodeId, E>> = bincode::deserialize(&reply.payload)
-            .map_err(|e| {
-                network(format!(
-                    "decode {kind} reply from node {}: {e}",
-                    self.target
-                ))
-            })?;
+        let res: Result<Resp, RaftError<NodeId, E>> =
+            bincode::deserialize(&reply.payload).map_err(|e| network(format!("decode {kind} reply from node {}: {e}", self.target)))?;
         match res {
             Ok(r) => Ok(r),
             // The peer's Raft is stopped or failed: back off like for a dead peer.
             Err(RaftError::Fatal(f)) => Err(RPCError::Unreachable(Unreachable::new(&f))),
-            Err(e) => Err(RPCError::RemoteError(RemoteError::new_with_node(
-                self.target,
-                self.node.clone(),
-                e,
-            ))),
+            Err(e) => Err(RPCError::RemoteError(RemoteError::new_with_node(self.target, self.node.clone(), e))),
         }
     }
 
@@ -237,9 +175,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         let payload = encode(&rpc)?;
         // Leave headroom for gRPC framing.
         if payload.len() > MAX_MESSAGE_BYTES - 64 * 1024 && n > 1 {
-            return Err(RPCError::PayloadTooLarge(
-                PayloadTooLarge::new_entries_hint(n / 2),
-            ));
+            return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(n / 2)));
         }
         let timeout = self.timeout(&option);
         self.call(RPCTypes::AppendEntries, payload, timeout).await

@@ -6,9 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use openraft::error::{
-    CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError,
-};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError};
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use rota_proto::raft::raft_server::RaftServer;
 use tokio::sync::watch;
@@ -123,9 +121,7 @@ pub struct Replica<S> {
 
 impl<S> Clone for Replica<S> {
     fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-        }
+        Self { inner: self.inner.clone() }
     }
 }
 
@@ -159,8 +155,7 @@ pub fn raft_config(cfg: &ConsensusConfig) -> Result<Config, ConsensusError> {
         snapshot_max_chunk_size: 4 * 1024 * 1024,
         ..Config::default()
     };
-    c.validate()
-        .map_err(|e| ConsensusError::Config(e.to_string()))
+    c.validate().map_err(|e| ConsensusError::Config(e.to_string()))
 }
 
 fn fatal(e: impl std::fmt::Display) -> ConsensusError {
@@ -187,9 +182,7 @@ impl<S: StateMachine> Replica<S> {
             Duration::from_millis(cfg.rpc_timeout_ms),
             Duration::from_millis(cfg.install_snapshot_timeout_ms),
         );
-        let raft = openraft::Raft::new(cfg.node_id, Arc::new(config), network.clone(), log, sm)
-            .await
-            .map_err(fatal)?;
+        let raft = openraft::Raft::new(cfg.node_id, Arc::new(config), network.clone(), log, sm).await.map_err(fatal)?;
         let quorum_contact = Arc::new(std::sync::Mutex::new(QuorumContact { age_ms: None, read_at: std::time::Instant::now() }));
         tokio::spawn(track_quorum_contact(raft.clone(), quorum_contact.clone()));
         Ok(Self {
@@ -227,11 +220,7 @@ impl<S: StateMachine> Replica<S> {
 
     /// Run `f` on the current application state under the read lock.
     pub fn read<R>(&self, f: impl FnOnce(&S) -> R) -> R {
-        let g = self
-            .inner
-            .state
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let g = self.inner.state.read().unwrap_or_else(PoisonError::into_inner);
         f(&g.app)
     }
 
@@ -244,15 +233,11 @@ impl<S: StateMachine> Replica<S> {
     /// Wait until the applied index reaches `index`.
     pub async fn wait_applied(&self, index: u64, timeout: Duration) -> Result<(), ConsensusError> {
         let mut rx = self.applied_watch();
-        let res = tokio::time::timeout(timeout, rx.wait_for(|&a| a >= index))
-            .await
-            .map(|r| r.map(|_| ()));
+        let res = tokio::time::timeout(timeout, rx.wait_for(|&a| a >= index)).await.map(|r| r.map(|_| ()));
         match res {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(ConsensusError::Unavailable("state machine closed".into())),
-            Err(_) => Err(ConsensusError::Unavailable(format!(
-                "applied index did not reach {index} within {timeout:?}"
-            ))),
+            Err(_) => Err(ConsensusError::Unavailable(format!("applied index did not reach {index} within {timeout:?}"))),
         }
     }
 
@@ -273,14 +258,8 @@ impl<S: StateMachine> Replica<S> {
 
     /// Initialize the group with `members` (id -> address) as voters. A
     /// no-op when this replica already has a log or membership.
-    pub async fn initialize(
-        &self,
-        members: BTreeMap<NodeId, String>,
-    ) -> Result<(), ConsensusError> {
-        let nodes: BTreeMap<NodeId, BasicNode> = members
-            .into_iter()
-            .map(|(id, addr)| (id, BasicNode { addr }))
-            .collect();
+    pub async fn initialize(&self, members: BTreeMap<NodeId, String>) -> Result<(), ConsensusError> {
+        let nodes: BTreeMap<NodeId, BasicNode> = members.into_iter().map(|(id, addr)| (id, BasicNode { addr })).collect();
         match self.inner.raft.initialize(nodes).await {
             Ok(()) => Ok(()),
             Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
@@ -294,32 +273,21 @@ impl<S: StateMachine> Replica<S> {
         self.inner.network.resolve(id, node).or_else(|| {
             let m = self.inner.raft.metrics();
             let m = m.borrow();
-            m.membership_config
-                .membership()
-                .get_node(&id)
-                .map(|n| n.addr.clone())
+            m.membership_config.membership().get_node(&id).map(|n| n.addr.clone())
         })
     }
 
     fn forward(&self, f: ForwardToLeader<NodeId, BasicNode>) -> WriteError {
-        WriteError::ForwardToLeader {
-            leader_id: f.leader_id,
-            leader_addr: self.leader_addr(f.leader_id, f.leader_node.as_ref()),
-        }
+        WriteError::ForwardToLeader { leader_id: f.leader_id, leader_addr: self.leader_addr(f.leader_id, f.leader_node.as_ref()) }
     }
 
     /// Replicate `payload`; returns once it is committed and applied here
     /// (this replica must be the leader).
     pub async fn write(&self, payload: Vec<u8>) -> Result<Written, WriteError> {
         match self.inner.raft.client_write(Payload(payload)).await {
-            Ok(resp) => Ok(Written {
-                index: resp.log_id.index,
-                response: resp.data,
-            }),
+            Ok(resp) => Ok(Written { index: resp.log_id.index, response: resp.data }),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(self.forward(f)),
-            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
-                Err(WriteError::Unavailable(e.to_string()))
-            }
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(WriteError::Unavailable(e.to_string())),
             Err(RaftError::Fatal(f)) => Err(WriteError::Unavailable(f.to_string())),
         }
     }
@@ -329,12 +297,8 @@ impl<S: StateMachine> Replica<S> {
     pub async fn ensure_linearizable(&self) -> Result<(), WriteError> {
         match self.inner.raft.ensure_linearizable().await {
             Ok(_) => Ok(()),
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(self.forward(f))
-            }
-            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
-                Err(WriteError::Unavailable(e.to_string()))
-            }
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => Err(self.forward(f)),
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => Err(WriteError::Unavailable(e.to_string())),
             Err(RaftError::Fatal(f)) => Err(WriteError::Unavailable(f.to_string())),
         }
     }
@@ -357,22 +321,13 @@ impl<S: StateMachine> Replica<S> {
         let members = membership
             .nodes()
             .map(|(id, node)| {
-                let mut matched = m
-                    .replication
-                    .as_ref()
-                    .and_then(|r| r.get(id).cloned())
-                    .flatten()
-                    .map(|l| l.index);
+                let mut matched = m.replication.as_ref().and_then(|r| r.get(id).cloned()).flatten().map(|l| l.index);
                 if *id == m.id && is_leader && matched.is_none() {
                     matched = m.last_log_index;
                 }
                 MemberStatus {
                     id: *id,
-                    addr: self
-                        .inner
-                        .network
-                        .resolve(*id, Some(node))
-                        .unwrap_or_default(),
+                    addr: self.inner.network.resolve(*id, Some(node)).unwrap_or_default(),
                     voter: voters.contains(id),
                     matched_index: matched,
                 }
@@ -396,10 +351,7 @@ impl<S: StateMachine> Replica<S> {
         }
     }
 
-    fn map_change(
-        &self,
-        e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>,
-    ) -> ConsensusError {
+    fn map_change(&self, e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ConsensusError {
         match e {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => self.forward(f).into(),
             RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
@@ -411,11 +363,7 @@ impl<S: StateMachine> Replica<S> {
                     (m.state, m.current_leader)
                 };
                 if state != ServerState::Leader {
-                    self.forward(ForwardToLeader {
-                        leader_id: leader,
-                        leader_node: None,
-                    })
-                    .into()
+                    self.forward(ForwardToLeader { leader_id: leader, leader_node: None }).into()
                 } else {
                     ConsensusError::Membership(e.to_string())
                 }
@@ -426,23 +374,13 @@ impl<S: StateMachine> Replica<S> {
 
     /// Add `id` at `addr` as a learner; returns once it has caught up.
     pub async fn add_learner(&self, id: NodeId, addr: String) -> Result<(), ConsensusError> {
-        self.inner
-            .raft
-            .add_learner(id, BasicNode { addr }, true)
-            .await
-            .map(|_| ())
-            .map_err(|e| self.map_change(e))
+        self.inner.raft.add_learner(id, BasicNode { addr }, true).await.map(|_| ()).map_err(|e| self.map_change(e))
     }
 
     /// Make `voters` the voter set (each must already be a member). Removed
     /// voters leave the group.
     pub async fn change_membership(&self, voters: BTreeSet<NodeId>) -> Result<(), ConsensusError> {
-        self.inner
-            .raft
-            .change_membership(voters, false)
-            .await
-            .map(|_| ())
-            .map_err(|e| self.map_change(e))
+        self.inner.raft.change_membership(voters, false).await.map(|_| ()).map_err(|e| self.map_change(e))
     }
 
     /// Build a snapshot now (asynchronously).
@@ -459,21 +397,11 @@ impl<S: StateMachine> Replica<S> {
     /// dir can be reopened.
     pub async fn shutdown(&self) -> Result<(), ConsensusError> {
         self.inner.raft.shutdown().await.map_err(fatal)?;
-        let closed = self
-            .inner
-            .db_closed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let closed = self.inner.db_closed.lock().unwrap_or_else(PoisonError::into_inner).take();
         if let Some(closed) = closed {
             // The sender is dropped (not sent) right after RocksDB closed.
-            if tokio::time::timeout(Duration::from_secs(30), closed)
-                .await
-                .is_err()
-            {
-                return Err(ConsensusError::Storage(
-                    "storage still open 30s after shutdown".into(),
-                ));
+            if tokio::time::timeout(Duration::from_secs(30), closed).await.is_err() {
+                return Err(ConsensusError::Storage("storage still open 30s after shutdown".into()));
             }
         }
         Ok(())

@@ -25,29 +25,22 @@ impl RaftService {
 
     /// Wrap into a tonic server with the message size limits set.
     pub fn into_server(self) -> RaftServer<RaftService> {
-        RaftServer::new(self)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        RaftServer::new(self).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 }
 
 fn decode<T: DeserializeOwned>(req: Request<RaftMessage>, what: &str) -> Result<T, Status> {
-    bincode::deserialize(&req.into_inner().payload)
-        .map_err(|e| Status::invalid_argument(format!("undecodable {what} request: {e}")))
+    bincode::deserialize(&req.into_inner().payload).map_err(|e| Status::invalid_argument(format!("undecodable {what} request: {e}")))
 }
 
 fn reply<T: Serialize>(res: &T) -> Result<Response<RaftMessage>, Status> {
-    let payload =
-        bincode::serialize(res).map_err(|e| Status::internal(format!("encode raft reply: {e}")))?;
+    let payload = bincode::serialize(res).map_err(|e| Status::internal(format!("encode raft reply: {e}")))?;
     Ok(Response::new(RaftMessage { payload }))
 }
 
 #[tonic::async_trait]
 impl Raft for RaftService {
-    async fn append_entries(
-        &self,
-        request: Request<RaftMessage>,
-    ) -> Result<Response<RaftMessage>, Status> {
+    async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let req: AppendEntriesRequest<TypeConfig> = decode(request, "append_entries")?;
         let res = self.raft.append_entries(req).await;
         reply(&res)
@@ -59,10 +52,7 @@ impl Raft for RaftService {
         reply(&res)
     }
 
-    async fn install_snapshot(
-        &self,
-        request: Request<RaftMessage>,
-    ) -> Result<Response<RaftMessage>, Status> {
+    async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let req: InstallSnapshotRequest<TypeConfig> = decode(request, "install_snapshot")?;
         let res = self.raft.install_snapshot(req).await;
         reply(&res)

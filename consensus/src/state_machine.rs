@@ -64,11 +64,7 @@ impl<S> Clone for StateMachineStore<S> {
 }
 
 fn poisoned() -> StorageError {
-    sto_msg(
-        ErrorSubject::StateMachine,
-        ErrorVerb::Write,
-        "state machine lock poisoned",
-    )
+    sto_msg(ErrorSubject::StateMachine, ErrorVerb::Write, "state machine lock poisoned")
 }
 
 fn read_stored(db: &DB) -> Result<Option<StoredSnapshot>, StorageError> {
@@ -84,9 +80,7 @@ fn read_stored(db: &DB) -> Result<Option<StoredSnapshot>, StorageError> {
 /// stored (a slow build racing an install). Synced.
 fn persist(db: &DB, lock: &Mutex<()>, snap: &StoredSnapshot) -> Result<(), StorageError> {
     let subject = || ErrorSubject::Snapshot(Some(snap.meta.signature()));
-    let _guard = lock
-        .lock()
-        .map_err(|_| sto_msg(subject(), ErrorVerb::Write, "snapshot lock poisoned"))?;
+    let _guard = lock.lock().map_err(|_| sto_msg(subject(), ErrorVerb::Write, "snapshot lock poisoned"))?;
     if let Some(cur) = read_stored(db)? {
         if cur.meta.last_log_id > snap.meta.last_log_id {
             return Ok(());
@@ -96,8 +90,7 @@ fn persist(db: &DB, lock: &Mutex<()>, snap: &StoredSnapshot) -> Result<(), Stora
     let cf = cf(db, CF_SM)?;
     let mut wo = WriteOptions::default();
     wo.set_sync(true);
-    db.put_cf_opt(cf, KEY_SNAPSHOT, bytes, &wo)
-        .map_err(|e| sto_err(subject(), ErrorVerb::Write, &e))
+    db.put_cf_opt(cf, KEY_SNAPSHOT, bytes, &wo).map_err(|e| sto_err(subject(), ErrorVerb::Write, &e))
 }
 
 impl<S: StateMachine> StateMachineStore<S> {
@@ -106,9 +99,7 @@ impl<S: StateMachine> StateMachineStore<S> {
         let stored = read_stored(&db).map_err(|e| ConsensusError::Storage(e.to_string()))?;
         let (last_applied, last_membership) = match stored {
             Some(s) => {
-                initial.restore(&s.data).map_err(|e| {
-                    ConsensusError::Storage(format!("restore snapshot {}: {e}", s.meta.snapshot_id))
-                })?;
+                initial.restore(&s.data).map_err(|e| ConsensusError::Storage(format!("restore snapshot {}: {e}", s.meta.snapshot_id)))?;
                 (s.meta.last_log_id, s.meta.last_membership)
             }
             None => (None, StoredMembership::default()),
@@ -116,11 +107,7 @@ impl<S: StateMachine> StateMachineStore<S> {
         let (applied_tx, _) = watch::channel(last_applied.as_ref().map(|l| l.index).unwrap_or(0));
         Ok(Self {
             db,
-            state: Arc::new(RwLock::new(SmData {
-                app: initial,
-                last_applied,
-                last_membership,
-            })),
+            state: Arc::new(RwLock::new(SmData { app: initial, last_applied, last_membership })),
             applied_tx: Arc::new(applied_tx),
             installed: Arc::new(AtomicU64::new(0)),
             persist_lock: Arc::new(Mutex::new(())),
@@ -149,22 +136,14 @@ impl<S: StateMachine> StateMachineStore<S> {
 
     /// Meta of the persisted current snapshot, if any.
     pub fn current_snapshot_meta(&self) -> Result<Option<SnapshotMeta>, ConsensusError> {
-        read_stored(&self.db)
-            .map(|s| s.map(|s| s.meta))
-            .map_err(|e| ConsensusError::Storage(e.to_string()))
+        read_stored(&self.db).map(|s| s.map(|s| s.meta)).map_err(|e| ConsensusError::Storage(e.to_string()))
     }
 }
 
 fn snapshot_id(last: &Option<LogId>) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     match last {
-        Some(l) => format!(
-            "{}-{}-{}-{nanos}",
-            l.leader_id.term, l.leader_id.node_id, l.index
-        ),
+        Some(l) => format!("{}-{}-{}-{nanos}", l.leader_id.term, l.leader_id.node_id, l.index),
         None => format!("none-{nanos}"),
     }
 }
@@ -172,17 +151,12 @@ fn snapshot_id(last: &Option<LogId>) -> String {
 impl<S: StateMachine> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<S> {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let state = self.state.clone();
-        let (data, last_applied, last_membership) =
-            blocking(ErrorSubject::Snapshot(None), move || {
-                let g = state.read().map_err(|_| poisoned())?;
-                Ok((g.app.snapshot(), g.last_applied, g.last_membership.clone()))
-            })
-            .await?;
-        let meta = SnapshotMeta {
-            snapshot_id: snapshot_id(&last_applied),
-            last_log_id: last_applied,
-            last_membership,
-        };
+        let (data, last_applied, last_membership) = blocking(ErrorSubject::Snapshot(None), move || {
+            let g = state.read().map_err(|_| poisoned())?;
+            Ok((g.app.snapshot(), g.last_applied, g.last_membership.clone()))
+        })
+        .await?;
+        let meta = SnapshotMeta { snapshot_id: snapshot_id(&last_applied), last_log_id: last_applied, last_membership };
         let stored = StoredSnapshot { meta, data };
         let db = self.db.clone();
         let lock = self.persist_lock.clone();
@@ -192,10 +166,7 @@ impl<S: StateMachine> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<S> {
         })
         .await?;
         tracing::info!(snapshot = %stored.meta, bytes = stored.data.len(), "built snapshot");
-        Ok(Snapshot {
-            meta: stored.meta,
-            snapshot: Box::new(Cursor::new(stored.data)),
-        })
+        Ok(Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) })
     }
 }
 
@@ -244,15 +215,8 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError> {
-        let stored = StoredSnapshot {
-            meta: meta.clone(),
-            data: snapshot.into_inner(),
-        };
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<Cursor<Vec<u8>>>) -> Result<(), StorageError> {
+        let stored = StoredSnapshot { meta: meta.clone(), data: snapshot.into_inner() };
         let state = self.state.clone();
         let db = self.db.clone();
         let lock = self.persist_lock.clone();
@@ -260,9 +224,7 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
         blocking(ErrorSubject::Snapshot(Some(signature.clone())), move || {
             {
                 let mut g = state.write().map_err(|_| poisoned())?;
-                g.app.restore(&stored.data).map_err(|e| {
-                    sto_msg(ErrorSubject::Snapshot(Some(signature)), ErrorVerb::Read, e)
-                })?;
+                g.app.restore(&stored.data).map_err(|e| sto_msg(ErrorSubject::Snapshot(Some(signature)), ErrorVerb::Read, e))?;
                 g.last_applied = stored.meta.last_log_id;
                 g.last_membership = stored.meta.last_membership.clone();
             }
@@ -280,10 +242,7 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let db = self.db.clone();
         let stored = blocking(ErrorSubject::Snapshot(None), move || read_stored(&db)).await?;
-        Ok(stored.map(|s| Snapshot {
-            meta: s.meta,
-            snapshot: Box::new(Cursor::new(s.data)),
-        }))
+        Ok(stored.map(|s| Snapshot { meta: s.meta, snapshot: Box::new(Cursor::new(s.data)) }))
     }
 }
 

@@ -17,15 +17,9 @@ async fn replicate_failover_and_rejoin() {
         assert!(!c.replica(id).is_initialized().await);
     }
     let members: BTreeMap<u64, String> = c.addrs.clone();
-    c.replica(1)
-        .initialize(members.clone())
-        .await
-        .expect("initialize");
+    c.replica(1).initialize(members.clone()).await.expect("initialize");
     // Initializing again is a no-op.
-    c.replica(1)
-        .initialize(members.clone())
-        .await
-        .expect("initialize twice");
+    c.replica(1).initialize(members.clone()).await.expect("initialize twice");
     assert!(c.replica(1).is_initialized().await);
 
     let leader = c.wait_leader().await;
@@ -33,10 +27,7 @@ async fn replicate_failover_and_rejoin() {
 
     // A follower redirects writes to the leader, with its address.
     match c.replica(follower).write(b"x=1".to_vec()).await {
-        Err(WriteError::ForwardToLeader {
-            leader_id,
-            leader_addr,
-        }) => {
+        Err(WriteError::ForwardToLeader { leader_id, leader_addr }) => {
             assert_eq!(leader_id, Some(leader));
             assert_eq!(leader_addr.as_deref(), Some(c.addrs[&leader].as_str()));
         }
@@ -53,11 +44,7 @@ async fn replicate_failover_and_rejoin() {
         let w = c.write(&format!("k{}=v{i}", i % 50)).await;
         assert!(w.index > last, "indexes increase");
         last = w.index;
-        let expected = if i >= 50 {
-            format!("v{}", i - 50)
-        } else {
-            String::new()
-        };
+        let expected = if i >= 50 { format!("v{}", i - 50) } else { String::new() };
         assert_eq!(String::from_utf8(w.response).unwrap(), expected);
     }
     let states = c.wait_all_applied(last).await;
@@ -65,10 +52,7 @@ async fn replicate_failover_and_rejoin() {
     assert_eq!(s.applied, 100);
     assert_eq!(s.map.len(), 50);
     assert_eq!(s.map["k0"], "v50");
-    c.replica(leader)
-        .ensure_linearizable()
-        .await
-        .expect("leader is linearizable");
+    c.replica(leader).ensure_linearizable().await.expect("leader is linearizable");
 
     // The leader's status lists three voters that all reach `last`.
     let st = c.replica(leader).status();
@@ -83,20 +67,13 @@ async fn replicate_failover_and_rejoin() {
         .raft()
         .wait(Some(WAIT))
         .metrics(
-            |m| {
-                m.replication.as_ref().is_some_and(|r| {
-                    r.len() == 3 && r.values().all(|l| l.is_some_and(|l| l.index >= last))
-                })
-            },
+            |m| m.replication.as_ref().is_some_and(|r| r.len() == 3 && r.values().all(|l| l.is_some_and(|l| l.index >= last))),
             "all replicated",
         )
         .await
         .expect("replication metrics");
     let st = c.replica(leader).status();
-    assert!(
-        st.members.iter().all(|m| m.matched_index >= Some(last)),
-        "{st:?}"
-    );
+    assert!(st.members.iter().all(|m| m.matched_index >= Some(last)), "{st:?}");
     assert!(st.committed_index >= Some(last));
     assert_eq!(st.applied_index, Some(last));
 
@@ -115,11 +92,7 @@ async fn replicate_failover_and_rejoin() {
     // back at once (log replay), then catches up with the rest.
     c.start_node(leader).await;
     let back = c.replica(leader).read(|s| s.clone());
-    assert!(
-        back.applied >= 100,
-        "restarted replica replayed its log: {}",
-        back.applied
-    );
+    assert!(back.applied >= 100, "restarted replica replayed its log: {}", back.applied);
     assert_eq!(back.map["k0"], "v50");
     last = c.write("rejoined=yes").await.index;
     let s3 = assert_same(&c.wait_all_applied(last).await);

@@ -16,12 +16,8 @@ async fn reopen_restores_snapshot_and_log() {
     cfg.snapshot_every_entries = 25;
     cfg.keep_logs_behind_snapshot = 5;
 
-    let r = Replica::open(cfg.clone(), KvMachine::default())
-        .await
-        .unwrap();
-    r.initialize(BTreeMap::from([(1, "127.0.0.1:1".to_string())]))
-        .await
-        .unwrap();
+    let r = Replica::open(cfg.clone(), KvMachine::default()).await.unwrap();
+    r.initialize(BTreeMap::from([(1, "127.0.0.1:1".to_string())])).await.unwrap();
     let mut last = 0;
     for i in 0..60 {
         // The single voter becomes leader after its election timeout.
@@ -29,11 +25,7 @@ async fn reopen_restores_snapshot_and_log() {
             match r.write(format!("k{i}={i}").into_bytes()).await {
                 Ok(w) => break w.index,
                 Err(_) => {
-                    r.raft()
-                        .wait(Some(WAIT))
-                        .state(openraft::ServerState::Leader, "leader")
-                        .await
-                        .unwrap();
+                    r.raft().wait(Some(WAIT)).state(openraft::ServerState::Leader, "leader").await.unwrap();
                 }
             }
         };
@@ -42,12 +34,7 @@ async fn reopen_restores_snapshot_and_log() {
     // log is purged up to 49 - 5.
     r.raft()
         .wait(Some(WAIT))
-        .metrics(
-            |m| {
-                m.snapshot.is_some_and(|s| s.index >= 49) && m.purged.is_some_and(|p| p.index >= 44)
-            },
-            "snapshot + purge",
-        )
+        .metrics(|m| m.snapshot.is_some_and(|s| s.index >= 49) && m.purged.is_some_and(|p| p.index >= 44), "snapshot + purge")
         .await
         .unwrap();
     let before = r.read(|s| s.clone());
@@ -61,11 +48,7 @@ async fn reopen_restores_snapshot_and_log() {
     // State is back right after open: snapshot restored + committed log replayed.
     assert_eq!(r.read(|s| s.clone()), before);
     assert_eq!(*r.applied_watch().borrow(), last);
-    r.raft()
-        .wait(Some(WAIT))
-        .applied_index(Some(last), "metrics report the replayed state")
-        .await
-        .unwrap();
+    r.raft().wait(Some(WAIT)).applied_index(Some(last), "metrics report the replayed state").await.unwrap();
     let st = r.status();
     assert_eq!(st.applied_index, Some(last));
     assert!(st.snapshot_index >= Some(snap_before), "{st:?}");
@@ -76,11 +59,7 @@ async fn reopen_restores_snapshot_and_log() {
         match r.write(b"k0=again".to_vec()).await {
             Ok(w) => break w,
             Err(_) => {
-                r.raft()
-                    .wait(Some(WAIT))
-                    .state(openraft::ServerState::Leader, "leader")
-                    .await
-                    .unwrap();
+                r.raft().wait(Some(WAIT)).state(openraft::ServerState::Leader, "leader").await.unwrap();
             }
         }
     };

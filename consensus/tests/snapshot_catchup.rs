@@ -31,21 +31,12 @@ async fn lagging_replica_installs_snapshot() {
         last = c.write(&format!("k{i}={i}")).await.index;
     }
     // The leader's log no longer holds what the lagging replica needs.
-    c.replica(leader)
-        .raft()
-        .wait(Some(WAIT))
-        .metrics(|m| m.purged.is_some_and(|p| p.index >= 80), "leader purged")
-        .await
-        .unwrap();
+    c.replica(leader).raft().wait(Some(WAIT)).metrics(|m| m.purged.is_some_and(|p| p.index >= 80), "leader purged").await.unwrap();
 
     c.start_node(lagging).await;
     let s = assert_same(&c.wait_all_applied(last).await);
     assert_eq!(s.applied, 105);
-    assert!(
-        c.replica(lagging).installed_snapshots() >= 1,
-        "caught up without a snapshot: {:?}",
-        c.replica(lagging).status()
-    );
+    assert!(c.replica(lagging).installed_snapshots() >= 1, "caught up without a snapshot: {:?}", c.replica(lagging).status());
     let st = c.replica(lagging).status();
     assert!(st.snapshot_index >= Some(80), "{st:?}");
 

@@ -63,18 +63,11 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(
-        config: AgentConfig,
-        source: GpuSource,
-        inventory: Vec<Gpu>,
-    ) -> anyhow::Result<Arc<Shared>> {
+    pub fn new(config: AgentConfig, source: GpuSource, inventory: Vec<Gpu>) -> anyhow::Result<Arc<Shared>> {
         let control = ControlPlane::new(&config.endpoints)?;
         let ranks_root = config.data_dir.join("ranks");
         std::fs::create_dir_all(&ranks_root)?;
-        let highest = std::fs::read_to_string(config.data_dir.join(INDEX_FILE))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0);
+        let highest = std::fs::read_to_string(config.data_dir.join(INDEX_FILE)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
         Ok(Arc::new(Shared {
             config,
             control,
@@ -102,11 +95,7 @@ impl Shared {
     }
 
     fn registration(&self) -> pb::RegisterNodeRequest {
-        let samples = self
-            .gpus
-            .lock()
-            .expect("gpu source lock")
-            .sample(&self.inventory);
+        let samples = self.gpus.lock().expect("gpu source lock").sample(&self.inventory);
         let gpus = self
             .inventory
             .iter()
@@ -115,10 +104,7 @@ impl Shared {
                 uuid: g.uuid.clone(),
                 model: g.model.clone(),
                 memory_mib: g.memory_mib,
-                healthy: samples
-                    .iter()
-                    .find(|s| s.index == g.index)
-                    .is_none_or(|s| s.healthy),
+                healthy: samples.iter().find(|s| s.index == g.index).is_none_or(|s| s.healthy),
                 nvlink_peers: g.nvlink_peers.clone(),
             })
             .collect();
@@ -132,16 +118,8 @@ impl Shared {
     }
 
     fn heartbeat_request(&self) -> pb::HeartbeatRequest {
-        let samples = self
-            .gpus
-            .lock()
-            .expect("gpu source lock")
-            .sample(&self.inventory);
-        let unhealthy_gpus = samples
-            .iter()
-            .filter(|s| !s.healthy)
-            .map(|s| s.index)
-            .collect();
+        let samples = self.gpus.lock().expect("gpu source lock").sample(&self.inventory);
+        let unhealthy_gpus = samples.iter().filter(|s| !s.healthy).map(|s| s.index).collect();
         let gpus = samples
             .into_iter()
             .map(|s| pb::GpuTelemetry {
@@ -234,22 +212,12 @@ async fn watch_loop(shared: Arc<Shared>, sender: watch::Sender<Option<pb::Assign
         tracing::error!("ROTA_TEST_KILL_ON_LEADER_LOSS=1: ranks are stopped when the watch breaks; never use this outside tests");
     }
     loop {
-        let request = pb::WatchAssignmentsRequest {
-            node: shared.config.node_name.clone(),
-            after_index: shared.highest_index(),
-        };
+        let request = pb::WatchAssignmentsRequest { node: shared.config.node_name.clone(), after_index: shared.highest_index() };
         let mut client = shared.control.client_at(target);
-        let opened = tokio::time::timeout(
-            Duration::from_millis(WATCH_SILENCE_MS),
-            client.watch_assignments(request),
-        )
-        .await;
+        let opened = tokio::time::timeout(Duration::from_millis(WATCH_SILENCE_MS), client.watch_assignments(request)).await;
         if let Ok(Ok(response)) = opened {
             let mut stream = response.into_inner();
-            while let Ok(Ok(Some(update))) =
-                tokio::time::timeout(Duration::from_millis(WATCH_SILENCE_MS), stream.message())
-                    .await
-            {
+            while let Ok(Ok(Some(update))) = tokio::time::timeout(Duration::from_millis(WATCH_SILENCE_MS), stream.message()).await {
                 backoff_ms = 50;
                 if sender.send(Some(update)).is_err() {
                     return;
@@ -294,22 +262,9 @@ impl Reconciler {
                 Ok(Some(spec)) => {
                     let exited = dir.has(rankdir::EXIT);
                     if !exited {
-                        tracing::info!(
-                            alloc_id = key.0,
-                            rank = key.1,
-                            "re-adopting a running rank"
-                        );
+                        tracing::info!(alloc_id = key.0, rank = key.1, "re-adopting a running rank");
                     }
-                    ranks.insert(
-                        key,
-                        Local {
-                            dir,
-                            spec,
-                            own_shim: None,
-                            term_sent: false,
-                            exited,
-                        },
-                    );
+                    ranks.insert(key, Local { dir, spec, own_shim: None, term_sent: false, exited });
                 }
                 Ok(None) => {
                     let _ = std::fs::remove_dir_all(&dir.path);
@@ -317,11 +272,7 @@ impl Reconciler {
                 Err(error) => tracing::warn!(%error, "unreadable rank directory left alone"),
             }
         }
-        Reconciler {
-            shared,
-            ranks,
-            desired: BTreeSet::new(),
-        }
+        Reconciler { shared, ranks, desired: BTreeSet::new() }
     }
 
     async fn run(&mut self, mut updates: watch::Receiver<Option<pb::Assignments>>) {
@@ -342,11 +293,7 @@ impl Reconciler {
     fn apply(&mut self, update: pb::Assignments) {
         let highest = self.shared.highest_index();
         if update.index < highest {
-            tracing::debug!(
-                index = update.index,
-                highest,
-                "ignoring an assignment update older than one already seen"
-            );
+            tracing::debug!(index = update.index, highest, "ignoring an assignment update older than one already seen");
             return;
         }
         self.shared.raise_index(update.index);
@@ -355,10 +302,7 @@ impl Reconciler {
             let key = (assigned.alloc_id, assigned.rank);
             match self.ranks.get_mut(&key) {
                 Some(local) => {
-                    if !assigned.stop_reason.is_empty()
-                        && !local.exited
-                        && !local.dir.has(rankdir::STOP)
-                    {
+                    if !assigned.stop_reason.is_empty() && !local.exited && !local.dir.has(rankdir::STOP) {
                         begin_stop(local, &assigned.stop_reason);
                     }
                 }
@@ -371,11 +315,7 @@ impl Reconciler {
         for (key, local) in &mut self.ranks {
             let moved = !self.desired.contains(key) && update.index > local.spec.assigned_index;
             if moved && !local.exited && !local.dir.has(rankdir::STOP) {
-                tracing::warn!(
-                    alloc_id = key.0,
-                    rank = key.1,
-                    "rank no longer assigned here (node was declared lost); stopping it"
-                );
+                tracing::warn!(alloc_id = key.0, rank = key.1, "rank no longer assigned here (node was declared lost); stopping it");
                 begin_stop(local, "node_lost");
             }
         }
@@ -386,39 +326,18 @@ impl Reconciler {
     fn start(&self, assigned: &pb::AssignedRank, index: u64) -> Local {
         let dir = RankDir::new(&self.shared.ranks_root, assigned.alloc_id, assigned.rank);
         let spec = self.rank_spec(assigned, &dir, index);
-        let mut local = Local {
-            dir,
-            spec,
-            own_shim: None,
-            term_sent: false,
-            exited: false,
-        };
+        let mut local = Local { dir, spec, own_shim: None, term_sent: false, exited: false };
         let prepared = std::fs::create_dir_all(&local.dir.path)
             .map_err(|e| e.to_string())
-            .and_then(|()| {
-                local
-                    .dir
-                    .write(rankdir::SPEC, &local.spec)
-                    .map_err(|e| e.to_string())
-            });
+            .and_then(|()| local.dir.write(rankdir::SPEC, &local.spec).map_err(|e| e.to_string()));
         if let Err(error) = prepared {
             tracing::error!(%error, "cannot prepare the rank directory");
             return local;
         }
         if !assigned.stop_reason.is_empty() {
-            let stop = StopRequest {
-                reason: assigned.stop_reason.clone(),
-                requested_at_ms: now_ms(),
-                kill_at_ms: now_ms(),
-            };
+            let stop = StopRequest { reason: assigned.stop_reason.clone(), requested_at_ms: now_ms(), kill_at_ms: now_ms() };
             let _ = local.dir.write(rankdir::STOP, &stop);
-            let _ = local.dir.write(
-                rankdir::EXIT,
-                &ExitStatus {
-                    exit_code: 0,
-                    finished_at_ms: now_ms(),
-                },
-            );
+            let _ = local.dir.write(rankdir::EXIT, &ExitStatus { exit_code: 0, finished_at_ms: now_ms() });
             local.exited = true;
             return local;
         }
@@ -435,13 +354,7 @@ impl Reconciler {
             }
             Err(error) => {
                 tracing::error!(%error, "cannot start the shim");
-                let _ = local.dir.write(
-                    rankdir::EXIT,
-                    &ExitStatus {
-                        exit_code: crate::shim::EXIT_NOT_STARTED,
-                        finished_at_ms: now_ms(),
-                    },
-                );
+                let _ = local.dir.write(rankdir::EXIT, &ExitStatus { exit_code: crate::shim::EXIT_NOT_STARTED, finished_at_ms: now_ms() });
                 local.exited = true;
             }
         }
@@ -463,21 +376,11 @@ impl Reconciler {
             ("MASTER_ADDR", assigned.master_addr.clone()),
             ("MASTER_PORT", assigned.master_port.to_string()),
             ("CUDA_VISIBLE_DEVICES", gpus.join(",")),
-            (
-                "ROTA_CHECKPOINT_FILE",
-                dir.file(rankdir::CHECKPOINT).display().to_string(),
-            ),
+            ("ROTA_CHECKPOINT_FILE", dir.file(rankdir::CHECKPOINT).display().to_string()),
         ] {
             env.insert(name.to_string(), value);
         }
-        let command = self
-            .shared
-            .config
-            .runtime_prefix
-            .iter()
-            .chain(&assigned.command)
-            .cloned()
-            .collect();
+        let command = self.shared.config.runtime_prefix.iter().chain(&assigned.command).cloned().collect();
         RankSpec {
             alloc_id: assigned.alloc_id,
             job_id: assigned.job_id,
@@ -507,19 +410,13 @@ impl Reconciler {
                     local.term_sent = true;
                 }
                 if now >= stop.kill_at_ms && !local.dir.has(rankdir::EXIT) {
-                    tracing::warn!(
-                        alloc_id = local.spec.alloc_id,
-                        rank = local.spec.rank,
-                        "grace period over; SIGKILL"
-                    );
+                    tracing::warn!(alloc_id = local.spec.alloc_id, rank = local.spec.rank, "grace period over; SIGKILL");
                     signal_group(pids.child_pid, libc::SIGKILL);
                 }
             }
         }
         let running = self.ranks.values().filter(|l| !l.exited).count();
-        self.shared
-            .running_ranks
-            .store(running as u32, Ordering::Relaxed);
+        self.shared.running_ranks.store(running as u32, Ordering::Relaxed);
         self.collect_garbage();
     }
 
@@ -529,14 +426,10 @@ impl Reconciler {
         let finished: Vec<(u64, u32)> = self
             .ranks
             .iter()
-            .filter(|(key, l)| {
-                l.exited && l.dir.has(rankdir::EXITED_ACK) && !self.desired.contains(key)
-            })
+            .filter(|(key, l)| l.exited && l.dir.has(rankdir::EXITED_ACK) && !self.desired.contains(key))
             .map(|(key, _)| *key)
             .collect();
-        let excess = finished
-            .len()
-            .saturating_sub(self.shared.config.keep_finished_ranks);
+        let excess = finished.len().saturating_sub(self.shared.config.keep_finished_ranks);
         for key in finished.into_iter().take(excess) {
             if let Some(local) = self.ranks.remove(&key) {
                 let _ = std::fs::remove_dir_all(&local.dir.path);
@@ -550,34 +443,18 @@ fn check_shim(local: &mut Local, now: u64) {
     let vanished = match local.dir.pids() {
         Some(pids) => !rankdir::shim_alive(&pids),
         None => match local.own_shim {
-            Some(pid) => {
-                rankdir::proc_stat(pid).is_none_or(|(state, _)| state == 'Z' || state == 'X')
-            }
+            Some(pid) => rankdir::proc_stat(pid).is_none_or(|(state, _)| state == 'Z' || state == 'X'),
             None => {
-                let written = std::fs::metadata(local.dir.file(rankdir::SPEC))
-                    .and_then(|m| m.modified())
-                    .ok();
-                let age_ms = written
-                    .and_then(|t| t.elapsed().ok())
-                    .map_or(u64::MAX, |d| d.as_millis() as u64);
+                let written = std::fs::metadata(local.dir.file(rankdir::SPEC)).and_then(|m| m.modified()).ok();
+                let age_ms = written.and_then(|t| t.elapsed().ok()).map_or(u64::MAX, |d| d.as_millis() as u64);
                 age_ms > SHIM_START_TIMEOUT_MS
             }
         },
     };
     // The shim writes exit.json before it exits: look again before declaring it lost.
     if vanished && !local.dir.has(rankdir::EXIT) {
-        tracing::error!(
-            alloc_id = local.spec.alloc_id,
-            rank = local.spec.rank,
-            "the rank's shim vanished without recording an exit"
-        );
-        let _ = local.dir.write(
-            rankdir::EXIT,
-            &ExitStatus {
-                exit_code: EXIT_LOST,
-                finished_at_ms: now,
-            },
-        );
+        tracing::error!(alloc_id = local.spec.alloc_id, rank = local.spec.rank, "the rank's shim vanished without recording an exit");
+        let _ = local.dir.write(rankdir::EXIT, &ExitStatus { exit_code: EXIT_LOST, finished_at_ms: now });
         local.exited = true;
     }
 }
@@ -585,11 +462,7 @@ fn check_shim(local: &mut Local, now: u64) {
 /// Record the stop (so a restarted agent continues it) and send SIGTERM.
 fn begin_stop(local: &mut Local, reason: &str) {
     let now = now_ms();
-    let stop = StopRequest {
-        reason: reason.to_string(),
-        requested_at_ms: now,
-        kill_at_ms: now + local.spec.grace_period_s * 1000,
-    };
+    let stop = StopRequest { reason: reason.to_string(), requested_at_ms: now, kill_at_ms: now + local.spec.grace_period_s * 1000 };
     if let Err(error) = local.dir.write(rankdir::STOP, &stop) {
         tracing::error!(%error, "cannot record the stop request");
     }
@@ -621,13 +494,7 @@ fn spawn_shim(dir: &RankDir) -> std::io::Result<u32> {
     let exe = std::env::current_exe()?;
     let log = std::fs::File::create(dir.file("shim.log"))?;
     let mut command = Command::new(exe);
-    command
-        .arg("shim")
-        .arg("--dir")
-        .arg(&dir.path)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
+    command.arg("shim").arg("--dir").arg(&dir.path).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     // SAFETY: setsid is async-signal-safe.
     unsafe {
         command.pre_exec(|| {
@@ -668,10 +535,7 @@ async fn report_loop(shared: Arc<Shared>) {
         if events.is_empty() {
             continue;
         }
-        let request = pb::ReportRankEventsRequest {
-            node: shared.config.node_name.clone(),
-            events,
-        };
+        let request = pb::ReportRankEventsRequest { node: shared.config.node_name.clone(), events };
         match shared
             .control
             .call("report", |mut c| {
@@ -710,44 +574,21 @@ fn pending_events(root: &std::path::Path) -> (Vec<pb::RankEvent>, Vec<Ack>) {
             continue;
         }
         let Ok(Some(spec)) = dir.spec() else { continue };
-        let event = |kind| pb::RankEvent {
-            alloc_id: spec.alloc_id,
-            attempt: spec.attempt,
-            rank: spec.rank,
-            kind: Some(kind),
-        };
+        let event = |kind| pb::RankEvent { alloc_id: spec.alloc_id, attempt: spec.attempt, rank: spec.rank, kind: Some(kind) };
         if let Some(pids) = dir.pids() {
             if !dir.has(rankdir::STARTED_ACK) {
-                events.push(event(pb::rank_event::Kind::Started(pb::RankStarted {
-                    pid: pids.child_pid,
-                })));
-                acks.push((
-                    dir.clone(),
-                    rankdir::STARTED_ACK,
-                    pids.child_pid.to_string(),
-                ));
+                events.push(event(pb::rank_event::Kind::Started(pb::RankStarted { pid: pids.child_pid })));
+                acks.push((dir.clone(), rankdir::STARTED_ACK, pids.child_pid.to_string()));
             }
         }
-        if let Some(at_ms) = dir
-            .checkpoint_ms()
-            .filter(|&t| t > dir.checkpoint_acked_ms())
-        {
-            events.push(event(pb::rank_event::Kind::Checkpoint(
-                pb::RankCheckpoint { at_ms },
-            )));
+        if let Some(at_ms) = dir.checkpoint_ms().filter(|&t| t > dir.checkpoint_acked_ms()) {
+            events.push(event(pb::rank_event::Kind::Checkpoint(pb::RankCheckpoint { at_ms })));
             acks.push((dir.clone(), rankdir::CHECKPOINT_ACK, at_ms.to_string()));
         }
         if let Some(exit) = dir.exit() {
             let reason = exit_reason(&dir, exit.exit_code);
-            events.push(event(pb::rank_event::Kind::Exited(pb::RankExited {
-                exit_code: exit.exit_code,
-                reason: reason.clone(),
-            })));
-            acks.push((
-                dir.clone(),
-                rankdir::EXITED_ACK,
-                format!("{} {reason}", exit.exit_code),
-            ));
+            events.push(event(pb::rank_event::Kind::Exited(pb::RankExited { exit_code: exit.exit_code, reason: reason.clone() })));
+            acks.push((dir.clone(), rankdir::EXITED_ACK, format!("{} {reason}", exit.exit_code)));
         }
     }
     (events, acks)

@@ -53,15 +53,8 @@ impl ControlPlane {
         if endpoints.is_empty() || endpoints.len() > MAX_ENDPOINTS {
             return Err(ControlError::Endpoints);
         }
-        let channels = endpoints
-            .iter()
-            .map(|e| channel(e))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(ControlPlane {
-            endpoints: Arc::new(endpoints),
-            channels: Arc::new(channels),
-            current: Arc::new(AtomicUsize::new(0)),
-        })
+        let channels = endpoints.iter().map(|e| channel(e)).collect::<Result<Vec<_>, _>>()?;
+        Ok(ControlPlane { endpoints: Arc::new(endpoints), channels: Arc::new(channels), current: Arc::new(AtomicUsize::new(0)) })
     }
 
     pub fn endpoint_count(&self) -> usize {
@@ -69,8 +62,7 @@ impl ControlPlane {
     }
 
     pub fn client_at(&self, i: usize) -> AgentServiceClient<Channel> {
-        AgentServiceClient::new(self.channels[i % self.channels.len()].clone())
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        AgentServiceClient::new(self.channels[i % self.channels.len()].clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     /// Call until an answer comes: follow leader hints, rotate endpoints,
@@ -84,11 +76,7 @@ impl ControlPlane {
         let mut failures = 0u64;
         loop {
             let target = self.current.load(Ordering::Relaxed) % self.endpoints.len();
-            let outcome = tokio::time::timeout(
-                Duration::from_millis(CALL_TIMEOUT_MS),
-                call(self.client_at(target)),
-            )
-            .await;
+            let outcome = tokio::time::timeout(Duration::from_millis(CALL_TIMEOUT_MS), call(self.client_at(target))).await;
             let status = match outcome {
                 Ok(Ok(response)) => return Ok(response.into_inner()),
                 Ok(Err(status)) => status,
@@ -104,8 +92,7 @@ impl ControlPlane {
             match self.leader_hint(&status) {
                 Some(leader) if leader != target => self.current.store(leader, Ordering::Relaxed),
                 _ => {
-                    self.current
-                        .store((target + 1) % self.endpoints.len(), Ordering::Relaxed);
+                    self.current.store((target + 1) % self.endpoints.len(), Ordering::Relaxed);
                     sleep_with_jitter(backoff_ms).await;
                     backoff_ms = (backoff_ms * 2).min(MAX_BACKOFF_MS);
                 }
@@ -128,18 +115,13 @@ pub async fn sleep_with_jitter(ms: u64) {
 fn retryable(code: Code) -> bool {
     !matches!(
         code,
-        Code::InvalidArgument
-            | Code::NotFound
-            | Code::AlreadyExists
-            | Code::PermissionDenied
-            | Code::Unauthenticated
-            | Code::Unimplemented
+        Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::PermissionDenied | Code::Unauthenticated | Code::Unimplemented
     )
 }
 
 fn channel(endpoint: &str) -> Result<Channel, ControlError> {
-    let parsed = Endpoint::from_shared(format!("http://{endpoint}"))
-        .map_err(|e| ControlError::BadEndpoint(endpoint.to_string(), e.to_string()))?;
+    let parsed =
+        Endpoint::from_shared(format!("http://{endpoint}")).map_err(|e| ControlError::BadEndpoint(endpoint.to_string(), e.to_string()))?;
     Ok(parsed
         .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
         .tcp_nodelay(true)

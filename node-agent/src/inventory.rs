@@ -58,13 +58,8 @@ impl GpuSource {
     /// `--fake-gpus` when given, else NVML; no NVML and no fake GPUs is an error.
     pub fn open(fake: Option<&str>) -> Result<GpuSource, InventoryError> {
         match fake {
-            Some(spec) => Ok(GpuSource::Fake {
-                gpus: parse_fake(spec)?,
-                unhealthy_file: None,
-            }),
-            None => Nvml::init()
-                .map(|n| GpuSource::Nvml(Box::new(n)))
-                .map_err(|e| InventoryError::NoNvml(e.to_string())),
+            Some(spec) => Ok(GpuSource::Fake { gpus: parse_fake(spec)?, unhealthy_file: None }),
+            None => Nvml::init().map(|n| GpuSource::Nvml(Box::new(n))).map_err(|e| InventoryError::NoNvml(e.to_string())),
         }
     }
 
@@ -90,25 +85,14 @@ impl GpuSource {
                 let unhealthy: BTreeSet<u32> = unhealthy_file
                     .as_ref()
                     .and_then(|path| std::fs::read_to_string(path).ok())
-                    .map(|text| {
-                        text.split(',')
-                            .filter_map(|i| i.trim().parse().ok())
-                            .collect()
-                    })
+                    .map(|text| text.split(',').filter_map(|i| i.trim().parse().ok()).collect())
                     .unwrap_or_default();
                 inventory
                     .iter()
-                    .map(|g| GpuSample {
-                        index: g.index,
-                        healthy: !unhealthy.contains(&g.index),
-                        ..Default::default()
-                    })
+                    .map(|g| GpuSample { index: g.index, healthy: !unhealthy.contains(&g.index), ..Default::default() })
                     .collect()
             }
-            GpuSource::Nvml(nvml) => inventory
-                .iter()
-                .map(|g| nvml_sample(nvml, g.index))
-                .collect(),
+            GpuSource::Nvml(nvml) => inventory.iter().map(|g| nvml_sample(nvml, g.index)).collect(),
         }
     }
 }
@@ -127,13 +111,7 @@ pub fn parse_fake(spec: &str) -> Result<Vec<Gpu>, InventoryError> {
         }
         for _ in 0..count {
             let index = gpus.len() as u32;
-            gpus.push(Gpu {
-                index,
-                uuid: format!("GPU-fake-{index:04}"),
-                model: model.to_string(),
-                memory_mib,
-                nvlink_peers: Vec::new(),
-            });
+            gpus.push(Gpu { index, uuid: format!("GPU-fake-{index:04}"), model: model.to_string(), memory_mib, nvlink_peers: Vec::new() });
         }
     }
     if gpus.is_empty() || gpus.len() > 64 {
@@ -142,11 +120,7 @@ pub fn parse_fake(spec: &str) -> Result<Vec<Gpu>, InventoryError> {
     // Fake GPUs of one group form one NVLink domain, as on an HGX board.
     let all: Vec<(u32, String)> = gpus.iter().map(|g| (g.index, g.model.clone())).collect();
     for gpu in &mut gpus {
-        gpu.nvlink_peers = all
-            .iter()
-            .filter(|(i, m)| *i != gpu.index && *m == gpu.model)
-            .map(|(i, _)| *i)
-            .collect();
+        gpu.nvlink_peers = all.iter().filter(|(i, m)| *i != gpu.index && *m == gpu.model).map(|(i, _)| *i).collect();
     }
     Ok(gpus)
 }
@@ -154,11 +128,7 @@ pub fn parse_fake(spec: &str) -> Result<Vec<Gpu>, InventoryError> {
 /// Memory from a model's suffix: "H100-80GB" -> 80 GiB in MiB.
 fn model_memory_mib(model: &str) -> Option<u64> {
     let suffix = model.rsplit('-').next()?;
-    let gb: u64 = suffix
-        .strip_suffix("GB")
-        .or_else(|| suffix.strip_suffix("gb"))?
-        .parse()
-        .ok()?;
+    let gb: u64 = suffix.strip_suffix("GB").or_else(|| suffix.strip_suffix("gb"))?.parse().ok()?;
     Some(gb * 1024)
 }
 
@@ -166,11 +136,7 @@ fn model_memory_mib(model: &str) -> Option<u64> {
 pub fn normalize_model(name: &str, memory_mib: u64) -> String {
     let family = name
         .split_whitespace()
-        .find(|w| {
-            !w.eq_ignore_ascii_case("nvidia")
-                && !w.eq_ignore_ascii_case("tesla")
-                && !w.eq_ignore_ascii_case("geforce")
-        })
+        .find(|w| !w.eq_ignore_ascii_case("nvidia") && !w.eq_ignore_ascii_case("tesla") && !w.eq_ignore_ascii_case("geforce"))
         .and_then(|w| w.split('-').next())
         .unwrap_or("GPU");
     let gb = (memory_mib + 512) / 1024;
@@ -182,36 +148,17 @@ fn nvml_error(what: &str, e: impl std::fmt::Display) -> InventoryError {
 }
 
 fn nvml_inventory(nvml: &Nvml) -> Result<Vec<Gpu>, InventoryError> {
-    let count = nvml
-        .device_count()
-        .map_err(|e| nvml_error("device count", e))?;
+    let count = nvml.device_count().map_err(|e| nvml_error("device count", e))?;
     let mut gpus = Vec::new();
     let mut bus_ids = Vec::new();
     for i in 0..count {
-        let device = nvml
-            .device_by_index(i)
-            .map_err(|e| nvml_error("device", e))?;
+        let device = nvml.device_by_index(i).map_err(|e| nvml_error("device", e))?;
         let index = device.index().unwrap_or(i);
         let uuid = device.uuid().map_err(|e| nvml_error("uuid", e))?;
         let name = device.name().map_err(|e| nvml_error("name", e))?;
-        let memory_mib = device
-            .memory_info()
-            .map_err(|e| nvml_error("memory", e))?
-            .total
-            / (1024 * 1024);
-        bus_ids.push(
-            device
-                .pci_info()
-                .map(|p| p.bus_id.to_lowercase())
-                .unwrap_or_default(),
-        );
-        gpus.push(Gpu {
-            index,
-            uuid,
-            model: normalize_model(&name, memory_mib),
-            memory_mib,
-            nvlink_peers: Vec::new(),
-        });
+        let memory_mib = device.memory_info().map_err(|e| nvml_error("memory", e))?.total / (1024 * 1024);
+        bus_ids.push(device.pci_info().map(|p| p.bus_id.to_lowercase()).unwrap_or_default());
+        gpus.push(Gpu { index, uuid, model: normalize_model(&name, memory_mib), memory_mib, nvlink_peers: Vec::new() });
     }
     for (i, gpu) in gpus.iter_mut().enumerate() {
         let Ok(device) = nvml.device_by_index(i as u32) else {
@@ -242,18 +189,11 @@ fn nvml_sample(nvml: &Nvml, index: u32) -> GpuSample {
         Ok(device) => device,
         Err(error) => {
             tracing::warn!(index, %error, "NVML cannot open the GPU; reporting it unhealthy");
-            return GpuSample {
-                index,
-                healthy: false,
-                ..Default::default()
-            };
+            return GpuSample { index, healthy: false, ..Default::default() };
         }
     };
     let utilization_percent = device.utilization_rates().map(|u| u.gpu).unwrap_or(0);
-    let memory_used_mib = device
-        .memory_info()
-        .map(|m| m.used / (1024 * 1024))
-        .unwrap_or(0);
+    let memory_used_mib = device.memory_info().map(|m| m.used / (1024 * 1024)).unwrap_or(0);
     let ecc = device.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile);
     let (ecc_uncorrected, ecc_readable) = match ecc {
         Ok(n) => (n, true),
@@ -264,14 +204,7 @@ fn nvml_sample(nvml: &Nvml, index: u32) -> GpuSample {
             (0, false)
         }
     };
-    GpuSample {
-        index,
-        utilization_percent,
-        memory_used_mib,
-        healthy: ecc_readable && ecc_uncorrected == 0,
-        ecc_uncorrected,
-        last_xid: 0,
-    }
+    GpuSample { index, utilization_percent, memory_used_mib, healthy: ecc_readable && ecc_uncorrected == 0, ecc_uncorrected, last_xid: 0 }
 }
 
 #[cfg(test)]
@@ -287,28 +220,15 @@ mod tests {
         assert_eq!(gpus[9].index, 9);
         assert_eq!(gpus[9].memory_mib, 40 * 1024);
         assert_eq!(gpus[0].nvlink_peers.len(), 7);
-        for bad in [
-            "",
-            "8",
-            "xH100-80GB",
-            "0xH100-80GB",
-            "8xH100",
-            "100xH100-80GB",
-        ] {
+        for bad in ["", "8", "xH100-80GB", "0xH100-80GB", "8xH100", "100xH100-80GB"] {
             assert!(parse_fake(bad).is_err(), "{bad:?} must be refused");
         }
     }
 
     #[test]
     fn nvml_names_normalize() {
-        assert_eq!(
-            normalize_model("NVIDIA H100 80GB HBM3", 81_559),
-            "H100-80GB"
-        );
-        assert_eq!(
-            normalize_model("NVIDIA A100-SXM4-40GB", 40_960),
-            "A100-40GB"
-        );
+        assert_eq!(normalize_model("NVIDIA H100 80GB HBM3", 81_559), "H100-80GB");
+        assert_eq!(normalize_model("NVIDIA A100-SXM4-40GB", 40_960), "A100-40GB");
         assert_eq!(normalize_model("Tesla T4", 15_360), "T4-15GB");
     }
 }

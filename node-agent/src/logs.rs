@@ -27,9 +27,7 @@ pub struct LogServer {
 
 impl LogServer {
     pub fn new(ranks_root: PathBuf) -> LogServer {
-        LogServer {
-            ranks_root: Arc::new(ranks_root),
-        }
+        LogServer { ranks_root: Arc::new(ranks_root) }
     }
 }
 
@@ -39,12 +37,7 @@ fn find_rank(root: &Path, job_id: u64, rank: u32) -> Option<RankDir> {
         .into_iter()
         .rev()
         .filter(|((_, r), _)| *r == rank)
-        .find(|(_, dir)| {
-            dir.spec()
-                .ok()
-                .flatten()
-                .is_some_and(|s| s.job_id == job_id)
-        })
+        .find(|(_, dir)| dir.spec().ok().flatten().is_some_and(|s| s.job_id == job_id))
         .map(|(_, dir)| dir)
 }
 
@@ -54,26 +47,15 @@ type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>
 impl NodeAgentService for LogServer {
     type ReadLogStream = LogStream;
 
-    async fn read_log(
-        &self,
-        request: Request<pb::ReadLogRequest>,
-    ) -> Result<Response<LogStream>, Status> {
+    async fn read_log(&self, request: Request<pb::ReadLogRequest>) -> Result<Response<LogStream>, Status> {
         let message = request.into_inner();
         let file = match message.stream.as_str() {
             "" | "stdout" => "stdout.log",
             "stderr" => "stderr.log",
-            other => {
-                return Err(Status::invalid_argument(format!(
-                    "stream: {other:?} is not stdout or stderr"
-                )))
-            }
+            other => return Err(Status::invalid_argument(format!("stream: {other:?} is not stdout or stderr"))),
         };
-        let dir = find_rank(&self.ranks_root, message.job_id, message.rank).ok_or_else(|| {
-            Status::not_found(format!(
-                "job {} rank {} has no logs on this node",
-                message.job_id, message.rank
-            ))
-        })?;
+        let dir = find_rank(&self.ranks_root, message.job_id, message.rank)
+            .ok_or_else(|| Status::not_found(format!("job {} rank {} has no logs on this node", message.job_id, message.rank)))?;
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(stream_log(dir, file, message.follow, sender));
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
@@ -98,21 +80,13 @@ async fn send_from(path: &Path, offset: u64, sender: &Sender) -> Option<u64> {
             return Some(offset);
         }
         offset += n as u64;
-        sender
-            .send(Ok(pb::LogChunk {
-                data: buffer[..n].to_vec(),
-            }))
-            .await
-            .ok()?;
+        sender.send(Ok(pb::LogChunk { data: buffer[..n].to_vec() })).await.ok()?;
     }
 }
 
 async fn stream_log(dir: RankDir, file: &'static str, follow: bool, sender: Sender) {
     let path = dir.file(file);
-    if send_from(&RotatingLog::rotated_path(&path), 0, &sender)
-        .await
-        .is_none()
-    {
+    if send_from(&RotatingLog::rotated_path(&path), 0, &sender).await.is_none() {
         return;
     }
     let Some(mut offset) = send_from(&path, 0, &sender).await else {

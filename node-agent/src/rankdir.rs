@@ -26,15 +26,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum RankDirError {
     #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: {source}")]
-    Json {
-        path: PathBuf,
-        source: serde_json::Error,
-    },
+    Json { path: PathBuf, source: serde_json::Error },
 }
 
 /// What the shim runs, and what the agent needs to re-adopt the rank.
@@ -99,9 +93,7 @@ pub struct RankDir {
 
 impl RankDir {
     pub fn new(ranks_root: &Path, alloc_id: u64, rank: u32) -> RankDir {
-        RankDir {
-            path: ranks_root.join(format!("{alloc_id}-{rank}")),
-        }
+        RankDir { path: ranks_root.join(format!("{alloc_id}-{rank}")) }
     }
 
     /// (alloc id, rank) from a directory name written by `new`.
@@ -149,18 +141,12 @@ impl RankDir {
 
     /// The last committed checkpoint time, 0 when none.
     pub fn checkpoint_acked_ms(&self) -> u64 {
-        std::fs::read_to_string(self.file(CHECKPOINT_ACK))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
+        std::fs::read_to_string(self.file(CHECKPOINT_ACK)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
     }
 
     /// Modification time of ROTA_CHECKPOINT_FILE, if the job wrote it.
     pub fn checkpoint_ms(&self) -> Option<u64> {
-        let modified = std::fs::metadata(self.file(CHECKPOINT))
-            .ok()?
-            .modified()
-            .ok()?;
+        let modified = std::fs::metadata(self.file(CHECKPOINT)).ok()?.modified().ok()?;
         Some(modified.duration_since(UNIX_EPOCH).ok()?.as_millis() as u64)
     }
 }
@@ -169,35 +155,19 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, RankDirE
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(RankDirError::Io {
-                path: path.to_path_buf(),
-                source,
-            })
-        }
+        Err(source) => return Err(RankDirError::Io { path: path.to_path_buf(), source }),
     };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|source| RankDirError::Json {
-            path: path.to_path_buf(),
-            source,
-        })
+    serde_json::from_slice(&bytes).map(Some).map_err(|source| RankDirError::Json { path: path.to_path_buf(), source })
 }
 
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), RankDirError> {
-    let bytes = serde_json::to_vec_pretty(value).map_err(|source| RankDirError::Json {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = serde_json::to_vec_pretty(value).map_err(|source| RankDirError::Json { path: path.to_path_buf(), source })?;
     write_atomic(path, &bytes)
 }
 
 /// Write to `path.tmp`, fsync, rename over `path`.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RankDirError> {
-    let io = |source| RankDirError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = |source| RankDirError::Io { path: path.to_path_buf(), source };
     let tmp = path.with_extension("tmp");
     let mut file = std::fs::File::create(&tmp).map_err(io)?;
     file.write_all(bytes).map_err(io)?;
@@ -206,9 +176,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RankDirError> {
 }
 
 pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// State and start time (field 22) of a process, from /proc/PID/stat.
@@ -244,33 +212,16 @@ mod tests {
         let pid = std::process::id();
         let (state, start) = proc_stat(pid).unwrap();
         assert_ne!(state, 'Z');
-        assert!(shim_alive(&Pids {
-            shim_pid: pid,
-            shim_start_ticks: start,
-            child_pid: pid
-        }));
-        assert!(!shim_alive(&Pids {
-            shim_pid: pid,
-            shim_start_ticks: start + 1,
-            child_pid: pid
-        }));
+        assert!(shim_alive(&Pids { shim_pid: pid, shim_start_ticks: start, child_pid: pid }));
+        assert!(!shim_alive(&Pids { shim_pid: pid, shim_start_ticks: start + 1, child_pid: pid }));
     }
 
     #[test]
     fn atomic_json() {
         let dir = tempfile::tempdir().unwrap();
-        let rank = RankDir {
-            path: dir.path().to_path_buf(),
-        };
+        let rank = RankDir { path: dir.path().to_path_buf() };
         assert!(rank.exit().is_none());
-        rank.write(
-            EXIT,
-            &ExitStatus {
-                exit_code: 3,
-                finished_at_ms: 9,
-            },
-        )
-        .unwrap();
+        rank.write(EXIT, &ExitStatus { exit_code: 3, finished_at_ms: 9 }).unwrap();
         assert_eq!(rank.exit().unwrap().exit_code, 3);
     }
 }

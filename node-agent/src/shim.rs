@@ -30,10 +30,7 @@ pub enum ShimError {
     #[error("empty command")]
     EmptyCommand,
     #[error("starting {command:?}: {source}")]
-    Spawn {
-        command: String,
-        source: std::io::Error,
-    },
+    Spawn { command: String, source: std::io::Error },
     #[error("waiting for the command: {0}")]
     Wait(std::io::Error),
 }
@@ -43,21 +40,11 @@ pub const EXIT_NOT_STARTED: i32 = 127;
 
 /// Run the rank described in `dir`, record how it ended. Returns the exit code.
 pub fn run(dir: &Path) -> Result<i32, ShimError> {
-    let rank = RankDir {
-        path: dir.to_path_buf(),
-    };
-    let spec = rank
-        .spec()?
-        .ok_or_else(|| ShimError::NoSpec(dir.to_path_buf()))?;
+    let rank = RankDir { path: dir.to_path_buf() };
+    let spec = rank.spec()?.ok_or_else(|| ShimError::NoSpec(dir.to_path_buf()))?;
     let (program, args) = spec.command.split_first().ok_or(ShimError::EmptyCommand)?;
     let mut command = Command::new(program);
-    command
-        .args(args)
-        .envs(&spec.env)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    command.args(args).envs(&spec.env).current_dir(dir).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     // SAFETY: setpgid is async-signal-safe; the command gets its own process group.
     unsafe {
         command.pre_exec(|| {
@@ -71,39 +58,17 @@ pub fn run(dir: &Path) -> Result<i32, ShimError> {
         Ok(child) => child,
         Err(source) => {
             record_exit(&rank, EXIT_NOT_STARTED)?;
-            return Err(ShimError::Spawn {
-                command: program.clone(),
-                source,
-            });
+            return Err(ShimError::Spawn { command: program.clone(), source });
         }
     };
     let own = std::process::id();
     let shim_start_ticks = rankdir::proc_stat(own).map_or(0, |(_, start)| start);
-    rank.write(
-        rankdir::PIDS,
-        &Pids {
-            shim_pid: own,
-            shim_start_ticks,
-            child_pid: child.id(),
-        },
-    )?;
+    rank.write(rankdir::PIDS, &Pids { shim_pid: own, shim_start_ticks, child_pid: child.id() })?;
 
     let (done_tx, done_rx) = mpsc::channel();
     for (reader, name) in [
-        (
-            child
-                .stdout
-                .take()
-                .map(|r| Box::new(r) as Box<dyn Read + Send>),
-            "stdout.log",
-        ),
-        (
-            child
-                .stderr
-                .take()
-                .map(|r| Box::new(r) as Box<dyn Read + Send>),
-            "stderr.log",
-        ),
+        (child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>), "stdout.log"),
+        (child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>), "stderr.log"),
     ] {
         let Some(reader) = reader else { continue };
         let log = RotatingLog::new(dir.join(name), spec.log_cap_bytes);
@@ -115,9 +80,7 @@ pub fn run(dir: &Path) -> Result<i32, ShimError> {
     }
     drop(done_tx);
     let status = child.wait().map_err(ShimError::Wait)?;
-    let exit_code = status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    let exit_code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     // Let the copiers finish what is buffered, but never wait on a pipe a
     // stray background process keeps open.
     let deadline = std::time::Instant::now() + Duration::from_millis(DRAIN_TIMEOUT_MS);
@@ -132,13 +95,7 @@ pub fn run(dir: &Path) -> Result<i32, ShimError> {
 }
 
 fn record_exit(rank: &RankDir, exit_code: i32) -> Result<(), RankDirError> {
-    rank.write(
-        rankdir::EXIT,
-        &ExitStatus {
-            exit_code,
-            finished_at_ms: rankdir::now_ms(),
-        },
-    )
+    rank.write(rankdir::EXIT, &ExitStatus { exit_code, finished_at_ms: rankdir::now_ms() })
 }
 
 fn copy_log(mut reader: Box<dyn Read + Send>, mut log: RotatingLog) {
@@ -165,12 +122,7 @@ pub struct RotatingLog {
 impl RotatingLog {
     pub fn new(path: PathBuf, cap_bytes: u64) -> RotatingLog {
         let written = std::fs::metadata(&path).map_or(0, |m| m.len());
-        RotatingLog {
-            path,
-            half_cap_bytes: (cap_bytes / 2).max(4096),
-            file: None,
-            written,
-        }
+        RotatingLog { path, half_cap_bytes: (cap_bytes / 2).max(4096), file: None, written }
     }
 
     pub fn rotated_path(path: &Path) -> PathBuf {
@@ -186,11 +138,7 @@ impl RotatingLog {
             self.written = 0;
         }
         if self.file.is_none() {
-            self.file = File::options()
-                .create(true)
-                .append(true)
-                .open(&self.path)
-                .ok();
+            self.file = File::options().create(true).append(true).open(&self.path).ok();
         }
         // A chunk larger than the file's share keeps only its tail.
         let keep = &bytes[bytes.len().saturating_sub(self.half_cap_bytes as usize)..];
@@ -215,9 +163,7 @@ mod tests {
             log.write(&[b'x'; 1000]);
         }
         let current = std::fs::metadata(&path).unwrap().len();
-        let rotated = std::fs::metadata(RotatingLog::rotated_path(&path))
-            .unwrap()
-            .len();
+        let rotated = std::fs::metadata(RotatingLog::rotated_path(&path)).unwrap().len();
         assert!(current <= 4096 && rotated <= 4096, "{current} {rotated}");
         assert!(current > 0 && rotated > 0);
     }

@@ -19,33 +19,19 @@ fn nvml_discovers_the_gpus_or_is_skipped() {
     let inventory = source.inventory().expect("NVML lists the GPUs");
     assert!(!inventory.is_empty(), "NVML is present but reports no GPU");
     for (i, gpu) in inventory.iter().enumerate() {
-        eprintln!(
-            "GPU {}: {} {} {} MiB, NVLink peers {:?}",
-            gpu.index, gpu.uuid, gpu.model, gpu.memory_mib, gpu.nvlink_peers
-        );
+        eprintln!("GPU {}: {} {} {} MiB, NVLink peers {:?}", gpu.index, gpu.uuid, gpu.model, gpu.memory_mib, gpu.nvlink_peers);
         assert_eq!(gpu.index as usize, i, "indexes are the physical order");
         assert!(gpu.uuid.starts_with("GPU-"), "uuid {:?}", gpu.uuid);
         assert!(gpu.memory_mib >= 1024, "memory {} MiB", gpu.memory_mib);
-        assert!(
-            gpu.model.ends_with("GB") && gpu.model.contains('-'),
-            "model {:?}",
-            gpu.model
-        );
-        assert!(
-            !gpu.nvlink_peers.contains(&gpu.index),
-            "a GPU is not its own NVLink peer"
-        );
+        assert!(gpu.model.ends_with("GB") && gpu.model.contains('-'), "model {:?}", gpu.model);
+        assert!(!gpu.nvlink_peers.contains(&gpu.index), "a GPU is not its own NVLink peer");
     }
     let samples = source.sample(&inventory);
     assert_eq!(samples.len(), inventory.len());
     for sample in &samples {
         eprintln!(
             "GPU {}: {}% busy, {} MiB used, healthy {}, ECC {}",
-            sample.index,
-            sample.utilization_percent,
-            sample.memory_used_mib,
-            sample.healthy,
-            sample.ecc_uncorrected
+            sample.index, sample.utilization_percent, sample.memory_used_mib, sample.healthy, sample.ecc_uncorrected
         );
         assert!(sample.utilization_percent <= 100);
     }
@@ -66,8 +52,5 @@ fn without_nvml_or_fake_gpus_the_agent_exits_with_a_clear_error() {
         .unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("--fake-gpus") && stderr.contains("NVML"),
-        "stderr: {stderr}"
-    );
+    assert!(stderr.contains("--fake-gpus") && stderr.contains("NVML"), "stderr: {stderr}");
 }

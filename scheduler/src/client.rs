@@ -141,8 +141,8 @@ impl Client {
 }
 
 fn channel(endpoint: &str) -> Result<Channel, ClientError> {
-    let parsed = Endpoint::from_shared(format!("http://{endpoint}"))
-        .map_err(|e| ClientError::BadEndpoint(endpoint.to_string(), e.to_string()))?;
+    let parsed =
+        Endpoint::from_shared(format!("http://{endpoint}")).map_err(|e| ClientError::BadEndpoint(endpoint.to_string(), e.to_string()))?;
     Ok(parsed.connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS)).tcp_nodelay(true).connect_lazy())
 }
 

@@ -11,8 +11,8 @@ use std::path::Path;
 
 use rota_scheduler::policy;
 use rota_scheduler::state::{
-    ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobSpec, NodeRegistration,
-    Placement, Plan, Priority, Proposal, QueueConfig, RankPlacement, StopReason,
+    ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobSpec, NodeRegistration, Placement, Plan, Priority, Proposal, QueueConfig,
+    RankPlacement, StopReason,
 };
 use serde::Deserialize;
 
@@ -146,11 +146,7 @@ struct Expect {
 #[serde(untagged)]
 enum PendingExpect {
     Code(String),
-    Full {
-        code: String,
-        estimated_start_s: Option<u64>,
-        contains: Option<String>,
-    },
+    Full { code: String, estimated_start_s: Option<u64>, contains: Option<String> },
 }
 
 enum Event<'a> {
@@ -168,10 +164,7 @@ struct World {
 impl World {
     fn apply(&mut self, now_s: u64, command: Command) -> CommandResult {
         self.index += 1;
-        let proposal = Proposal {
-            now_ms: now_s * 1000,
-            commands: vec![command],
-        };
+        let proposal = Proposal { now_ms: now_s * 1000, commands: vec![command] };
         self.state.apply_proposal(self.index, &proposal).remove(0)
     }
 
@@ -206,10 +199,7 @@ fn spec(job: &JobDef) -> JobSpec {
         name: job.name.clone(),
         group: job.group.clone(),
         queue: job.queue.clone(),
-        priority: job
-            .priority
-            .as_deref()
-            .map_or(Priority::Medium, |p| Priority::parse(p).expect("priority")),
+        priority: job.priority.as_deref().map_or(Priority::Medium, |p| Priority::parse(p).expect("priority")),
         priority_ttl_s: job.priority_ttl_s,
         replicas: job.replicas,
         gpus_per_replica: job.gpus,
@@ -221,29 +211,15 @@ fn spec(job: &JobDef) -> JobSpec {
 }
 
 fn build(s: &Scenario) -> World {
-    let mut w = World {
-        state: ClusterState::default(),
-        index: 0,
-        ids: BTreeMap::new(),
-    };
+    let mut w = World { state: ClusterState::default(), index: 0, ids: BTreeMap::new() };
     for node in &s.nodes {
         w.expect_done(0, register(node), &node.name);
         if !node.unhealthy.is_empty() {
-            let health = Command::NodeHealth {
-                node: node.name.clone(),
-                unhealthy_gpus: node.unhealthy.clone(),
-            };
+            let health = Command::NodeHealth { node: node.name.clone(), unhealthy_gpus: node.unhealthy.clone() };
             w.expect_done(0, health, &node.name);
         }
         if node.draining {
-            w.expect_done(
-                0,
-                Command::DrainNode {
-                    node: node.name.clone(),
-                    drain: true,
-                },
-                &node.name,
-            );
+            w.expect_done(0, Command::DrainNode { node: node.name.clone(), drain: true }, &node.name);
         }
     }
     for queue in &s.queues {
@@ -279,13 +255,7 @@ fn build(s: &Scenario) -> World {
 
 fn run_event(w: &mut World, t: u64, event: Event) {
     match event {
-        Event::Submit(job) => match w.apply(
-            t,
-            Command::SubmitJob {
-                request_id: None,
-                spec: spec(job),
-            },
-        ) {
+        Event::Submit(job) => match w.apply(t, Command::SubmitJob { request_id: None, spec: spec(job) }) {
             CommandResult::Submitted { job_id, .. } => {
                 w.ids.insert(job.name.clone(), job_id);
             }
@@ -293,22 +263,9 @@ fn run_event(w: &mut World, t: u64, event: Event) {
         },
         Event::Start(job) => {
             let run = job.running.as_ref().expect("running");
-            let ranks = run
-                .on
-                .iter()
-                .map(|(node, gpus)| RankPlacement {
-                    node: node.clone(),
-                    gpus: gpus.clone(),
-                })
-                .collect();
-            let placement = Placement {
-                job_id: w.ids[&job.name],
-                ranks,
-            };
-            let plan = Plan {
-                placements: vec![placement],
-                ..Plan::default()
-            };
+            let ranks = run.on.iter().map(|(node, gpus)| RankPlacement { node: node.clone(), gpus: gpus.clone() }).collect();
+            let placement = Placement { job_id: w.ids[&job.name], ranks };
+            let plan = Plan { placements: vec![placement], ..Plan::default() };
             match w.apply(t, Command::ApplyPlan(plan)) {
                 CommandResult::PlanApplied { placed: 1, .. } => {}
                 other => panic!("start {}: {other:?}", job.name),
@@ -316,14 +273,7 @@ fn run_event(w: &mut World, t: u64, event: Event) {
         }
         Event::Checkpoint(job, at) => {
             let alloc_id = w.state.jobs[&w.ids[&job.name]].alloc.expect("running job");
-            w.expect_done(
-                t,
-                Command::Checkpoint {
-                    alloc_id,
-                    at_ms: at * 1000,
-                },
-                &job.name,
-            );
+            w.expect_done(t, Command::Checkpoint { alloc_id, at_ms: at * 1000 }, &job.name);
         }
     }
 }
@@ -338,28 +288,12 @@ fn check(path: &Path) -> Result<(), String> {
     let placements: BTreeMap<String, Vec<(String, Vec<u32>)>> = plan
         .placements
         .iter()
-        .map(|p| {
-            (
-                name_of[&p.job_id].to_string(),
-                p.ranks
-                    .iter()
-                    .map(|r| (r.node.clone(), r.gpus.clone()))
-                    .collect(),
-            )
-        })
+        .map(|p| (name_of[&p.job_id].to_string(), p.ranks.iter().map(|r| (r.node.clone(), r.gpus.clone())).collect()))
         .collect();
     if placements != scenario.expect.placements {
-        problems.push(format!(
-            "placements: got {placements:?}, want {:?}",
-            scenario.expect.placements
-        ));
+        problems.push(format!("placements: got {placements:?}, want {:?}", scenario.expect.placements));
     }
-    let alloc_job: BTreeMap<u64, &str> = world
-        .state
-        .allocs
-        .values()
-        .map(|a| (a.id, name_of[&a.job_id]))
-        .collect();
+    let alloc_job: BTreeMap<u64, &str> = world.state.allocs.values().map(|a| (a.id, name_of[&a.job_id])).collect();
     let stops: BTreeMap<String, String> = plan
         .stops
         .iter()
@@ -373,21 +307,10 @@ fn check(path: &Path) -> Result<(), String> {
         })
         .collect();
     if stops != scenario.expect.stops {
-        problems.push(format!(
-            "stops: got {stops:?}, want {:?}",
-            scenario.expect.stops
-        ));
+        problems.push(format!("stops: got {stops:?}, want {:?}", scenario.expect.stops));
     }
-    let notes: BTreeMap<&str, (&str, Option<u64>)> = plan
-        .pending
-        .iter()
-        .map(|n| {
-            (
-                name_of[&n.job_id],
-                (n.reason.as_str(), n.estimated_start_ms),
-            )
-        })
-        .collect();
+    let notes: BTreeMap<&str, (&str, Option<u64>)> =
+        plan.pending.iter().map(|n| (name_of[&n.job_id], (n.reason.as_str(), n.estimated_start_ms))).collect();
     for (job, want) in &scenario.expect.pending {
         let Some(&(reason, estimate)) = notes.get(job.as_str()) else {
             problems.push(format!("pending {job}: no note"));
@@ -396,22 +319,14 @@ fn check(path: &Path) -> Result<(), String> {
         let code = reason.split(':').next().unwrap_or("");
         let (want_code, want_estimate, contains) = match want {
             PendingExpect::Code(c) => (c, None, None),
-            PendingExpect::Full {
-                code,
-                estimated_start_s,
-                contains,
-            } => (code, *estimated_start_s, contains.as_ref()),
+            PendingExpect::Full { code, estimated_start_s, contains } => (code, *estimated_start_s, contains.as_ref()),
         };
         if code != want_code {
-            problems.push(format!(
-                "pending {job}: got {reason:?}, want code {want_code}"
-            ));
+            problems.push(format!("pending {job}: got {reason:?}, want code {want_code}"));
         }
         if let Some(s) = want_estimate {
             if estimate != Some(s * 1000) {
-                problems.push(format!(
-                    "pending {job}: estimated start {estimate:?} ms, want {s} s"
-                ));
+                problems.push(format!("pending {job}: estimated start {estimate:?} ms, want {s} s"));
             }
         }
         if let Some(c) = contains {
@@ -427,20 +342,13 @@ fn check(path: &Path) -> Result<(), String> {
     // Whatever the plan places must pass apply's own re-check.
     for placement in &plan.placements {
         if let Err(e) = world.state.check_placement(placement) {
-            problems.push(format!(
-                "placement of job {} refused by apply: {e}",
-                placement.job_id
-            ));
+            problems.push(format!("placement of job {} refused by apply: {e}", placement.job_id));
         }
     }
     if problems.is_empty() {
         Ok(())
     } else {
-        let notes: Vec<String> = plan
-            .pending
-            .iter()
-            .map(|n| format!("{}: {}", name_of[&n.job_id], n.reason))
-            .collect();
+        let notes: Vec<String> = plan.pending.iter().map(|n| format!("{}: {}", name_of[&n.job_id], n.reason)).collect();
         Err(format!("{}\n  notes: {notes:#?}", problems.join("\n  ")))
     }
 }
@@ -454,24 +362,8 @@ fn golden_scenarios() {
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .collect();
     files.sort();
-    assert!(
-        files.len() >= 15,
-        "expected the golden scenarios, found {}",
-        files.len()
-    );
-    let failures: Vec<String> = files
-        .iter()
-        .filter_map(|f| {
-            check(f)
-                .err()
-                .map(|e| format!("{}:\n  {e}", f.file_name().unwrap().to_string_lossy()))
-        })
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} scenarios failed:\n{}",
-        failures.len(),
-        files.len(),
-        failures.join("\n")
-    );
+    assert!(files.len() >= 15, "expected the golden scenarios, found {}", files.len());
+    let failures: Vec<String> =
+        files.iter().filter_map(|f| check(f).err().map(|e| format!("{}:\n  {e}", f.file_name().unwrap().to_string_lossy()))).collect();
+    assert!(failures.is_empty(), "{} of {} scenarios failed:\n{}", failures.len(), files.len(), failures.join("\n"));
 }

@@ -7,8 +7,7 @@
 use rota_scheduler::policy;
 use rota_scheduler::sim::bench::Mix;
 use rota_scheduler::state::{
-    ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobSpec, NodeRegistration, Priority,
-    Proposal, RankState,
+    ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobSpec, NodeRegistration, Priority, Proposal, RankState,
 };
 
 struct World {
@@ -20,13 +19,7 @@ struct World {
 impl World {
     fn apply(&mut self, commands: Vec<Command>) -> Vec<CommandResult> {
         self.index += 1;
-        let results = self.state.apply_proposal(
-            self.index,
-            &Proposal {
-                now_ms: self.now_s * 1000,
-                commands,
-            },
-        );
+        let results = self.state.apply_proposal(self.index, &Proposal { now_ms: self.now_s * 1000, commands });
         self.state.check_invariants().expect("invariants hold");
         results
     }
@@ -56,16 +49,10 @@ fn cluster(mix: &mut Mix) -> Vec<Command> {
                 .collect(),
         }));
         if mix.below(5) == 0 {
-            commands.push(Command::NodeHealth {
-                node: name.clone(),
-                unhealthy_gpus: vec![mix.below(4) as u32],
-            });
+            commands.push(Command::NodeHealth { node: name.clone(), unhealthy_gpus: vec![mix.below(4) as u32] });
         }
         if mix.below(8) == 0 {
-            commands.push(Command::DrainNode {
-                node: name,
-                drain: true,
-            });
+            commands.push(Command::DrainNode { node: name, drain: true });
         }
     }
     for (g, group) in ["a", "b", "c"].into_iter().enumerate() {
@@ -73,16 +60,8 @@ fn cluster(mix: &mut Mix) -> Vec<Command> {
             group: group.into(),
             gpus: mix.below(12) as u32,
             lend: g != 2 || mix.below(2) == 0,
-            lend_to: if mix.below(4) == 0 {
-                vec!["a".into()]
-            } else {
-                vec![]
-            },
-            borrow_limit: if mix.below(3) == 0 {
-                Some(mix.below(8) as u32)
-            } else {
-                None
-            },
+            lend_to: if mix.below(4) == 0 { vec!["a".into()] } else { vec![] },
+            borrow_limit: if mix.below(3) == 0 { Some(mix.below(8) as u32) } else { None },
             ..GroupQuota::default()
         }));
     }
@@ -90,25 +69,11 @@ fn cluster(mix: &mut Mix) -> Vec<Command> {
 }
 
 fn job(mix: &mut Mix) -> JobSpec {
-    let (replicas, per) = [
-        (1, 1),
-        (1, 1),
-        (1, 2),
-        (1, 4),
-        (1, 8),
-        (2, 4),
-        (2, 8),
-        (3, 2),
-    ][mix.below(8) as usize];
+    let (replicas, per) = [(1, 1), (1, 1), (1, 2), (1, 4), (1, 8), (2, 4), (2, 8), (3, 2)][mix.below(8) as usize];
     let short = replicas * per <= 8 && mix.below(3) == 0;
     JobSpec {
         group: ["a", "b", "c", "d"][mix.below(4) as usize].into(),
-        queue: if short {
-            "short"
-        } else {
-            ["training", "training", "service"][mix.below(3) as usize]
-        }
-        .into(),
+        queue: if short { "short" } else { ["training", "training", "service"][mix.below(3) as usize] }.into(),
         priority: [Priority::Low, Priority::Medium, Priority::High][mix.below(3) as usize],
         replicas,
         gpus_per_replica: per,
@@ -118,11 +83,7 @@ fn job(mix: &mut Mix) -> JobSpec {
             _ => None,
         },
         min_gpu_memory_mib: if mix.below(8) == 0 { 65_536 } else { 0 },
-        runtime_limit_s: if short {
-            600 * (1 + mix.below(4))
-        } else {
-            1800 * (1 + mix.below(16))
-        },
+        runtime_limit_s: if short { 600 * (1 + mix.below(4)) } else { 1800 * (1 + mix.below(16)) },
         priority_ttl_s: if mix.below(5) == 0 { 1200 } else { 0 },
         ..JobSpec::simple(&["x"])
     }
@@ -135,17 +96,10 @@ fn agents(w: &mut World, mix: &mut Mix) -> Vec<Command> {
         let stop = alloc.stop.is_some();
         if stop || mix.below(6) == 0 {
             for rank in alloc.ranks.iter().filter(|r| r.state != RankState::Exited) {
-                commands.push(Command::AllocExited {
-                    alloc_id: alloc.id,
-                    rank: rank.rank,
-                    exit_code: 0,
-                });
+                commands.push(Command::AllocExited { alloc_id: alloc.id, rank: rank.rank, exit_code: 0 });
             }
         } else if mix.below(3) == 0 {
-            commands.push(Command::Checkpoint {
-                alloc_id: alloc.id,
-                at_ms: w.now_s * 1000,
-            });
+            commands.push(Command::Checkpoint { alloc_id: alloc.id, at_ms: w.now_s * 1000 });
         }
     }
     commands
@@ -157,35 +111,18 @@ fn random_clusters_plan_only_what_apply_accepts() {
     let mut stopped = 0;
     for seed in 0..60u64 {
         let mut mix = Mix::new(seed);
-        let mut w = World {
-            state: ClusterState::default(),
-            index: 0,
-            now_s: 1_000,
-        };
+        let mut w = World { state: ClusterState::default(), index: 0, now_s: 1_000 };
         let setup = cluster(&mut mix);
         w.apply(setup);
         for _ in 0..80 {
             w.now_s += 60 + mix.below(900);
-            let submits = (0..mix.below(4))
-                .map(|_| Command::SubmitJob {
-                    request_id: None,
-                    spec: job(&mut mix),
-                })
-                .collect();
+            let submits = (0..mix.below(4)).map(|_| Command::SubmitJob { request_id: None, spec: job(&mut mix) }).collect();
             w.apply(submits);
             let plan = policy::plan(&w.state, w.now_s * 1000);
-            assert_eq!(
-                plan,
-                policy::plan(&w.state, w.now_s * 1000),
-                "seed {seed}: plan is not deterministic"
-            );
+            assert_eq!(plan, policy::plan(&w.state, w.now_s * 1000), "seed {seed}: plan is not deterministic");
             let (n_placed, n_stops) = (plan.placements.len() as u32, plan.stops.len());
             match w.apply(vec![Command::ApplyPlan(plan)]).remove(0) {
-                CommandResult::PlanApplied {
-                    placed: p,
-                    rejected,
-                    ..
-                } => {
+                CommandResult::PlanApplied { placed: p, rejected, .. } => {
                     assert_eq!(rejected, 0, "seed {seed}: apply refused a placement");
                     assert_eq!(p, n_placed);
                 }
@@ -204,48 +141,20 @@ fn random_clusters_plan_only_what_apply_accepts() {
 #[test]
 fn usage_and_why_reports() {
     let mut mix = Mix::new(7);
-    let mut w = World {
-        state: ClusterState::default(),
-        index: 0,
-        now_s: 1_000,
-    };
+    let mut w = World { state: ClusterState::default(), index: 0, now_s: 1_000 };
     let setup = cluster(&mut mix);
     w.apply(setup);
-    let spec = JobSpec {
-        group: "a".into(),
-        runtime_limit_s: 3600,
-        ..JobSpec::simple(&["x"])
-    };
-    let huge = JobSpec {
-        group: "a".into(),
-        replicas: 64,
-        gpus_per_replica: 8,
-        ..JobSpec::simple(&["x"])
-    };
-    w.apply(vec![
-        Command::SubmitJob {
-            request_id: None,
-            spec,
-        },
-        Command::SubmitJob {
-            request_id: None,
-            spec: huge,
-        },
-    ]);
+    let spec = JobSpec { group: "a".into(), runtime_limit_s: 3600, ..JobSpec::simple(&["x"]) };
+    let huge = JobSpec { group: "a".into(), replicas: 64, gpus_per_replica: 8, ..JobSpec::simple(&["x"]) };
+    w.apply(vec![Command::SubmitJob { request_id: None, spec }, Command::SubmitJob { request_id: None, spec: huge }]);
     let plan = policy::plan(&w.state, w.now_s * 1000);
     w.apply(vec![Command::ApplyPlan(plan)]);
     w.now_s += 100;
     let usage = policy::usage_report(&w.state, w.now_s * 1000);
     assert_eq!(usage.len(), 1);
-    assert_eq!(
-        (usage[0].group.as_str(), usage[0].queue.as_str()),
-        ("a", "training")
-    );
+    assert_eq!((usage[0].group.as_str(), usage[0].queue.as_str()), ("a", "training"));
     assert_eq!((usage[0].gpu_seconds, usage[0].gpus_now), (100, 1));
     let why = policy::why(&w.state, 2).expect("job 2 exists");
-    assert_eq!(
-        (why.state.as_str(), why.code.as_str()),
-        ("pending", "gang_too_large")
-    );
+    assert_eq!((why.state.as_str(), why.code.as_str()), ("pending", "gang_too_large"));
     assert!(policy::why(&w.state, 99).is_none());
 }

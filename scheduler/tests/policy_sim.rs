@@ -25,20 +25,14 @@ fn sim_from_env() {
     println!("{}", serde_json::to_string_pretty(&sim(&args)).unwrap());
 }
 
-const SAMPLE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../tests/data/philly_days21-24.csv"
-);
+const SAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/philly_days21-24.csv");
 
 fn sample(policy: &str) -> serde_json::Value {
     sim(&format!("--trace {SAMPLE} --from-s 1814400 --to-s 2073600 --nodes 24 --gpus-per-node 8 --policy {policy}"))
 }
 
 fn close(got: f64, want: f64, what: &str) {
-    assert!(
-        (got - want).abs() <= 0.02 * want,
-        "{what}: {got} is not within 2% of refsim's {want}"
-    );
+    assert!((got - want).abs() <= 0.02 * want, "{what}: {got} is not within 2% of refsim's {want}");
 }
 
 /// refsim.py on the same sample, window and cluster:
@@ -47,37 +41,13 @@ fn close(got: f64, want: f64, what: &str) {
 #[test]
 fn fifo_and_easy_agree_with_the_reference_simulator() {
     let fifo = sample("fifo");
-    close(
-        fifo["wait_s"]["mean"].as_f64().unwrap(),
-        47383.619,
-        "fifo mean wait",
-    );
-    close(
-        fifo["bounded_slowdown_mean"].as_f64().unwrap(),
-        664.542,
-        "fifo slowdown",
-    );
-    close(
-        fifo["utilization"].as_f64().unwrap(),
-        0.752362,
-        "fifo utilization",
-    );
+    close(fifo["wait_s"]["mean"].as_f64().unwrap(), 47383.619, "fifo mean wait");
+    close(fifo["bounded_slowdown_mean"].as_f64().unwrap(), 664.542, "fifo slowdown");
+    close(fifo["utilization"].as_f64().unwrap(), 0.752362, "fifo utilization");
     let easy = sample("easy");
-    close(
-        easy["wait_s"]["mean"].as_f64().unwrap(),
-        10489.870,
-        "easy mean wait",
-    );
-    close(
-        easy["bounded_slowdown_mean"].as_f64().unwrap(),
-        80.810,
-        "easy slowdown",
-    );
-    close(
-        easy["utilization"].as_f64().unwrap(),
-        0.787949,
-        "easy utilization",
-    );
+    close(easy["wait_s"]["mean"].as_f64().unwrap(), 10489.870, "easy mean wait");
+    close(easy["bounded_slowdown_mean"].as_f64().unwrap(), 80.810, "easy slowdown");
+    close(easy["utilization"].as_f64().unwrap(), 0.787949, "easy utilization");
     assert_eq!(easy["finished"], 2480);
     assert_eq!(easy["preemptions"], 0);
     assert_eq!(fifo["rejected_placements"], 0);
@@ -95,8 +65,5 @@ fn rota_simulation_is_deterministic_and_finishes_every_job() {
     assert_eq!(first, second);
     assert_eq!(first["finished"], 2480);
     assert_eq!(first["unfinished"], 0);
-    assert_eq!(
-        first["rejected_placements"], 0,
-        "apply refused a placement of the policy"
-    );
+    assert_eq!(first["rejected_placements"], 0, "apply refused a placement of the policy");
 }

@@ -19,12 +19,7 @@ async fn sigkill_follows_an_ignored_sigterm_after_the_grace_period() -> Result<(
     std::fs::create_dir_all(&marks)?;
     let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
     cluster.wait_leader(WAIT).await?;
-    let agent = LocalAgent::start(
-        dir.path(),
-        "node-a",
-        &cluster.endpoints_csv(),
-        AgentOptions::default(),
-    )?;
+    let agent = LocalAgent::start(dir.path(), "node-a", &cluster.endpoints_csv(), AgentOptions::default())?;
     wait_nodes_ready(&cluster, 1, WAIT).await?;
 
     let any = AnyReplica::new(&cluster)?;
@@ -36,24 +31,15 @@ while true; do sleep 0.05; done"#;
     request.spec.as_mut().expect("spec").grace_period_s = GRACE_S;
     let job_id = any.submit(request).await?.job_id;
     let pid = wait_number(&marks.join("pid"), WAIT).await?;
-    any.wait_job_state(job_id, pb::JobState::Running, WAIT)
-        .await?;
+    any.wait_job_state(job_id, pb::JobState::Running, WAIT).await?;
 
     let cancelled_at = Instant::now();
     any.cancel(job_id).await?;
-    wait_until("SIGTERM to reach the job", WAIT, || async {
-        Ok(marks.join("got-term").exists().then_some(()))
-    })
-    .await?;
+    wait_until("SIGTERM to reach the job", WAIT, || async { Ok(marks.join("got-term").exists().then_some(())) }).await?;
     ensure!(pid_alive(pid), "the job ignores SIGTERM and must still run");
-    let job = any
-        .wait_job_state(job_id, pb::JobState::Cancelled, WAIT)
-        .await?;
+    let job = any.wait_job_state(job_id, pb::JobState::Cancelled, WAIT).await?;
     let waited = cancelled_at.elapsed();
-    ensure!(
-        waited >= Duration::from_millis(GRACE_S * 1000 - 200),
-        "SIGKILL came after {waited:?}, before the {GRACE_S} s grace period"
-    );
+    ensure!(waited >= Duration::from_millis(GRACE_S * 1000 - 200), "SIGKILL came after {waited:?}, before the {GRACE_S} s grace period");
     ensure!(!pid_alive(pid), "the job's process survived SIGKILL");
     ensure!(job.reason == "cancelled", "reason {:?}", job.reason);
 

@@ -19,114 +19,52 @@ async fn a_two_node_gang_runs_with_the_right_environment() -> Result<()> {
     std::fs::create_dir_all(&marks)?;
     let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
     cluster.wait_leader(WAIT).await?;
-    let _a = LocalAgent::start(
-        dir.path(),
-        "node-a",
-        &cluster.endpoints_csv(),
-        AgentOptions::default(),
-    )?;
-    let _b = LocalAgent::start(
-        dir.path(),
-        "node-b",
-        &cluster.endpoints_csv(),
-        AgentOptions::default(),
-    )?;
+    let _a = LocalAgent::start(dir.path(), "node-a", &cluster.endpoints_csv(), AgentOptions::default())?;
+    let _b = LocalAgent::start(dir.path(), "node-b", &cluster.endpoints_csv(), AgentOptions::default())?;
     wait_nodes_ready(&cluster, 2, WAIT).await?;
     let nodes = list_nodes(&cluster, 1).await?;
-    ensure!(nodes.iter().all(|n| n.gpus.len() == 8
-        && n.gpus
-            .iter()
-            .all(|g| g.model == "H100-80GB" && g.memory_mib == 81_920)));
+    ensure!(nodes.iter().all(|n| n.gpus.len() == 8 && n.gpus.iter().all(|g| g.model == "H100-80GB" && g.memory_mib == 81_920)));
 
     let any = AnyReplica::new(&cluster)?;
     let script = r#"echo "hello from rank $RANK"; echo "oops $RANK" >&2
 env > "$MARK_DIR/env-$RANK.tmp" && mv "$MARK_DIR/env-$RANK.tmp" "$MARK_DIR/env-$RANK""#;
     let job_id = any.submit(shell_job(2, 8, &marks, script)).await?.job_id;
-    let job = any
-        .wait_job_state(job_id, pb::JobState::Succeeded, WAIT)
-        .await?;
+    let job = any.wait_job_state(job_id, pb::JobState::Succeeded, WAIT).await?;
     ensure!(job.attempts == 1, "one attempt, got {}", job.attempts);
-    ensure!(
-        job.last_nodes.iter().collect::<BTreeSet<_>>().len() == 2,
-        "one rank per node: {:?}",
-        job.last_nodes
-    );
+    ensure!(job.last_nodes.iter().collect::<BTreeSet<_>>().len() == 2, "one rank per node: {:?}", job.last_nodes);
 
-    let ranks = [
-        read_env(&marks.join("env-0"))?,
-        read_env(&marks.join("env-1"))?,
-    ];
+    let ranks = [read_env(&marks.join("env-0"))?, read_env(&marks.join("env-1"))?];
     let nodes: BTreeSet<&str> = ranks.iter().map(|e| e["ROTA_NODE"].as_str()).collect();
     ensure!(nodes.len() == 2, "ranks on distinct nodes: {nodes:?}");
     for (i, env) in ranks.iter().enumerate() {
         ensure!(env["RANK"] == i.to_string(), "RANK {:?}", env["RANK"]);
-        ensure!(
-            env["NODE_RANK"] == i.to_string(),
-            "NODE_RANK {:?}",
-            env["NODE_RANK"]
-        );
+        ensure!(env["NODE_RANK"] == i.to_string(), "NODE_RANK {:?}", env["NODE_RANK"]);
         ensure!(env["LOCAL_RANK"] == "0");
         ensure!(env["WORLD_SIZE"] == "2");
         ensure!(env["ROTA_JOB_ID"] == job_id.to_string());
         ensure!(env["MASTER_ADDR"] == "127.0.0.1");
-        ensure!(
-            env["MASTER_PORT"] == ranks[0]["MASTER_PORT"]
-                && env["MASTER_PORT"].parse::<u16>()? >= 29_500
-        );
-        ensure!(
-            env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7",
-            "CUDA_VISIBLE_DEVICES {:?}",
-            env["CUDA_VISIBLE_DEVICES"]
-        );
+        ensure!(env["MASTER_PORT"] == ranks[0]["MASTER_PORT"] && env["MASTER_PORT"].parse::<u16>()? >= 29_500);
+        ensure!(env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7", "CUDA_VISIBLE_DEVICES {:?}", env["CUDA_VISIBLE_DEVICES"]);
         ensure!(env["ROTA_CHECKPOINT_FILE"].ends_with("/checkpoint"));
-        ensure!(
-            env["MARK_DIR"] == marks.display().to_string(),
-            "the job's own env is passed"
-        );
+        ensure!(env["MARK_DIR"] == marks.display().to_string(), "the job's own env is passed");
     }
-    ensure!(
-        ranks[0]["ROTA_NODE"] == job.last_nodes[0],
-        "rank 0 ran where the scheduler placed it"
-    );
+    ensure!(ranks[0]["ROTA_NODE"] == job.last_nodes[0], "rank 0 ran where the scheduler placed it");
 
     // The CLI reads each rank's output from the agent that ran it.
     let endpoints = cluster.endpoints_csv();
     let out = rota(&endpoints, &["logs", &job_id.to_string(), "--rank", "1"])?;
     ensure!(out == "hello from rank 1\n", "rota logs: {out:?}");
-    let err = rota(
-        &endpoints,
-        &[
-            "logs",
-            &job_id.to_string(),
-            "--rank",
-            "0",
-            "--stderr",
-            "--follow",
-        ],
-    )?;
+    let err = rota(&endpoints, &["logs", &job_id.to_string(), "--rank", "0", "--stderr", "--follow"])?;
     ensure!(err == "oops 0\n", "rota logs --stderr: {err:?}");
     let status = rota(&endpoints, &["status", &job_id.to_string()])?;
-    ensure!(
-        status.contains("succeeded") && status.contains("node-a"),
-        "rota status: {status}"
-    );
+    ensure!(status.contains("succeeded") && status.contains("node-a"), "rota status: {status}");
     let nodes = rota(&endpoints, &["nodes"])?;
-    ensure!(
-        nodes.contains("node-a") && nodes.contains("H100-80GB") && nodes.contains("81920 MiB"),
-        "rota nodes: {nodes}"
-    );
+    ensure!(nodes.contains("node-a") && nodes.contains("H100-80GB") && nodes.contains("81920 MiB"), "rota nodes: {nodes}");
     Ok(())
 }
 
 fn rota(endpoints: &str, args: &[&str]) -> Result<String> {
-    let output = std::process::Command::new(rota_bin()?)
-        .args(["--endpoints", endpoints])
-        .args(args)
-        .output()?;
-    ensure!(
-        output.status.success(),
-        "rota {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output = std::process::Command::new(rota_bin()?).args(["--endpoints", endpoints]).args(args).output()?;
+    ensure!(output.status.success(), "rota {args:?}: {}", String::from_utf8_lossy(&output.stderr));
     Ok(String::from_utf8(output.stdout)?)
 }

@@ -7,9 +7,7 @@ use std::time::Duration;
 use anyhow::{ensure, Result};
 use rota_chaos::agents::{AgentOptions, LocalAgent};
 use rota_chaos::cluster::{ClusterOptions, LocalCluster};
-use rota_e2e::{
-    list_nodes, pid_alive, shell_job, wait_nodes_ready, wait_number, wait_until, AnyReplica,
-};
+use rota_e2e::{list_nodes, pid_alive, shell_job, wait_nodes_ready, wait_number, wait_until, AnyReplica};
 use rota_proto::v1 as pb;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -20,24 +18,11 @@ async fn a_silent_node_is_declared_down_and_its_gang_requeued() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let marks = dir.path().join("marks");
     std::fs::create_dir_all(&marks)?;
-    let options = ClusterOptions {
-        node_ttl_ms: TTL_MS,
-        ..ClusterOptions::default()
-    };
+    let options = ClusterOptions { node_ttl_ms: TTL_MS, ..ClusterOptions::default() };
     let cluster = LocalCluster::start(dir.path(), 3, options)?;
     cluster.wait_leader(WAIT).await?;
-    let _a = LocalAgent::start(
-        dir.path(),
-        "node-a",
-        &cluster.endpoints_csv(),
-        AgentOptions::default(),
-    )?;
-    let mut b = LocalAgent::start(
-        dir.path(),
-        "node-b",
-        &cluster.endpoints_csv(),
-        AgentOptions::default(),
-    )?;
+    let _a = LocalAgent::start(dir.path(), "node-a", &cluster.endpoints_csv(), AgentOptions::default())?;
+    let mut b = LocalAgent::start(dir.path(), "node-b", &cluster.endpoints_csv(), AgentOptions::default())?;
     wait_nodes_ready(&cluster, 2, WAIT).await?;
 
     let any = AnyReplica::new(&cluster)?;
@@ -51,40 +36,21 @@ while [ ! -e "$MARK_DIR/go" ]; do sleep 0.05; done"#;
     let leader = cluster.wait_leader(WAIT).await?;
     wait_until("node-b to be declared down", WAIT, || async {
         let nodes = list_nodes(&cluster, leader).await?;
-        Ok(nodes
-            .iter()
-            .any(|n| n.name == "node-b" && n.state == "down")
-            .then_some(()))
+        Ok(nodes.iter().any(|n| n.name == "node-b" && n.state == "down").then_some(()))
     })
     .await?;
-    let job = any
-        .wait_job_state(job_id, pb::JobState::Pending, WAIT)
-        .await?;
-    ensure!(
-        job.attempts == 1 && job.reason.contains("node"),
-        "requeued whole: {job:?}"
-    );
-    wait_until("the gang's rank on node-a to be stopped", WAIT, || async {
-        Ok((!pid_alive(pid_a)).then_some(()))
-    })
-    .await?;
-    ensure!(
-        pid_alive(pid_b),
-        "an agent out of touch never kills its ranks"
-    );
+    let job = any.wait_job_state(job_id, pb::JobState::Pending, WAIT).await?;
+    ensure!(job.attempts == 1 && job.reason.contains("node"), "requeued whole: {job:?}");
+    wait_until("the gang's rank on node-a to be stopped", WAIT, || async { Ok((!pid_alive(pid_a)).then_some(())) }).await?;
+    ensure!(pid_alive(pid_b), "an agent out of touch never kills its ranks");
 
     b.restart()?;
-    wait_until("node-b's stale rank to be stopped", WAIT, || async {
-        Ok((!pid_alive(pid_b)).then_some(()))
-    })
-    .await?;
+    wait_until("node-b's stale rank to be stopped", WAIT, || async { Ok((!pid_alive(pid_b)).then_some(())) }).await?;
     wait_nodes_ready(&cluster, 2, WAIT).await?;
     wait_number(&marks.join("pid-node-a-2"), WAIT).await?;
     wait_number(&marks.join("pid-node-b-2"), WAIT).await?;
     std::fs::write(marks.join("go"), "")?;
-    let done = any
-        .wait_job_state(job_id, pb::JobState::Succeeded, WAIT)
-        .await?;
+    let done = any.wait_job_state(job_id, pb::JobState::Succeeded, WAIT).await?;
     ensure!(done.attempts == 2, "attempts {}", done.attempts);
     Ok(())
 }

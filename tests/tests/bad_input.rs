@@ -69,9 +69,12 @@ async fn bad_submits_are_refused_naming_the_field() -> Result<()> {
         (with_spec(|s| s.group = "bad group!".into()), "spec.group"),
         (with_spec(|s| s.priority = 42), "spec.priority"),
         (with_spec(|s| s.max_retries = 1_000), "spec.max_retries"),
-        (with_spec(|s| {
-            s.env.insert("RANK".into(), "3".into());
-        }), "spec.env"),
+        (
+            with_spec(|s| {
+                s.env.insert("RANK".into(), "3".into());
+            }),
+            "spec.env",
+        ),
         (pb::SubmitJobRequest { spec: Some(spec()), request_id: "r".repeat(1_000) }, "request_id"),
         (pb::SubmitJobRequest { spec: None, request_id: String::new() }, "spec"),
     ];

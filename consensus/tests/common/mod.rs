@@ -29,10 +29,7 @@ impl StateMachine for KvMachine {
         self.last_index = index;
         let text = String::from_utf8_lossy(payload);
         let (k, v) = text.split_once('=').unwrap_or((&text, ""));
-        self.map
-            .insert(k.to_string(), v.to_string())
-            .unwrap_or_default()
-            .into_bytes()
+        self.map.insert(k.to_string(), v.to_string()).unwrap_or_default().into_bytes()
     }
 
     fn snapshot(&self) -> Vec<u8> {
@@ -46,10 +43,7 @@ impl StateMachine for KvMachine {
 }
 
 pub fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
 }
 
 /// Bind 127.0.0.1:`port` (0: any free port) with SO_REUSEADDR so a
@@ -57,8 +51,7 @@ pub fn init_tracing() {
 pub fn bind(port: u16) -> tokio::net::TcpListener {
     let sock = tokio::net::TcpSocket::new_v4().expect("socket");
     sock.set_reuseaddr(true).expect("reuseaddr");
-    sock.bind(SocketAddr::from(([127, 0, 0, 1], port)))
-        .expect("bind 127.0.0.1");
+    sock.bind(SocketAddr::from(([127, 0, 0, 1], port))).expect("bind 127.0.0.1");
     sock.listen(1024).expect("listen")
 }
 
@@ -96,12 +89,7 @@ impl Cluster {
             addrs.insert(id, l.local_addr().expect("local addr").to_string());
             listeners.insert(id, l);
         }
-        let mut c = Cluster {
-            nodes: BTreeMap::new(),
-            addrs,
-            tweak,
-            root: tempfile::tempdir().expect("tempdir"),
-        };
+        let mut c = Cluster { nodes: BTreeMap::new(), addrs, tweak, root: tempfile::tempdir().expect("tempdir") };
         for (id, l) in listeners {
             c.spawn(id, l).await;
         }
@@ -116,42 +104,26 @@ impl Cluster {
     }
 
     async fn spawn(&mut self, id: NodeId, listener: tokio::net::TcpListener) {
-        let replica = Replica::open(self.config(id), KvMachine::default())
-            .await
-            .expect("open replica");
+        let replica = Replica::open(self.config(id), KvMachine::default()).await.expect("open replica");
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let svc = replica.raft_service();
         let server = tokio::spawn(async move {
             let res = tonic::transport::Server::builder()
                 .add_service(svc)
-                .serve_with_incoming_shutdown(
-                    tonic::transport::server::TcpIncoming::from(listener),
-                    async {
-                        let _ = stop_rx.await;
-                    },
-                )
+                .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(listener), async {
+                    let _ = stop_rx.await;
+                })
                 .await;
             if let Err(e) = res {
                 eprintln!("server error: {e}");
             }
         });
-        self.nodes.insert(
-            id,
-            Node {
-                replica,
-                stop_tx,
-                server,
-            },
-        );
+        self.nodes.insert(id, Node { replica, stop_tx, server });
     }
 
     /// (Re)start node `id` on its old address and data dir.
     pub async fn start_node(&mut self, id: NodeId) {
-        let port: u16 = self.addrs[&id]
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("port");
+        let port: u16 = self.addrs[&id].rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
         let l = bind(port);
         self.spawn(id, l).await;
     }
@@ -161,10 +133,7 @@ impl Cluster {
         let node = self.nodes.remove(&id).expect("node running");
         let _ = node.stop_tx.send(());
         node.replica.shutdown().await.expect("shutdown replica");
-        tokio::time::timeout(WAIT, node.server)
-            .await
-            .expect("server stops")
-            .expect("server task");
+        tokio::time::timeout(WAIT, node.server).await.expect("server stops").expect("server task");
     }
 
     pub fn replica(&self, id: NodeId) -> &Replica<KvMachine> {
@@ -176,10 +145,7 @@ impl Cluster {
         let deadline = Instant::now() + WAIT;
         let running: Vec<NodeId> = self.nodes.keys().copied().collect();
         loop {
-            let leaders: Vec<Option<NodeId>> = running
-                .iter()
-                .map(|id| self.replica(*id).status().leader_id)
-                .collect();
+            let leaders: Vec<Option<NodeId>> = running.iter().map(|id| self.replica(*id).status().leader_id).collect();
             if let Some(Some(l)) = leaders.first() {
                 if leaders.iter().all(|x| *x == Some(*l))
                     && running.contains(l)
@@ -188,30 +154,19 @@ impl Cluster {
                     return *l;
                 }
             }
-            assert!(
-                Instant::now() < deadline,
-                "no agreed leader among {running:?}: {leaders:?}"
-            );
+            assert!(Instant::now() < deadline, "no agreed leader among {running:?}: {leaders:?}");
             self.wait_metrics_change().await;
         }
     }
 
     /// Wait (bounded) until any running node's metrics change.
     pub async fn wait_metrics_change(&self) {
-        let mut rxs: Vec<_> = self
-            .nodes
-            .values()
-            .map(|n| n.replica.raft().metrics())
-            .collect();
+        let mut rxs: Vec<_> = self.nodes.values().map(|n| n.replica.raft().metrics()).collect();
         for rx in rxs.iter_mut() {
             rx.borrow_and_update();
         }
         let futs = rxs.iter_mut().map(|rx| Box::pin(rx.changed()));
-        let _ = tokio::time::timeout(
-            Duration::from_millis(500),
-            futures::future::select_all(futs),
-        )
-        .await;
+        let _ = tokio::time::timeout(Duration::from_millis(500), futures::future::select_all(futs)).await;
     }
 
     /// Write through whichever node is leader, following redirects.
@@ -219,15 +174,9 @@ impl Cluster {
         let deadline = Instant::now() + WAIT;
         let mut target = *self.nodes.keys().next().expect("a running node");
         loop {
-            match self
-                .replica(target)
-                .write(payload.as_bytes().to_vec())
-                .await
-            {
+            match self.replica(target).write(payload.as_bytes().to_vec()).await {
                 Ok(w) => return w,
-                Err(WriteError::ForwardToLeader {
-                    leader_id: Some(l), ..
-                }) if self.nodes.contains_key(&l) && l != target => target = l,
+                Err(WriteError::ForwardToLeader { leader_id: Some(l), .. }) if self.nodes.contains_key(&l) && l != target => target = l,
                 Err(e) => {
                     assert!(Instant::now() < deadline, "write {payload:?} failed: {e}");
                     self.wait_metrics_change().await;
@@ -258,11 +207,7 @@ impl Cluster {
 pub fn assert_same(states: &[(NodeId, KvMachine)]) -> KvMachine {
     let first = states[0].1.clone();
     for (id, s) in states {
-        assert_eq!(
-            &first, s,
-            "state of node {id} differs from node {}",
-            states[0].0
-        );
+        assert_eq!(&first, s, "state of node {id} differs from node {}", states[0].0);
     }
     first
 }

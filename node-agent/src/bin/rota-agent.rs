@@ -12,11 +12,7 @@ use rota_agent::logs::LogServer;
 use rota_proto::v1::node_agent_service_server::NodeAgentServiceServer;
 
 #[derive(Parser)]
-#[command(
-    name = "rota-agent",
-    version,
-    about = "rota's node agent: runs job ranks on a GPU host"
-)]
+#[command(name = "rota-agent", version, about = "rota's node agent: runs job ranks on a GPU host")]
 struct Args {
     /// Scheduler replica addresses (host:port), comma separated.
     #[arg(long, env = "ROTA_ENDPOINTS", value_delimiter = ',', required = true)]
@@ -67,14 +63,11 @@ fn run_shim() -> Result<()> {
 
 #[tokio::main]
 async fn run_agent(args: Args) -> Result<()> {
-    let source = GpuSource::open(args.fake_gpus.as_deref())?.with_fake_unhealthy_file(
-        args.data_dir
-            .join(rota_agent::inventory::FAKE_UNHEALTHY_FILE),
-    );
+    let source = GpuSource::open(args.fake_gpus.as_deref())?
+        .with_fake_unhealthy_file(args.data_dir.join(rota_agent::inventory::FAKE_UNHEALTHY_FILE));
     let inventory = source.inventory()?;
     tracing::info!(gpus = inventory.len(), model = ?inventory.first().map(|g| g.model.clone()), "GPU inventory");
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
+    std::fs::create_dir_all(&args.data_dir).with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.advertise_addr, args.port))
         .await
         .with_context(|| format!("binding {}:{}", args.advertise_addr, args.port))?;
@@ -87,11 +80,7 @@ async fn run_agent(args: Args) -> Result<()> {
         rack: args.rack,
         leaf: args.leaf,
         heartbeat_ms: args.heartbeat_ms.max(50),
-        runtime_prefix: args
-            .runtime_prefix
-            .split_whitespace()
-            .map(str::to_string)
-            .collect(),
+        runtime_prefix: args.runtime_prefix.split_whitespace().map(str::to_string).collect(),
         log_cap_bytes: args.log_cap_mib.max(1) * 1024 * 1024,
         keep_finished_ranks: args.keep_finished_ranks,
     };
@@ -99,11 +88,7 @@ async fn run_agent(args: Args) -> Result<()> {
     let logs = NodeAgentServiceServer::new(LogServer::new(shared.ranks_root.clone()));
     tokio::spawn(async move {
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        if let Err(error) = tonic::transport::Server::builder()
-            .add_service(logs)
-            .serve_with_incoming(incoming)
-            .await
-        {
+        if let Err(error) = tonic::transport::Server::builder().add_service(logs).serve_with_incoming(incoming).await {
             tracing::error!(%error, "log server stopped");
         }
     });
@@ -113,10 +98,7 @@ async fn run_agent(args: Args) -> Result<()> {
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     if std::env::args().nth(1).as_deref() == Some("shim") {

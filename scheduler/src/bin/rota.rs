@@ -66,6 +66,18 @@ enum Command {
     Cluster,
     /// Show the GPU hosts.
     Nodes,
+    /// Queues (replicated): `rota queue show`, `rota queue set NAME --weight 3 ...`.
+    Queue {
+        #[command(subcommand)]
+        action: QueueAction,
+    },
+    /// Group quotas (replicated) with use, borrowed and lendable GPUs.
+    Quota {
+        #[command(subcommand)]
+        action: QuotaAction,
+    },
+    /// GPU-hours used per group and queue.
+    Usage,
     /// Change the set of replicas without downtime.
     Member {
         #[command(subcommand)]
@@ -78,6 +90,18 @@ enum Command {
         #[command(subcommand)]
         what: BenchWhat,
     },
+}
+
+#[derive(Subcommand)]
+enum QueueAction {
+    Show,
+    Set(rota_scheduler::cli::config::QueueSetArgs),
+}
+
+#[derive(Subcommand)]
+enum QuotaAction {
+    Show,
+    Set(rota_scheduler::cli::config::QuotaSetArgs),
 }
 
 #[derive(Subcommand)]
@@ -208,6 +232,11 @@ async fn main() -> Result<()> {
         Command::Cancel { job_id } => cli::cancel(&client, job_id, format).await,
         Command::Logs { job_id, rank, stderr, follow } => cli::logs(&client, job_id, rank, stderr, follow).await,
         Command::Cluster => cli::cluster(&client, format).await,
+        Command::Queue { action: QueueAction::Show } => cli::config::queue_show(&client, format).await,
+        Command::Queue { action: QueueAction::Set(set) } => cli::config::queue_set(&client, &set, format).await,
+        Command::Quota { action: QuotaAction::Show } => cli::config::quota_show(&client, format).await,
+        Command::Quota { action: QuotaAction::Set(set) } => cli::config::quota_set(&client, &set, format).await,
+        Command::Usage => cli::config::usage(&client, format).await,
         Command::Nodes => cli::nodes(&client, format).await,
         Command::Member { action: MemberAction::Add { id, address } } => cli::member_add(&client, id, &address, format).await,
         Command::Member { action: MemberAction::Remove { id } } => cli::member_remove(&client, id, format).await,

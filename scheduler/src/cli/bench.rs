@@ -50,11 +50,7 @@ pub async fn run(client: &Client, args: &BenchSubmitArgs) -> Result<serde_json::
         .collect::<Result<Vec<Channel>>>()?;
     let run_id = format!("bench-{:016x}", rand::random::<u64>());
     let started = Instant::now();
-    let sample = if args.rate == 0 {
-        closed_loop(&channels, &run_id, args).await
-    } else {
-        open_loop(&channels, &run_id, args).await
-    };
+    let sample = if args.rate == 0 { closed_loop(&channels, &run_id, args).await } else { open_loop(&channels, &run_id, args).await };
     let elapsed_s = started.elapsed().as_secs_f64();
     Ok(report(sample, elapsed_s, args, &leader))
 }

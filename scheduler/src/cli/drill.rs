@@ -36,9 +36,11 @@ pub async fn run(client: &Client, args: &DrillArgs) -> Result<serde_json::Value>
         bail!("the cluster has no leader now; nothing to drill");
     }
     let target = pick_target(&before, args.to)?;
-    let endpoint = client.endpoints().iter().position(|e| *e == target.address).with_context(|| {
-        format!("replica {} ({}) is not among --endpoints; add it", target.id, target.address)
-    })?;
+    let endpoint = client
+        .endpoints()
+        .iter()
+        .position(|e| *e == target.address)
+        .with_context(|| format!("replica {} ({}) is not among --endpoints; add it", target.id, target.address))?;
     let deadline = Duration::from_secs(args.wait_s);
     let started = Instant::now();
     client
@@ -71,7 +73,13 @@ fn pick_target(status: &pb::ClusterStatus, to: Option<u64>) -> Result<pb::Member
     Ok(target.clone())
 }
 
-async fn wait_new_leader(client: &Client, old: u64, old_term: u64, started: Instant, deadline: Duration) -> Result<(pb::ClusterStatus, u64)> {
+async fn wait_new_leader(
+    client: &Client,
+    old: u64,
+    old_term: u64,
+    started: Instant,
+    deadline: Duration,
+) -> Result<(pb::ClusterStatus, u64)> {
     while started.elapsed() < deadline {
         if let Ok(status) = cluster_status(client).await {
             if status.leader_id != 0 && status.leader_id != old && status.term > old_term {

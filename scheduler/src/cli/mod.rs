@@ -1,6 +1,7 @@
 //! The `rota` command line: client commands and their output (table or JSON).
 
 pub mod bench;
+pub mod config;
 pub mod drill;
 pub mod output;
 
@@ -80,7 +81,8 @@ impl SubmitArgs {
         if self.command.is_empty() {
             bail!("command: give the program after `--`, e.g. rota submit -- python train.py");
         }
-        let priority = Priority::parse(&self.priority).with_context(|| format!("--priority {:?}: expected high, medium or low", self.priority))?;
+        let priority =
+            Priority::parse(&self.priority).with_context(|| format!("--priority {:?}: expected high, medium or low", self.priority))?;
         let spec = pb::JobSpec {
             name: self.name.clone(),
             group: self.group.clone(),
@@ -112,10 +114,9 @@ pub async fn submit(client: &Client, args: &SubmitArgs, format: Format) -> Resul
         })
         .await?;
     match format {
-        Format::Json => println!(
-            "{}",
-            serde_json::json!({"job_id": response.job_id, "deduplicated": response.deduplicated, "index": response.index})
-        ),
+        Format::Json => {
+            println!("{}", serde_json::json!({"job_id": response.job_id, "deduplicated": response.deduplicated, "index": response.index}))
+        }
         Format::Table => println!("{}", response.job_id),
     }
     Ok(())
@@ -170,9 +171,8 @@ pub async fn jobs(client: &Client, state: Option<&str>, group: Option<&str>, lim
     let state = match state {
         None => pb::JobState::Unspecified,
         Some(text) => {
-            let parsed = JobState::parse(text).with_context(|| {
-                format!("--state {text:?}: expected pending, running, stopping, succeeded, failed or cancelled")
-            })?;
+            let parsed = JobState::parse(text)
+                .with_context(|| format!("--state {text:?}: expected pending, running, stopping, succeeded, failed or cancelled"))?;
             crate::server::convert::state_to_pb(parsed)
         }
     };
@@ -267,7 +267,8 @@ pub async fn logs(client: &Client, job_id: u64, rank: u32, stderr: bool, follow:
             async move { cluster.list_nodes(pb::ListNodesRequest {}).await.map(|r| r.into_inner()) }
         })
         .await?;
-    let address = nodes.nodes.iter().find(|n| n.name == node).map(|n| n.address.clone()).with_context(|| format!("node {node} is not registered"))?;
+    let address =
+        nodes.nodes.iter().find(|n| n.name == node).map(|n| n.address.clone()).with_context(|| format!("node {node} is not registered"))?;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
         .with_context(|| format!("node {node} has a bad address {address:?}"))?
         .connect_timeout(std::time::Duration::from_secs(5))

@@ -120,7 +120,10 @@ pub fn cluster_json(status: &pb::ClusterStatus) -> Value {
 }
 
 pub fn print_cluster(status: &pb::ClusterStatus) {
-    println!("leader {} ({})  term {}  commit {}  applied {}", status.leader_id, status.leader_address, status.term, status.commit_index, status.applied_index);
+    println!(
+        "leader {} ({})  term {}  commit {}  applied {}",
+        status.leader_id, status.leader_address, status.term, status.commit_index, status.applied_index
+    );
     println!("{:>4}  {:<22} {:<9} {:>10}", "ID", "ADDRESS", "ROLE", "MATCHED");
     for m in &status.members {
         println!("{:>4}  {:<22} {:<9} {:>10}", m.id, m.address, m.role, m.matched_index);

@@ -14,11 +14,7 @@ impl Hasher for Fnv {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        let mut hash = if self.0 == 0 {
-            0xcbf2_9ce4_8422_2325
-        } else {
-            self.0
-        };
+        let mut hash = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
         for &b in bytes {
             hash ^= u64::from(b);
             hash = hash.wrapping_mul(0x0100_0000_01b3);

@@ -133,12 +133,7 @@ impl Default for PolicyConfig {
 impl PolicyConfig {
     /// A baseline: submit order, no quotas, no preemption, no topology.
     pub fn baseline(mode: Mode) -> PolicyConfig {
-        PolicyConfig {
-            mode,
-            favour_short: false,
-            topology: false,
-            ..PolicyConfig::default()
-        }
+        PolicyConfig { mode, favour_short: false, topology: false, ..PolicyConfig::default() }
     }
 
     pub fn uses_quotas(&self) -> bool {

@@ -30,10 +30,7 @@ use super::{Mode, PolicyConfig};
 /// counts as `Medium`.
 pub fn effective_priority(job: &Job, now_ms: u64) -> Priority {
     let ttl_ms = job.spec.priority_ttl_s.saturating_mul(1000);
-    if job.spec.priority == Priority::High
-        && ttl_ms > 0
-        && now_ms >= job.submitted_at_ms.saturating_add(ttl_ms)
-    {
+    if job.spec.priority == Priority::High && ttl_ms > 0 && now_ms >= job.submitted_at_ms.saturating_add(ttl_ms) {
         return Priority::Medium;
     }
     job.spec.priority
@@ -86,13 +83,7 @@ fn shortness(limit_ms: u64) -> u64 {
     steps
 }
 
-pub fn standing(
-    config: &PolicyConfig,
-    queue_weight: u32,
-    priority: Priority,
-    wait_ms: u64,
-    limit_ms: u64,
-) -> u64 {
+pub fn standing(config: &PolicyConfig, queue_weight: u32, priority: Priority, wait_ms: u64, limit_ms: u64) -> u64 {
     let aging = (wait_ms / config.aging_step_ms.max(1)).min(config.aging_cap);
     config.queue_points * u64::from(queue_weight)
         + config.priority_points * priority_level(priority)
@@ -101,12 +92,7 @@ pub fn standing(
 }
 
 /// Pending jobs in the order the pass considers them.
-pub fn pending<'a>(
-    state: &'a ClusterState,
-    now_ms: u64,
-    config: &PolicyConfig,
-    quota: &mut QuotaBook<'a>,
-) -> Vec<Cand<'a>> {
+pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, quota: &mut QuotaBook<'a>) -> Vec<Cand<'a>> {
     let mut queues: FastMap<&str, (u32, u64)> = FastMap::default();
     for (name, q) in &state.queues {
         queues.insert(name.as_str(), (q.weight, q.default_runtime_s));
@@ -116,17 +102,10 @@ pub fn pending<'a>(
         .values()
         .filter(|j| j.state == JobState::Pending)
         .map(|job| {
-            let (queue_weight, default_s) = queues
-                .get(job.spec.queue.as_str())
-                .copied()
-                .unwrap_or((1, 24 * 3600));
+            let (queue_weight, default_s) = queues.get(job.spec.queue.as_str()).copied().unwrap_or((1, 24 * 3600));
             let priority = effective_priority(job, now_ms);
             let wait_ms = now_ms.saturating_sub(job.submitted_at_ms);
-            let limit_s = if job.spec.runtime_limit_s > 0 {
-                job.spec.runtime_limit_s
-            } else {
-                default_s
-            };
+            let limit_s = if job.spec.runtime_limit_s > 0 { job.spec.runtime_limit_s } else { default_s };
             let limit_ms = limit_s.saturating_mul(1000);
             Cand {
                 job,
@@ -156,11 +135,7 @@ pub fn pending<'a>(
         .enumerate()
         .map(|(i, c)| {
             let standing = u128::from(u64::MAX - c.standing) << 64;
-            (
-                standing | u128::from(c.job.submitted_at_ms),
-                c.job.id,
-                i as u32,
-            )
+            (standing | u128::from(c.job.submitted_at_ms), c.job.id, i as u32)
         })
         .collect();
     keys.sort_unstable();
@@ -168,22 +143,13 @@ pub fn pending<'a>(
     if config.quota_tiers {
         assign_tiers(&mut cands, &order, quota);
     }
-    for cand in cands
-        .iter_mut()
-        .filter(|c| c.wait_ms >= config.starve_after_ms)
-    {
+    for cand in cands.iter_mut().filter(|c| c.wait_ms >= config.starve_after_ms) {
         cand.tier = 0;
     }
     // Stable by tier (0..=2): one walk over the order per tier.
     let mut out = Vec::with_capacity(cands.len());
     for tier in 0..=2u8 {
-        out.extend(
-            order
-                .iter()
-                .map(|&i| &cands[i as usize])
-                .filter(|c| c.tier.min(2) == tier)
-                .cloned(),
-        );
+        out.extend(order.iter().map(|&i| &cands[i as usize]).filter(|c| c.tier.min(2) == tier).cloned());
     }
     out
 }

@@ -2,9 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::state::{
-    ClusterState, JobId, PendingNote, Placement, Plan, Priority, RankPlacement, Stop, StopReason,
-};
+use crate::state::{ClusterState, JobId, PendingNote, Placement, Plan, Priority, RankPlacement, Stop, StopReason};
 
 use super::fasthash::FastMap;
 use super::order::{self, Cand};
@@ -90,27 +88,15 @@ impl<'a> Pass<'a> {
             taken,
             preempt_attempts: 0,
             preempt_failed: BTreeMap::new(),
-            plan: Plan {
-                computed_at_index: state.applied_index,
-                ..Plan::default()
-            },
+            plan: Plan { computed_at_index: state.applied_index, ..Plan::default() },
             rendered: FastMap::default(),
         }
     }
 
     pub fn run(mut self) -> Plan {
         self.enforce_limits();
-        self.releases = self
-            .running
-            .iter()
-            .flat_map(|r| {
-                r.release.iter().map(move |&(node, gpus)| Release {
-                    end_ms: r.end_ms,
-                    node,
-                    gpus,
-                })
-            })
-            .collect();
+        self.releases =
+            self.running.iter().flat_map(|r| r.release.iter().map(move |&(node, gpus)| Release { end_ms: r.end_ms, node, gpus })).collect();
         let cands = order::pending(self.state, self.now_ms, self.config, &mut self.quota);
         for cand in &cands {
             if let Outcome::Pending(reason, estimate) = self.consider(cand) {
@@ -122,15 +108,8 @@ impl<'a> Pass<'a> {
 
     /// Action 1: stop allocations past their runtime limit.
     fn enforce_limits(&mut self) {
-        for run in self
-            .running
-            .iter_mut()
-            .filter(|r| !r.stopping && r.deadline_ms <= self.now_ms)
-        {
-            self.plan.stops.push(Stop {
-                alloc_id: run.alloc_id,
-                reason: StopReason::RuntimeLimit,
-            });
+        for run in self.running.iter_mut().filter(|r| !r.stopping && r.deadline_ms <= self.now_ms) {
+            self.plan.stops.push(Stop { alloc_id: run.alloc_id, reason: StopReason::RuntimeLimit });
             run.stopping = true;
             run.end_ms = self.now_ms;
         }
@@ -149,8 +128,7 @@ impl<'a> Pass<'a> {
             self.any_class = Some(self.class_lists.len());
         }
         let id = self.class_lists.len();
-        self.class_lists
-            .push(self.view.matching_classes(&cand.job.spec));
+        self.class_lists.push(self.view.matching_classes(&cand.job.spec));
         self.class_sets.insert(key, id);
         id
     }
@@ -165,10 +143,7 @@ impl<'a> Pass<'a> {
             return Outcome::Pending(Reason::BehindJob { job }, None);
         }
         let admit = if self.config.uses_quotas() {
-            match self
-                .quota
-                .admit(cand.group, cand.model, cand.gpus(), self.free.total)
-            {
+            match self.quota.admit(cand.group, cand.model, cand.gpus(), self.free.total) {
                 Ok(admit) => admit,
                 Err(reason) => return Outcome::Pending(reason, None),
             }
@@ -192,10 +167,7 @@ impl<'a> Pass<'a> {
         let reason = if self.free.total == 0 {
             Reason::NoFreeGpus
         } else {
-            Reason::InsufficientGpus {
-                replicas: cand.replicas,
-                per_replica: cand.per,
-            }
+            Reason::InsufficientGpus { replicas: cand.replicas, per_replica: cand.per }
         };
         if self.reservation.is_some() {
             return Outcome::Pending(reason, None);
@@ -211,30 +183,13 @@ impl<'a> Pass<'a> {
         let (set, replicas, per) = shape;
         let classes = &self.class_lists[set];
         let spec = &cand.job.spec;
-        let no_match = Reason::NoMatchingGpus {
-            model: spec.gpu_model.clone(),
-            min_memory_mib: spec.min_gpu_memory_mib,
-        };
-        let slots: u64 = self
-            .view
-            .nodes
-            .iter()
-            .filter(|n| classes.contains(&n.class))
-            .map(|n| u64::from(n.usable / per))
-            .sum();
-        let usable_nodes = self
-            .view
-            .nodes
-            .iter()
-            .any(|n| classes.contains(&n.class) && n.usable > 0);
+        let no_match = Reason::NoMatchingGpus { model: spec.gpu_model.clone(), min_memory_mib: spec.min_gpu_memory_mib };
+        let slots: u64 = self.view.nodes.iter().filter(|n| classes.contains(&n.class)).map(|n| u64::from(n.usable / per)).sum();
+        let usable_nodes = self.view.nodes.iter().any(|n| classes.contains(&n.class) && n.usable > 0);
         let verdict = if !usable_nodes {
             Some(no_match)
         } else if slots < u64::from(replicas) {
-            Some(Reason::GangTooLarge {
-                replicas,
-                per_replica: per,
-                slots,
-            })
+            Some(Reason::GangTooLarge { replicas, per_replica: per, slots })
         } else {
             None
         };
@@ -250,14 +205,7 @@ impl<'a> Pass<'a> {
         }
         let (set, replicas, per) = shape;
         let topology = self.config.topology;
-        let Some((spread, _)) = place(
-            &self.free,
-            &self.view,
-            replicas,
-            per,
-            &self.class_lists[set],
-            topology,
-        ) else {
+        let Some((spread, _)) = place(&self.free, &self.view, replicas, per, &self.class_lists[set], topology) else {
             self.no_fit_free.insert(shape, ());
             return Fit::Nowhere;
         };
@@ -272,14 +220,7 @@ impl<'a> Pass<'a> {
         if self.no_fit_cap.contains_key(&shape) {
             return Fit::Delays;
         }
-        match place(
-            &reservation.cap,
-            &self.view,
-            replicas,
-            per,
-            &self.class_lists[set],
-            topology,
-        ) {
+        match place(&reservation.cap, &self.view, replicas, per, &self.class_lists[set], topology) {
             Some((spread, _)) => {
                 self.commit(cand, &spread, true);
                 Fit::Placed
@@ -298,10 +239,7 @@ impl<'a> Pass<'a> {
         for &(node, count) in spread {
             for _ in 0..count {
                 let gpus = choose_gpus(&mut self.free_gpus[node as usize], per);
-                ranks.push(RankPlacement {
-                    node: self.view.nodes[node as usize].name.to_string(),
-                    gpus,
-                });
+                ranks.push(RankPlacement { node: self.view.nodes[node as usize].name.to_string(), gpus });
             }
             let gpus = count * per;
             self.free.take(node, gpus);
@@ -312,12 +250,8 @@ impl<'a> Pass<'a> {
             let end_ms = self.now_ms.saturating_add(cand.limit_ms);
             self.releases.push(Release { end_ms, node, gpus });
         }
-        self.quota
-            .charge(cand.group, spec.gpu_model.as_deref(), cand.gpus());
-        self.plan.placements.push(Placement {
-            job_id: cand.job.id,
-            ranks,
-        });
+        self.quota.charge(cand.group, spec.gpu_model.as_deref(), cand.gpus());
+        self.plan.placements.push(Placement { job_id: cand.job.id, ranks });
     }
 
     /// The first job that can neither start nor preempt: reserve for it
@@ -328,20 +262,8 @@ impl<'a> Pass<'a> {
         }
         let (set, replicas, per) = shape;
         self.releases.sort_unstable();
-        let need = reserve::Need {
-            job_id: cand.job.id,
-            replicas,
-            per,
-            classes: &self.class_lists[set],
-        };
-        let reservation = reserve::reserve(
-            &self.free,
-            &self.view,
-            &self.releases,
-            &need,
-            self.now_ms,
-            self.config.topology,
-        );
+        let need = reserve::Need { job_id: cand.job.id, replicas, per, classes: &self.class_lists[set] };
+        let reservation = reserve::reserve(&self.free, &self.view, &self.releases, &need, self.now_ms, self.config.topology);
         let Some(reservation) = reservation else {
             return Outcome::Pending(reason, None); // yields: nothing makes it fit
         };
@@ -370,13 +292,7 @@ impl<'a> Pass<'a> {
         {
             return None;
         }
-        let memo = (
-            shape,
-            cand.group,
-            admit == Admit::InQuota,
-            cand.priority,
-            cand.queue_weight,
-        );
+        let memo = (shape, cand.group, admit == Admit::InQuota, cand.priority, cand.queue_weight);
         if self.preempt_failed.contains_key(&memo) {
             return None;
         }
@@ -396,22 +312,14 @@ impl<'a> Pass<'a> {
             excluded: &excluded,
             topology: self.config.topology,
         };
-        let need = preempt::Need {
-            replicas,
-            per,
-            classes: &self.class_lists[set],
-        };
+        let need = preempt::Need { replicas, per, classes: &self.class_lists[set] };
         let group = cand.group;
         let quota = &self.quota;
         let favour_short = self.config.favour_short;
         let allowed = |victim: &RunningView| {
-            let reclaim = admit == Admit::InQuota
-                && victim.group_id != group
-                && quota.is_borrowing(victim.group_id);
+            let reclaim = admit == Admit::InQuota && victim.group_id != group && quota.is_borrowing(victim.group_id);
             let priority = victim.group_id == group && victim.priority < cand.priority;
-            let short = favour_short
-                && cand.queue_weight > victim.queue_weight
-                && quota.is_borrowing(victim.group_id);
+            let short = favour_short && cand.queue_weight > victim.queue_weight && quota.is_borrowing(victim.group_id);
             reclaim || priority || short
         };
         let Some(found) = scratch.find(&need, self.now_ms, allowed) else {
@@ -419,22 +327,14 @@ impl<'a> Pass<'a> {
             return None;
         };
         self.apply_preemption(cand, &found);
-        Some(Outcome::Pending(
-            Reason::Preempting {
-                victims: found.victims.len(),
-            },
-            None,
-        ))
+        Some(Outcome::Pending(Reason::Preempting { victims: found.victims.len() }, None))
     }
 
     fn apply_preemption(&mut self, cand: &Cand<'a>, found: &preempt::Preemption) {
         for &i in &found.victims {
             let run = &self.running[i];
             self.taken[i] = true;
-            self.plan.stops.push(Stop {
-                alloc_id: run.alloc_id,
-                reason: StopReason::Preempted,
-            });
+            self.plan.stops.push(Stop { alloc_id: run.alloc_id, reason: StopReason::Preempted });
             self.quota.release(run.group_id, run.model, run.gpus);
         }
         // Hold the free GPUs the job will use, so nobody takes them meanwhile.
@@ -453,17 +353,10 @@ impl<'a> Pass<'a> {
 
     /// Record the reason, only if it changed (keeps plans small).
     fn note(&mut self, cand: &Cand, reason: Reason, estimate: Option<u64>) {
-        let text = self
-            .rendered
-            .entry(reason)
-            .or_insert_with_key(|r| r.to_string());
+        let text = self.rendered.entry(reason).or_insert_with_key(|r| r.to_string());
         let job = cand.job;
         if cand.estimate != estimate || cand.reason != text.as_str() {
-            self.plan.pending.push(PendingNote {
-                job_id: job.id,
-                reason: text.clone(),
-                estimated_start_ms: estimate,
-            });
+            self.plan.pending.push(PendingNote { job_id: job.id, reason: text.clone(), estimated_start_ms: estimate });
         }
     }
 }
@@ -479,11 +372,7 @@ fn choose_gpus(free: &mut Vec<FreeGpu>, count: u32) -> Vec<u32> {
             None => domains.push((g.nvlink, 1)),
         }
     }
-    let domain: Option<u32> = domains
-        .iter()
-        .filter_map(|&(d, n)| d.filter(|_| n >= count).map(|d| (n, d)))
-        .min()
-        .map(|(_, d)| d);
+    let domain: Option<u32> = domains.iter().filter_map(|&(d, n)| d.filter(|_| n >= count).map(|d| (n, d))).min().map(|(_, d)| d);
     let mut chosen = Vec::with_capacity(count);
     free.retain(|g| {
         let pick = chosen.len() < count && domain.is_none_or(|d| g.nvlink == Some(d));

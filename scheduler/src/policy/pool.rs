@@ -30,13 +30,7 @@ impl Pool {
             sets[c as usize][a as usize].insert(n as u32);
             total += u64::from(a);
         }
-        Pool {
-            avail,
-            class_of,
-            sets,
-            max_k,
-            total,
-        }
+        Pool { avail, class_of, sets, max_k, total }
     }
 
     /// The free GPUs of a view.
@@ -68,10 +62,7 @@ impl Pool {
     }
 
     pub fn take(&mut self, node: u32, gpus: u32) {
-        let value = self
-            .avail(node)
-            .checked_sub(gpus)
-            .expect("took more GPUs than available");
+        let value = self.avail(node).checked_sub(gpus).expect("took more GPUs than available");
         self.set(node, value);
     }
 
@@ -90,10 +81,7 @@ impl Pool {
     /// (binpack), lowest index on ties.
     pub fn best_node(&self, need: u32, classes: &[u32]) -> Option<u32> {
         for k in need..=self.max_k {
-            let best = classes
-                .iter()
-                .filter_map(|&c| self.sets[c as usize][k as usize].first())
-                .min();
+            let best = classes.iter().filter_map(|&c| self.sets[c as usize][k as usize].first()).min();
             if let Some(&node) = best {
                 return Some(node);
             }
@@ -116,12 +104,7 @@ impl Pool {
 
     /// Binpack `replicas` ranks of `per` GPUs over `nodes` (already in
     /// binpack order): as many ranks per node as fit, fullest nodes first.
-    pub fn fill(
-        &self,
-        nodes: impl Iterator<Item = u32>,
-        replicas: u32,
-        per: u32,
-    ) -> Option<Spread> {
+    pub fn fill(&self, nodes: impl Iterator<Item = u32>, replicas: u32, per: u32) -> Option<Spread> {
         let mut left = replicas;
         let mut spread = Vec::new();
         for node in nodes {
@@ -151,27 +134,15 @@ pub enum Domain {
 /// holds it (one node, one leaf switch, one rack, else the cluster; among
 /// domains of a level the tightest fit, so roomy ones stay whole for larger
 /// gangs); without, plain binpack over the cluster.
-pub fn place(
-    pool: &Pool,
-    view: &View,
-    replicas: u32,
-    per: u32,
-    classes: &[u32],
-    topology: bool,
-) -> Option<(Spread, Domain)> {
+pub fn place(pool: &Pool, view: &View, replicas: u32, per: u32, classes: &[u32], topology: bool) -> Option<(Spread, Domain)> {
     if replicas == 1 {
-        return pool
-            .best_node(per, classes)
-            .map(|n| (vec![(n, 1)], Domain::Node));
+        return pool.best_node(per, classes).map(|n| (vec![(n, 1)], Domain::Node));
     }
     if pool.slots(per, classes) < u64::from(replicas) {
         return None;
     }
     if topology {
-        if let Some(node) = replicas
-            .checked_mul(per)
-            .and_then(|need| pool.best_node(need, classes))
-        {
+        if let Some(node) = replicas.checked_mul(per).and_then(|need| pool.best_node(need, classes)) {
             return Some((vec![(node, replicas)], Domain::Node));
         }
     }
@@ -186,15 +157,12 @@ pub fn place(
             for &n in &candidates {
                 slots[id(n) as usize] += u64::from(pool.avail(n) / per);
             }
-            let best = (0..count)
-                .filter(|&d| slots[d] >= u64::from(replicas))
-                .min_by_key(|&d| (slots[d], d));
+            let best = (0..count).filter(|&d| slots[d] >= u64::from(replicas)).min_by_key(|&d| (slots[d], d));
             if let Some(d) = best {
                 let nodes = candidates.iter().copied().filter(|&n| id(n) as usize == d);
                 return pool.fill(nodes, replicas, per).map(|s| (s, domain));
             }
         }
     }
-    pool.fill(candidates.into_iter(), replicas, per)
-        .map(|s| (s, Domain::Cluster))
+    pool.fill(candidates.into_iter(), replicas, per).map(|s| (s, Domain::Cluster))
 }

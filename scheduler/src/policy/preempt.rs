@@ -40,13 +40,7 @@ pub struct Scratch<'v, 'a> {
 impl Scratch<'_, '_> {
     fn base(&self) -> Vec<u32> {
         let mut avail: Vec<u32> = self.free.avails().to_vec();
-        for run in self
-            .running
-            .iter()
-            .zip(self.taken)
-            .filter(|(r, &t)| r.stopping && !t)
-            .map(|(r, _)| r)
-        {
+        for run in self.running.iter().zip(self.taken).filter(|(r, &t)| r.stopping && !t).map(|(r, _)| r) {
             for &(n, g) in &run.release {
                 avail[n as usize] += g;
             }
@@ -61,64 +55,30 @@ impl Scratch<'_, '_> {
 
     fn pool(&self, avail: Vec<u32>) -> Pool {
         let class_of = self.view.nodes.iter().map(|n| n.class).collect();
-        Pool::new(
-            avail,
-            class_of,
-            self.view.classes.len(),
-            self.view.max_gpus_per_node,
-        )
+        Pool::new(avail, class_of, self.view.classes.len(), self.view.max_gpus_per_node)
     }
 
     /// Find victims for `need`. `allowed` says whether a candidate may be
     /// preempted for this job.
-    pub fn find(
-        &self,
-        need: &Need,
-        now_ms: u64,
-        allowed: impl Fn(&RunningView) -> bool,
-    ) -> Option<Preemption> {
+    pub fn find(&self, need: &Need, now_ms: u64, allowed: impl Fn(&RunningView) -> bool) -> Option<Preemption> {
         let mut avail = self.base();
         let pool = self.pool(avail.clone());
-        if let Some((spread, _)) = place(
-            &pool,
-            self.view,
-            need.replicas,
-            need.per,
-            need.classes,
-            self.topology,
-        ) {
-            return Some(Preemption {
-                victims: Vec::new(),
-                spread,
-            });
+        if let Some((spread, _)) = place(&pool, self.view, need.replicas, need.per, need.classes, self.topology) {
+            return Some(Preemption { victims: Vec::new(), spread });
         }
         let mut order: Vec<usize> = (0..self.running.len())
             .filter(|&i| {
                 let r = &self.running[i];
-                !self.taken[i]
-                    && !r.stopping
-                    && r.preemptible
-                    && r.protected_until_ms <= now_ms
-                    && allowed(r)
+                !self.taken[i] && !r.stopping && r.preemptible && r.protected_until_ms <= now_ms && allowed(r)
             })
             .collect();
         order.sort_by_key(|&i| {
             let r = &self.running[i];
             (r.priority, r.work_lost_gpu_ms, r.alloc_id)
         });
-        let matching: Vec<bool> = self
-            .view
-            .nodes
-            .iter()
-            .map(|n| need.classes.contains(&n.class))
-            .collect();
+        let matching: Vec<bool> = self.view.nodes.iter().map(|n| need.classes.contains(&n.class)).collect();
         let per = need.per;
-        let mut slots: u64 = avail
-            .iter()
-            .zip(&matching)
-            .filter(|(_, &m)| m)
-            .map(|(&a, _)| u64::from(a / per))
-            .sum();
+        let mut slots: u64 = avail.iter().zip(&matching).filter(|(_, &m)| m).map(|(&a, _)| u64::from(a / per)).sum();
         for (k, &i) in order.iter().enumerate() {
             for &(n, g) in &self.running[i].release {
                 let n = n as usize;
@@ -135,14 +95,7 @@ impl Scratch<'_, '_> {
             }
             if slots >= u64::from(need.replicas) {
                 let pool = self.pool(avail);
-                let (spread, _) = place(
-                    &pool,
-                    self.view,
-                    need.replicas,
-                    per,
-                    need.classes,
-                    self.topology,
-                )?;
+                let (spread, _) = place(&pool, self.view, need.replicas, per, need.classes, self.topology)?;
                 let victims = self.prune(&order[..=k], &spread, per);
                 return Some(Preemption { victims, spread });
             }
@@ -154,19 +107,15 @@ impl Scratch<'_, '_> {
     /// nodes lack.
     fn prune(&self, tried: &[usize], spread: &Spread, per: u32) -> Vec<usize> {
         let base = self.base();
-        let mut deficit: Vec<(u32, i64)> = spread
-            .iter()
-            .map(|&(n, ranks)| (n, i64::from(ranks * per) - i64::from(base[n as usize])))
-            .collect();
+        let mut deficit: Vec<(u32, i64)> =
+            spread.iter().map(|&(n, ranks)| (n, i64::from(ranks * per) - i64::from(base[n as usize]))).collect();
         let mut kept = Vec::new();
         for &i in tried {
             if deficit.iter().all(|&(_, d)| d <= 0) {
                 break;
             }
             let release = &self.running[i].release;
-            let helps = deficit
-                .iter()
-                .any(|&(n, d)| d > 0 && release.iter().any(|&(m, g)| m == n && g > 0));
+            let helps = deficit.iter().any(|&(n, d)| d > 0 && release.iter().any(|&(m, g)| m == n && g > 0));
             if !helps {
                 continue;
             }

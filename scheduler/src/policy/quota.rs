@@ -49,11 +49,7 @@ pub enum Admit {
 
 impl<'a> QuotaBook<'a> {
     pub fn new(state: &'a ClusterState, view: &mut View<'a>) -> QuotaBook<'a> {
-        let mut book = QuotaBook {
-            ids: FastMap::default(),
-            books: Vec::new(),
-            restricted: Vec::new(),
-        };
+        let mut book = QuotaBook { ids: FastMap::default(), books: Vec::new(), restricted: Vec::new() };
         for (group, quota) in &state.quotas {
             let id = book.intern(group.as_str()) as usize;
             book.books[id].quota = Some(quota);
@@ -79,10 +75,7 @@ impl<'a> QuotaBook<'a> {
             return id;
         }
         let id = self.books.len() as u32;
-        self.books.push(Book {
-            name: group,
-            ..Book::default()
-        });
+        self.books.push(Book { name: group, ..Book::default() });
         self.ids.insert(group, id);
         id
     }
@@ -111,19 +104,13 @@ impl<'a> QuotaBook<'a> {
             return false;
         };
         let name = self.books[borrower as usize].name;
-        lender != borrower
-            && q.lend
-            && (q.lend_to.is_empty() || q.lend_to.iter().any(|g| g == name))
+        lender != borrower && q.lend && (q.lend_to.is_empty() || q.lend_to.iter().any(|g| g == name))
     }
 
     /// Idle guaranteed GPUs of groups that do not lend to `group`: free
     /// GPUs it may not borrow.
     pub fn protected(&self, group: u32) -> u64 {
-        self.restricted
-            .iter()
-            .filter(|&&h| h != group && !self.lends_to(h, group))
-            .map(|&h| self.room(h))
-            .sum()
+        self.restricted.iter().filter(|&&h| h != group && !self.lends_to(h, group)).map(|&h| self.room(h)).sum()
     }
 
     fn in_quota(&self, group: u32, model: Option<&str>, gpus: u64) -> bool {
@@ -141,13 +128,7 @@ impl<'a> QuotaBook<'a> {
     /// May the group start `gpus` more GPUs now, `free` GPUs being free?
     /// A borrower may not use the idle guarantee of groups that do not lend
     /// to it; whether the GPUs are there at all is placement's business.
-    pub fn admit(
-        &self,
-        group: u32,
-        model: Option<&str>,
-        gpus: u64,
-        free: u64,
-    ) -> Result<Admit, Reason> {
+    pub fn admit(&self, group: u32, model: Option<&str>, gpus: u64, free: u64) -> Result<Admit, Reason> {
         if self.in_quota(group, model, gpus) {
             return Ok(Admit::InQuota);
         }
@@ -156,20 +137,12 @@ impl<'a> QuotaBook<'a> {
         if let Some(limit) = b.quota.and_then(|q| q.borrow_limit).map(u64::from) {
             if over > limit {
                 let borrowed = b.used.saturating_sub(b.guaranteed);
-                return Err(Reason::BorrowLimit {
-                    group: b.name.into(),
-                    borrowed,
-                    limit,
-                });
+                return Err(Reason::BorrowLimit { group: b.name.into(), borrowed, limit });
             }
         }
         let protected = self.protected(group);
         if protected > 0 && free.saturating_sub(protected) < gpus {
-            return Err(Reason::QuotaExhausted {
-                group: b.name.into(),
-                used: b.used,
-                guaranteed: b.guaranteed,
-            });
+            return Err(Reason::QuotaExhausted { group: b.name.into(), used: b.used, guaranteed: b.guaranteed });
         }
         Ok(Admit::Borrowing)
     }
@@ -221,11 +194,7 @@ pub fn quota_report(state: &ClusterState) -> Vec<QuotaReport> {
                 guaranteed: b.guaranteed,
                 used: b.used,
                 borrowed: b.used.saturating_sub(b.guaranteed),
-                lendable: if lend {
-                    b.guaranteed.saturating_sub(b.used)
-                } else {
-                    0
-                },
+                lendable: if lend { b.guaranteed.saturating_sub(b.used) } else { 0 },
                 borrow_limit: b.quota.and_then(|q| q.borrow_limit),
                 lend,
                 lend_to: b.quota.map(|q| q.lend_to.clone()).unwrap_or_default(),

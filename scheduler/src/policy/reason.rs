@@ -9,28 +9,13 @@ use crate::state::JobId;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Reason {
     /// No Ready node has GPUs of the model / memory the job asks for.
-    NoMatchingGpus {
-        model: Option<String>,
-        min_memory_mib: u64,
-    },
+    NoMatchingGpus { model: Option<String>, min_memory_mib: u64 },
     /// Even an empty cluster could not hold the gang.
-    GangTooLarge {
-        replicas: u32,
-        per_replica: u32,
-        slots: u64,
-    },
+    GangTooLarge { replicas: u32, per_replica: u32, slots: u64 },
     /// The group is at its guarantee and nobody lends it enough.
-    QuotaExhausted {
-        group: String,
-        used: u64,
-        guaranteed: u64,
-    },
+    QuotaExhausted { group: String, used: u64, guaranteed: u64 },
     /// Starting it would take the group past its borrowing limit.
-    BorrowLimit {
-        group: String,
-        borrowed: u64,
-        limit: u64,
-    },
+    BorrowLimit { group: String, borrowed: u64, limit: u64 },
     /// Not enough free GPUs of the right kind right now.
     InsufficientGpus { replicas: u32, per_replica: u32 },
     /// Next to start: GPUs are reserved for it from the estimated start.
@@ -66,11 +51,7 @@ fn gang(f: &mut fmt::Formatter<'_>, replicas: u32, per: u32) -> fmt::Result {
     if replicas == 1 {
         write!(f, "{per} GPUs on one node")
     } else {
-        write!(
-            f,
-            "gang of {} GPUs ({replicas} ranks x {per})",
-            u64::from(replicas) * u64::from(per)
-        )
+        write!(f, "gang of {} GPUs ({replicas} ranks x {per})", u64::from(replicas) * u64::from(per))
     }
 }
 
@@ -89,10 +70,9 @@ impl fmt::Display for Reason {
                 gang(f, *replicas, *per_replica)?;
                 write!(f, " needs {replicas} rank slots; the healthy matching nodes have {slots}")
             }
-            Reason::QuotaExhausted { group, used, guaranteed } => write!(
-                f,
-                "group {group} uses {used} of its {guaranteed} guaranteed GPUs; the free GPUs are idle quota not lent to it"
-            ),
+            Reason::QuotaExhausted { group, used, guaranteed } => {
+                write!(f, "group {group} uses {used} of its {guaranteed} guaranteed GPUs; the free GPUs are idle quota not lent to it")
+            }
             Reason::BorrowLimit { group, borrowed, limit } => {
                 write!(f, "group {group} borrows {borrowed} GPUs; its borrowing limit is {limit}")
             }

@@ -27,21 +27,11 @@ pub fn usage_report(state: &ClusterState, now_ms: u64) -> Vec<UsageLine> {
         let Some(job) = state.jobs.get(&alloc.job_id) else {
             continue;
         };
-        let entry = lines
-            .entry((job.spec.group.clone(), job.spec.queue.clone()))
-            .or_default();
+        let entry = lines.entry((job.spec.group.clone(), job.spec.queue.clone())).or_default();
         entry.0 += alloc.gpu_count() * now_ms.saturating_sub(alloc.created_at_ms);
         entry.1 += alloc.gpu_count();
     }
-    lines
-        .into_iter()
-        .map(|((group, queue), (gpu_ms, gpus_now))| UsageLine {
-            group,
-            queue,
-            gpu_seconds: gpu_ms / 1000,
-            gpus_now,
-        })
-        .collect()
+    lines.into_iter().map(|((group, queue), (gpu_ms, gpus_now))| UsageLine { group, queue, gpu_seconds: gpu_ms / 1000, gpus_now }).collect()
 }
 
 /// What `rota why JOB` prints.
@@ -57,13 +47,7 @@ pub struct Why {
 
 pub fn why(state: &ClusterState, job_id: JobId) -> Option<Why> {
     let job = state.jobs.get(&job_id)?;
-    let code = job
-        .reason
-        .split(':')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_string();
+    let code = job.reason.split(':').next().unwrap_or("").trim().to_string();
     Some(Why {
         job_id,
         state: job.state.as_str().to_string(),

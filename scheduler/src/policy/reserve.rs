@@ -42,26 +42,11 @@ pub struct Need<'c> {
 }
 
 /// Earliest time the gang fits, and the projected free GPUs per node then.
-fn shadow(
-    free: &Pool,
-    view: &View,
-    releases: &[Release],
-    need: &Need,
-    now_ms: u64,
-) -> Option<(u64, Vec<u32>)> {
-    let matching: Vec<bool> = view
-        .nodes
-        .iter()
-        .map(|n| need.classes.contains(&n.class))
-        .collect();
+fn shadow(free: &Pool, view: &View, releases: &[Release], need: &Need, now_ms: u64) -> Option<(u64, Vec<u32>)> {
+    let matching: Vec<bool> = view.nodes.iter().map(|n| need.classes.contains(&n.class)).collect();
     let mut proj = free.avails().to_vec();
     let per = need.per;
-    let mut slots: u64 = proj
-        .iter()
-        .zip(&matching)
-        .filter(|(_, &m)| m)
-        .map(|(&a, _)| u64::from(a / per))
-        .sum();
+    let mut slots: u64 = proj.iter().zip(&matching).filter(|(_, &m)| m).map(|(&a, _)| u64::from(a / per)).sum();
     let wanted = u64::from(need.replicas);
     if slots >= wanted {
         return Some((now_ms, proj));
@@ -90,67 +75,21 @@ fn shadow(
 
 /// The reservation of a head job, or `None` when no amount of releases makes
 /// it fit (it then yields to the jobs behind it).
-pub fn reserve(
-    free: &Pool,
-    view: &View,
-    releases: &[Release],
-    need: &Need,
-    now_ms: u64,
-    topology: bool,
-) -> Option<Reservation> {
+pub fn reserve(free: &Pool, view: &View, releases: &[Release], need: &Need, now_ms: u64, topology: bool) -> Option<Reservation> {
     let (at_ms, proj) = shadow(free, view, releases, need, now_ms)?;
     let class_of = view.nodes.iter().map(|n| n.class).collect();
-    let projected = Pool::new(
-        proj.clone(),
-        class_of,
-        view.classes.len(),
-        view.max_gpus_per_node,
-    );
-    let (spread, _) = place(
-        &projected,
-        view,
-        need.replicas,
-        need.per,
-        need.classes,
-        topology,
-    )?;
-    let mut extra: Vec<u32> = view
-        .nodes
-        .iter()
-        .zip(&proj)
-        .map(|(n, &p)| {
-            if need.classes.contains(&n.class) {
-                p
-            } else {
-                u32::MAX
-            }
-        })
-        .collect();
+    let projected = Pool::new(proj.clone(), class_of, view.classes.len(), view.max_gpus_per_node);
+    let (spread, _) = place(&projected, view, need.replicas, need.per, need.classes, topology)?;
+    let mut extra: Vec<u32> =
+        view.nodes.iter().zip(&proj).map(|(n, &p)| if need.classes.contains(&n.class) { p } else { u32::MAX }).collect();
     for &(node, ranks) in &spread {
         extra[node as usize] -= ranks * need.per;
     }
-    let cap_avail = free
-        .avails()
-        .iter()
-        .zip(&extra)
-        .map(|(&f, &e)| f.min(e))
-        .collect();
+    let cap_avail = free.avails().iter().zip(&extra).map(|(&f, &e)| f.min(e)).collect();
     let class_of = view.nodes.iter().map(|n| n.class).collect();
-    let cap = Pool::new(
-        cap_avail,
-        class_of,
-        view.classes.len(),
-        view.max_gpus_per_node,
-    );
+    let cap = Pool::new(cap_avail, class_of, view.classes.len(), view.max_gpus_per_node);
     let gpus = u64::from(need.replicas) * u64::from(need.per);
-    Some(Reservation {
-        job_id: need.job_id,
-        at_ms,
-        gpus,
-        spread,
-        extra,
-        cap,
-    })
+    Some(Reservation { job_id: need.job_id, at_ms, gpus, spread, extra, cap })
 }
 
 impl Reservation {

@@ -5,9 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::state::{
-    AllocId, ClusterState, GpuInfo, JobId, JobSpec, NodeState, Priority, QueueConfig,
-};
+use crate::state::{AllocId, ClusterState, GpuInfo, JobId, JobSpec, NodeState, Priority, QueueConfig};
 
 use super::fasthash::FastMap;
 
@@ -107,15 +105,9 @@ impl<'a> View<'a> {
             let next_rack = rack_ids.len() as u32;
             let rack = *rack_ids.entry(node.rack.as_str()).or_insert(next_rack);
             let next_leaf = leaf_ids.len() as u32;
-            let leaf = *leaf_ids
-                .entry((node.rack.as_str(), node.leaf.as_str()))
-                .or_insert(next_leaf);
+            let leaf = *leaf_ids.entry((node.rack.as_str(), node.leaf.as_str())).or_insert(next_leaf);
             let ready = node.state == NodeState::Ready;
-            let usable = if ready {
-                node.gpus.iter().filter(|g| g.healthy).count() as u32
-            } else {
-                0
-            };
+            let usable = if ready { node.gpus.iter().filter(|g| g.healthy).count() as u32 } else { 0 };
             // gpu_owner and nodes are both in node-name order: one merge walk.
             let mut owned: Vec<u32> = Vec::new();
             while let Some(&(owner, index)) = owners.peek() {
@@ -130,23 +122,13 @@ impl<'a> View<'a> {
                 .gpus
                 .iter()
                 .filter(|g| ready && g.healthy && !owned.contains(&g.index))
-                .map(|g| FreeGpu {
-                    index: g.index,
-                    nvlink: g.nvlink_domain,
-                })
+                .map(|g| FreeGpu { index: g.index, nvlink: g.nvlink_domain })
                 .collect::<Vec<_>>();
             let mut free = free;
             free.sort_by_key(|g| g.index);
             max_gpus_per_node = max_gpus_per_node.max(node.gpus.len() as u32);
             node_index.insert(node.name.as_str(), nodes.len() as u32);
-            nodes.push(NodeView {
-                name: node.name.as_str(),
-                class: class_id,
-                leaf,
-                rack,
-                free,
-                usable,
-            });
+            nodes.push(NodeView { name: node.name.as_str(), class: class_id, leaf, rack, free, usable });
         }
         let mut view = View {
             nodes,
@@ -164,8 +146,7 @@ impl<'a> View<'a> {
 
     fn running_allocs(&self, state: &'a ClusterState, now_ms: u64) -> Vec<RunningView<'a>> {
         let mut out = Vec::with_capacity(state.allocs.len());
-        let queues: FastMap<&str, &QueueConfig> =
-            state.queues.iter().map(|(n, q)| (n.as_str(), q)).collect();
+        let queues: FastMap<&str, &QueueConfig> = state.queues.iter().map(|(n, q)| (n.as_str(), q)).collect();
         for alloc in state.allocs.values() {
             let Some(job) = state.jobs.get(&alloc.job_id) else {
                 continue;
@@ -178,11 +159,7 @@ impl<'a> View<'a> {
             let limit_ms = limit_s.saturating_mul(1000);
             let stopping = alloc.stop.is_some();
             let deadline_ms = alloc.created_at_ms.saturating_add(limit_ms);
-            let end_ms = if stopping {
-                now_ms
-            } else {
-                deadline_ms.max(now_ms)
-            };
+            let end_ms = if stopping { now_ms } else { deadline_ms.max(now_ms) };
             let mut release: Vec<(u32, u32)> = Vec::with_capacity(alloc.ranks.len());
             for rank in &alloc.ranks {
                 let Some(&n) = self.node_index.get(rank.node.as_str()) else {
@@ -204,11 +181,7 @@ impl<'a> View<'a> {
                 queue_weight: queue.map_or(1, |q| q.weight),
                 priority: effective_priority(job, now_ms),
                 preemptible: queue.is_some_and(|q| q.preemptible),
-                protected_until_ms: alloc.created_at_ms.saturating_add(
-                    queue
-                        .map_or(0, |q| q.protected_runtime_s)
-                        .saturating_mul(1000),
-                ),
+                protected_until_ms: alloc.created_at_ms.saturating_add(queue.map_or(0, |q| q.protected_runtime_s).saturating_mul(1000)),
                 end_ms,
                 deadline_ms,
                 stopping,
@@ -225,9 +198,7 @@ impl<'a> View<'a> {
         if node.state != NodeState::Ready {
             return 0;
         }
-        gpus.iter()
-            .filter(|&&i| node.gpus.iter().any(|g| g.index == i && g.healthy))
-            .count() as u32
+        gpus.iter().filter(|&&i| node.gpus.iter().any(|g| g.index == i && g.healthy)).count() as u32
     }
 
     /// Node classes a job can run on (model and memory constraints).
@@ -235,10 +206,7 @@ impl<'a> View<'a> {
         self.classes
             .iter()
             .enumerate()
-            .filter(|(_, c)| {
-                spec.gpu_model.as_ref().is_none_or(|m| *m == c.model)
-                    && c.memory_mib >= spec.min_gpu_memory_mib
-            })
+            .filter(|(_, c)| spec.gpu_model.as_ref().is_none_or(|m| *m == c.model) && c.memory_mib >= spec.min_gpu_memory_mib)
             .map(|(i, _)| i as u32)
             .collect()
     }

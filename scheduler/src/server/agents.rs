@@ -17,9 +17,7 @@ use tonic::{Request, Response, Status};
 use super::forward::{forward_target, forwarded, is_forwarded, Failure};
 use super::status::{internal, rejection, write_error};
 use super::Context;
-use crate::state::{
-    ClusterState, Command, CommandResult, GpuInfo, NodeRegistration, NodeState, Rejection,
-};
+use crate::state::{ClusterState, Command, CommandResult, GpuInfo, NodeRegistration, NodeState, Rejection};
 
 /// Events in one report at most.
 const MAX_EVENTS: usize = 1_024;
@@ -40,16 +38,9 @@ impl AgentApi {
         Self { ctx }
     }
 
-    async fn register_here(
-        &self,
-        message: &pb::RegisterNodeRequest,
-    ) -> Result<pb::RegisterNodeResponse, Failure> {
+    async fn register_here(&self, message: &pb::RegisterNodeRequest) -> Result<pb::RegisterNodeResponse, Failure> {
         let registration = registration_from_pb(message);
-        let (index, result) = self
-            .ctx
-            .proposer
-            .propose(Command::RegisterNode(registration))
-            .await?;
+        let (index, result) = self.ctx.proposer.propose(Command::RegisterNode(registration)).await?;
         match result {
             CommandResult::Done => {
                 self.ctx.leader.record_heartbeat(&message.name);
@@ -61,16 +52,9 @@ impl AgentApi {
         }
     }
 
-    async fn report_here(
-        &self,
-        message: &pb::ReportRankEventsRequest,
-    ) -> Result<pb::ReportRankEventsResponse, Failure> {
-        let commands = self
-            .ctx
-            .read(|state| events_to_commands(state, &message.node, &message.events))?;
-        let outcomes =
-            futures::future::join_all(commands.into_iter().map(|c| self.ctx.proposer.propose(c)))
-                .await;
+    async fn report_here(&self, message: &pb::ReportRankEventsRequest) -> Result<pb::ReportRankEventsResponse, Failure> {
+        let commands = self.ctx.read(|state| events_to_commands(state, &message.node, &message.events))?;
+        let outcomes = futures::future::join_all(commands.into_iter().map(|c| self.ctx.proposer.propose(c))).await;
         let mut last_index = 0;
         for outcome in outcomes {
             let (index, result) = outcome?;
@@ -93,70 +77,33 @@ impl AgentApi {
     /// UNAVAILABLE with the leader hint: heartbeats are served by the leader only.
     fn not_leader(&self) -> Status {
         let status = self.ctx.replica.status();
-        let leader_addr = status
-            .leader_id
-            .and_then(|id| status.members.iter().find(|m| m.id == id))
-            .map(|m| m.addr.clone());
-        write_error(&WriteError::ForwardToLeader {
-            leader_id: status.leader_id,
-            leader_addr,
-        })
+        let leader_addr = status.leader_id.and_then(|id| status.members.iter().find(|m| m.id == id)).map(|m| m.addr.clone());
+        write_error(&WriteError::ForwardToLeader { leader_id: status.leader_id, leader_addr })
     }
 
-    async fn heartbeat_here(
-        &self,
-        message: &pb::HeartbeatRequest,
-    ) -> Result<pb::HeartbeatResponse, Status> {
+    async fn heartbeat_here(&self, message: &pb::HeartbeatRequest) -> Result<pb::HeartbeatResponse, Status> {
         let status = self.ctx.replica.status();
         if status.leader_id != Some(status.id) {
             return Err(self.not_leader());
         }
         let unhealthy: BTreeSet<u32> = message.unhealthy_gpus.iter().copied().collect();
         let (known, changed, index) = self.ctx.read(|state| {
-            let node = state
-                .nodes
-                .get(&message.node)
-                .filter(|n| n.state != NodeState::Down);
-            let current: Option<BTreeSet<u32>> = node.map(|n| {
-                n.gpus
-                    .iter()
-                    .filter(|g| !g.healthy)
-                    .map(|g| g.index)
-                    .collect()
-            });
-            (
-                node.is_some(),
-                current.is_some_and(|c| c != unhealthy),
-                state.applied_index,
-            )
+            let node = state.nodes.get(&message.node).filter(|n| n.state != NodeState::Down);
+            let current: Option<BTreeSet<u32>> = node.map(|n| n.gpus.iter().filter(|g| !g.healthy).map(|g| g.index).collect());
+            (node.is_some(), current.is_some_and(|c| c != unhealthy), state.applied_index)
         });
         let ttl_ms = self.ctx.leader.node_ttl_ms;
         if !known {
-            return Ok(pb::HeartbeatResponse {
-                must_register: true,
-                index,
-                ttl_ms,
-            });
+            return Ok(pb::HeartbeatResponse { must_register: true, index, ttl_ms });
         }
         self.ctx.leader.record_heartbeat(&message.node);
         metrics::counter!("rota_heartbeats_total").increment(1);
         if changed {
             tracing::warn!(node = %message.node, unhealthy = ?unhealthy, "GPU health changed");
-            let command = Command::NodeHealth {
-                node: message.node.clone(),
-                unhealthy_gpus: unhealthy.into_iter().collect(),
-            };
-            self.ctx
-                .proposer
-                .propose(command)
-                .await
-                .map_err(|e| write_error(&e))?;
+            let command = Command::NodeHealth { node: message.node.clone(), unhealthy_gpus: unhealthy.into_iter().collect() };
+            self.ctx.proposer.propose(command).await.map_err(|e| write_error(&e))?;
         }
-        Ok(pb::HeartbeatResponse {
-            must_register: false,
-            index,
-            ttl_ms,
-        })
+        Ok(pb::HeartbeatResponse { must_register: false, index, ttl_ms })
     }
 }
 
@@ -176,14 +123,8 @@ fn registration_from_pb(message: &pb::RegisterNodeRequest) -> NodeRegistration {
                 memory_mib: g.memory_mib,
                 healthy: g.healthy,
                 // The lowest index of the GPU's NVLink clique names its domain.
-                nvlink_domain: (!g.nvlink_peers.is_empty()).then(|| {
-                    g.nvlink_peers
-                        .iter()
-                        .copied()
-                        .chain([g.index])
-                        .min()
-                        .unwrap_or(g.index)
-                }),
+                nvlink_domain: (!g.nvlink_peers.is_empty())
+                    .then(|| g.nvlink_peers.iter().copied().chain([g.index]).min().unwrap_or(g.index)),
             })
             .collect(),
     }
@@ -191,30 +132,16 @@ fn registration_from_pb(message: &pb::RegisterNodeRequest) -> NodeRegistration {
 
 /// Turn reported events into commands. Events about ranks placed on another
 /// node are dropped: a node reports only its own ranks.
-fn events_to_commands(
-    state: &ClusterState,
-    node: &str,
-    events: &[pb::RankEvent],
-) -> Result<Vec<Command>, Status> {
+fn events_to_commands(state: &ClusterState, node: &str, events: &[pb::RankEvent]) -> Result<Vec<Command>, Status> {
     if events.len() > MAX_EVENTS {
-        return Err(Status::invalid_argument(format!(
-            "events: at most {MAX_EVENTS}"
-        )));
+        return Err(Status::invalid_argument(format!("events: at most {MAX_EVENTS}")));
     }
     let mut commands = Vec::with_capacity(events.len());
     for (i, event) in events.iter().enumerate() {
-        let on_other_node = state
-            .allocs
-            .get(&event.alloc_id)
-            .and_then(|a| a.ranks.get(event.rank as usize))
-            .is_some_and(|r| r.node != node);
+        let on_other_node =
+            state.allocs.get(&event.alloc_id).and_then(|a| a.ranks.get(event.rank as usize)).is_some_and(|r| r.node != node);
         if on_other_node {
-            tracing::warn!(
-                node,
-                alloc_id = event.alloc_id,
-                rank = event.rank,
-                "event about a rank of another node ignored"
-            );
+            tracing::warn!(node, alloc_id = event.alloc_id, rank = event.rank, "event about a rank of another node ignored");
             continue;
         }
         let (alloc_id, rank) = (event.alloc_id, event.rank);
@@ -222,21 +149,10 @@ fn events_to_commands(
             Some(pb::rank_event::Kind::Started(_)) => Command::AllocStarted { alloc_id, rank },
             Some(pb::rank_event::Kind::Exited(exited)) => {
                 tracing::info!(node, alloc_id, rank, exit_code = exited.exit_code, reason = %exited.reason, "rank exited");
-                Command::AllocExited {
-                    alloc_id,
-                    rank,
-                    exit_code: exited.exit_code,
-                }
+                Command::AllocExited { alloc_id, rank, exit_code: exited.exit_code }
             }
-            Some(pb::rank_event::Kind::Checkpoint(c)) => Command::Checkpoint {
-                alloc_id,
-                at_ms: c.at_ms,
-            },
-            None => {
-                return Err(Status::invalid_argument(format!(
-                    "events[{i}].kind: is required"
-                )))
-            }
+            Some(pb::rank_event::Kind::Checkpoint(c)) => Command::Checkpoint { alloc_id, at_ms: c.at_ms },
+            None => return Err(Status::invalid_argument(format!("events[{i}].kind: is required"))),
         };
         commands.push(command);
     }
@@ -247,27 +163,17 @@ fn events_to_commands(
 /// whose exit is not yet committed.
 pub fn node_assignments(state: &ClusterState, node: &str) -> Vec<pb::AssignedRank> {
     let mut ranks = Vec::new();
-    for alloc in state
-        .allocs
-        .values()
-        .filter(|a| a.ranks.iter().any(|r| r.node == node))
-    {
+    for alloc in state.allocs.values().filter(|a| a.ranks.iter().any(|r| r.node == node)) {
         let Some(job) = state.jobs.get(&alloc.job_id) else {
             continue;
         };
-        let master_addr = alloc
-            .ranks
-            .first()
-            .and_then(|r| state.nodes.get(&r.node))
-            .map(|n| host_of(&n.address).to_string())
-            .unwrap_or_default();
+        let master_addr =
+            alloc.ranks.first().and_then(|r| state.nodes.get(&r.node)).map(|n| host_of(&n.address).to_string()).unwrap_or_default();
         let mut node_ranks: BTreeMap<&str, u32> = BTreeMap::new();
         let mut local_counts: BTreeMap<&str, u32> = BTreeMap::new();
         for rank in &alloc.ranks {
             let next_node_rank = node_ranks.len() as u32;
-            let node_rank = *node_ranks
-                .entry(rank.node.as_str())
-                .or_insert(next_node_rank);
+            let node_rank = *node_ranks.entry(rank.node.as_str()).or_insert(next_node_rank);
             let local = local_counts.entry(rank.node.as_str()).or_insert(0);
             let local_rank = *local;
             *local += 1;
@@ -288,10 +194,7 @@ pub fn node_assignments(state: &ClusterState, node: &str) -> Vec<pb::AssignedRan
                 master_addr: master_addr.clone(),
                 master_port: u32::from(alloc.master_port),
                 grace_period_s: job.spec.grace_period_s,
-                stop_reason: alloc
-                    .stop
-                    .map(|r| r.as_str().to_string())
-                    .unwrap_or_default(),
+                stop_reason: alloc.stop.map(|r| r.as_str().to_string()).unwrap_or_default(),
             });
         }
     }
@@ -299,51 +202,32 @@ pub fn node_assignments(state: &ClusterState, node: &str) -> Vec<pb::AssignedRan
 }
 
 fn host_of(address: &str) -> &str {
-    address
-        .rsplit_once(':')
-        .map_or(address, |(host, _)| host)
-        .trim_start_matches('[')
-        .trim_end_matches(']')
+    address.rsplit_once(':').map_or(address, |(host, _)| host).trim_start_matches('[').trim_end_matches(']')
 }
 
 type AssignmentStream = Pin<Box<dyn Stream<Item = Result<pb::Assignments, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl AgentService for AgentApi {
-    async fn register_node(
-        &self,
-        request: Request<pb::RegisterNodeRequest>,
-    ) -> Result<Response<pb::RegisterNodeResponse>, Status> {
+    async fn register_node(&self, request: Request<pb::RegisterNodeRequest>) -> Result<Response<pb::RegisterNodeResponse>, Status> {
         let was_forwarded = is_forwarded(&request);
         let message = request.into_inner();
         match self.register_here(&message).await {
             Ok(response) => Ok(Response::new(response)),
             Err(failure) => {
                 let addr = forward_target(was_forwarded, failure)?;
-                self.ctx
-                    .forwarder
-                    .agents(&addr)?
-                    .register_node(forwarded(message))
-                    .await
+                self.ctx.forwarder.agents(&addr)?.register_node(forwarded(message)).await
             }
         }
     }
 
-    async fn heartbeat(
-        &self,
-        request: Request<pb::HeartbeatRequest>,
-    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
-        self.heartbeat_here(request.get_ref())
-            .await
-            .map(Response::new)
+    async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        self.heartbeat_here(request.get_ref()).await.map(Response::new)
     }
 
     type WatchAssignmentsStream = AssignmentStream;
 
-    async fn watch_assignments(
-        &self,
-        request: Request<pb::WatchAssignmentsRequest>,
-    ) -> Result<Response<AssignmentStream>, Status> {
+    async fn watch_assignments(&self, request: Request<pb::WatchAssignmentsRequest>) -> Result<Response<AssignmentStream>, Status> {
         let message = request.into_inner();
         if message.node.is_empty() {
             return Err(Status::invalid_argument("node: is required"));
@@ -363,11 +247,7 @@ impl AgentService for AgentApi {
             Ok(response) => Ok(Response::new(response)),
             Err(failure) => {
                 let addr = forward_target(was_forwarded, failure)?;
-                self.ctx
-                    .forwarder
-                    .agents(&addr)?
-                    .report_rank_events(forwarded(message))
-                    .await
+                self.ctx.forwarder.agents(&addr)?.report_rank_events(forwarded(message)).await
             }
         }
     }
@@ -375,27 +255,15 @@ impl AgentService for AgentApi {
 
 /// Wait until this replica has applied the agent's index, then send the
 /// node's desired set, and again on every change, until the agent goes away.
-async fn watch_loop(
-    ctx: Arc<Context>,
-    message: pb::WatchAssignmentsRequest,
-    sender: mpsc::Sender<Result<pb::Assignments, Status>>,
-) {
+async fn watch_loop(ctx: Arc<Context>, message: pb::WatchAssignmentsRequest, sender: mpsc::Sender<Result<pb::Assignments, Status>>) {
     let mut applied = ctx.replica.applied_watch();
     let mut last_sent: Option<Vec<pb::AssignedRank>> = None;
     let mut sent_at = std::time::Instant::now();
     loop {
-        let (index, ranks) =
-            ctx.read(|state| (state.applied_index, node_assignments(state, &message.node)));
+        let (index, ranks) = ctx.read(|state| (state.applied_index, node_assignments(state, &message.node)));
         let refresh_due = sent_at.elapsed().as_millis() as u64 >= WATCH_REFRESH_MS;
         if index >= message.after_index && (last_sent.as_ref() != Some(&ranks) || refresh_due) {
-            if sender
-                .send(Ok(pb::Assignments {
-                    index,
-                    ranks: ranks.clone(),
-                }))
-                .await
-                .is_err()
-            {
+            if sender.send(Ok(pb::Assignments { index, ranks: ranks.clone() })).await.is_err() {
                 return;
             }
             last_sent = Some(ranks);

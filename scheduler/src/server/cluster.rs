@@ -7,9 +7,12 @@ use rota_proto::v1 as pb;
 use rota_proto::v1::cluster_service_server::ClusterService;
 use tonic::{Request, Response, Status};
 
-use super::convert::node_to_pb;
+use super::convert::{node_to_pb, queue_from_pb, queue_to_pb, quota_from_pb, quota_to_pb};
 use super::forward::{forward_target, forwarded, is_forwarded, Failure};
+use super::proposer::wall_clock_ms;
+use super::status::rejection;
 use super::Context;
+use crate::state::{Command, CommandResult, GroupQuota};
 
 /// Most replicas in one cluster; Raft gains nothing from more than 7 voters.
 const MAX_MEMBERS: usize = 7;
@@ -41,11 +44,8 @@ impl ClusterApi {
                 matched_index: m.matched_index.unwrap_or(0),
             })
             .collect();
-        let leader_address = status
-            .leader_id
-            .and_then(|id| status.members.iter().find(|m| m.id == id))
-            .map(|m| m.addr.clone())
-            .unwrap_or_default();
+        let leader_address =
+            status.leader_id.and_then(|id| status.members.iter().find(|m| m.id == id)).map(|m| m.addr.clone()).unwrap_or_default();
         pb::ClusterStatus {
             replica_id: status.id,
             leader_id: status.leader_id.unwrap_or(0),
@@ -80,6 +80,16 @@ impl ClusterApi {
         next.insert(message.id);
         self.ctx.replica.change_membership(next).await?;
         Ok(self.status())
+    }
+
+    async fn propose_config(&self, command: Command) -> Result<(), Failure> {
+        self.ctx.leader_in_contact()?;
+        let (_, result) = self.ctx.proposer.propose(command).await?;
+        match result {
+            CommandResult::Done => Ok(()),
+            CommandResult::Rejected(r) => Err(rejection(&r).into()),
+            other => Err(Status::internal(format!("unexpected result {other:?}")).into()),
+        }
     }
 
     async fn remove_here(&self, message: &pb::RemoveMemberRequest) -> Result<pb::ClusterStatus, Failure> {
@@ -129,6 +139,59 @@ impl ClusterService for ClusterApi {
         }
         self.ctx.replica.trigger_elect().await.map_err(|e| Status::unavailable(e.to_string()))?;
         Ok(Response::new(pb::CampaignResponse { leader_before: status.leader_id.unwrap_or(0), term_before: status.term }))
+    }
+
+    async fn set_queue(&self, request: Request<pb::Queue>) -> Result<Response<pb::Queue>, Status> {
+        let was_forwarded = is_forwarded(&request);
+        let message = request.into_inner();
+        match self.propose_config(Command::SetQueue(queue_from_pb(message.clone()))).await {
+            Ok(()) => Ok(Response::new(message)),
+            Err(failure) => {
+                let addr = forward_target(was_forwarded, failure)?;
+                self.ctx.forwarder.cluster(&addr)?.set_queue(forwarded(message)).await
+            }
+        }
+    }
+
+    async fn list_queues(&self, _: Request<pb::ListQueuesRequest>) -> Result<Response<pb::ListQueuesResponse>, Status> {
+        let queues = self.ctx.read(|state| state.queues.values().map(queue_to_pb).collect());
+        Ok(Response::new(pb::ListQueuesResponse { queues }))
+    }
+
+    async fn set_quota(&self, request: Request<pb::Quota>) -> Result<Response<pb::Quota>, Status> {
+        let was_forwarded = is_forwarded(&request);
+        let message = request.into_inner();
+        match self.propose_config(Command::SetQuota(quota_from_pb(message.clone()))).await {
+            Ok(()) => Ok(Response::new(message)),
+            Err(failure) => {
+                let addr = forward_target(was_forwarded, failure)?;
+                self.ctx.forwarder.cluster(&addr)?.set_quota(forwarded(message)).await
+            }
+        }
+    }
+
+    async fn list_quotas(&self, _: Request<pb::ListQuotasRequest>) -> Result<Response<pb::ListQuotasResponse>, Status> {
+        let quotas = self.ctx.read(|state| {
+            crate::policy::quota_report(state)
+                .into_iter()
+                .map(|r| {
+                    let configured =
+                        state.quotas.get(&r.group).cloned().unwrap_or(GroupQuota { group: r.group.clone(), ..Default::default() });
+                    pb::QuotaStatus { quota: Some(quota_to_pb(&configured)), used: r.used, borrowed: r.borrowed, lendable: r.lendable }
+                })
+                .collect()
+        });
+        Ok(Response::new(pb::ListQuotasResponse { quotas }))
+    }
+
+    async fn get_usage(&self, _: Request<pb::GetUsageRequest>) -> Result<Response<pb::GetUsageResponse>, Status> {
+        let lines = self.ctx.read(|state| {
+            crate::policy::usage_report(state, wall_clock_ms().max(state.now_ms))
+                .into_iter()
+                .map(|l| pb::UsageLine { group: l.group, queue: l.queue, gpu_seconds: l.gpu_seconds, gpus_now: l.gpus_now })
+                .collect()
+        });
+        Ok(Response::new(pb::GetUsageResponse { lines }))
     }
 
     async fn remove_member(&self, request: Request<pb::RemoveMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {

@@ -4,7 +4,7 @@
 
 use rota_proto::v1 as pb;
 
-use crate::state::{self, ClusterState, Job, JobSpec, JobState, Node, Priority, Rejection};
+use crate::state::{self, ClusterState, GroupQuota, Job, JobSpec, JobState, Node, Priority, QueueConfig, Rejection};
 
 fn invalid(field: &str, message: &str) -> Rejection {
     Rejection::Invalid { field: field.into(), message: message.into() }
@@ -108,11 +108,8 @@ pub fn job_to_pb(state: &ClusterState, job: &Job) -> pb::Job {
                 .collect()
         })
         .unwrap_or_default();
-    let master_addr = alloc
-        .and_then(|a| a.ranks.first())
-        .and_then(|r| state.nodes.get(&r.node))
-        .map(|n| n.address.clone())
-        .unwrap_or_default();
+    let master_addr =
+        alloc.and_then(|a| a.ranks.first()).and_then(|r| state.nodes.get(&r.node)).map(|n| n.address.clone()).unwrap_or_default();
     pb::Job {
         id: job.id,
         spec: Some(spec_to_pb(&job.spec)),
@@ -164,4 +161,50 @@ pub fn node_to_pb(state: &ClusterState, node: &Node) -> pb::Node {
 pub fn validate_submit(state: &ClusterState, request_id: Option<&str>, spec: &JobSpec) -> Result<(), Rejection> {
     state::validate::validate_request_id(request_id)?;
     state::validate::validate_spec(spec, &state.queues)
+}
+
+pub fn queue_to_pb(queue: &QueueConfig) -> pb::Queue {
+    pb::Queue {
+        name: queue.name.clone(),
+        weight: queue.weight,
+        max_gpus_per_job: queue.max_gpus_per_job,
+        default_runtime_s: queue.default_runtime_s,
+        max_runtime_s: queue.max_runtime_s,
+        preemptible: queue.preemptible,
+        protected_runtime_s: queue.protected_runtime_s,
+    }
+}
+
+pub fn queue_from_pb(queue: pb::Queue) -> QueueConfig {
+    QueueConfig {
+        name: queue.name,
+        weight: queue.weight,
+        max_gpus_per_job: queue.max_gpus_per_job,
+        default_runtime_s: queue.default_runtime_s,
+        max_runtime_s: queue.max_runtime_s,
+        preemptible: queue.preemptible,
+        protected_runtime_s: queue.protected_runtime_s,
+    }
+}
+
+pub fn quota_to_pb(quota: &GroupQuota) -> pb::Quota {
+    pb::Quota {
+        group: quota.group.clone(),
+        gpus: quota.gpus,
+        per_model: quota.per_model.clone().into_iter().collect(),
+        lend: quota.lend,
+        lend_to: quota.lend_to.clone(),
+        borrow_limit: quota.borrow_limit,
+    }
+}
+
+pub fn quota_from_pb(quota: pb::Quota) -> GroupQuota {
+    GroupQuota {
+        group: quota.group,
+        gpus: quota.gpus,
+        per_model: quota.per_model.into_iter().collect(),
+        lend: quota.lend,
+        lend_to: quota.lend_to,
+        borrow_limit: quota.borrow_limit,
+    }
 }

@@ -70,9 +70,7 @@ impl JobApi {
         let wanted = state_from_pb(message.state).map_err(|r| rejection(&r))?;
         let limit = match message.limit {
             0 => DEFAULT_LIST_LIMIT,
-            n if n > MAX_LIST_LIMIT => {
-                return Err(Status::invalid_argument(format!("limit: at most {MAX_LIST_LIMIT}")).into())
-            }
+            n if n > MAX_LIST_LIMIT => return Err(Status::invalid_argument(format!("limit: at most {MAX_LIST_LIMIT}")).into()),
             n => n,
         };
         self.ctx.leader_in_contact()?;

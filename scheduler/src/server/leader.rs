@@ -48,10 +48,7 @@ pub struct Leadership {
 
 impl Leadership {
     pub fn new(node_ttl_ms: u64) -> Leadership {
-        Leadership {
-            node_ttl_ms,
-            table: Mutex::new(None),
-        }
+        Leadership { node_ttl_ms, table: Mutex::new(None) }
     }
 
     /// Note a sign of life from `node`. Ignored while this replica does not lead.
@@ -67,19 +64,12 @@ impl Leadership {
     }
 
     fn start_term(&self, term: u64) {
-        *self.table.lock().expect("heartbeat table lock") = Some(HeartbeatTable {
-            term,
-            last_seen: HashMap::new(),
-        });
+        *self.table.lock().expect("heartbeat table lock") = Some(HeartbeatTable { term, last_seen: HashMap::new() });
     }
 
     fn end_term(&self) {
         if let Some(table) = self.table.lock().expect("heartbeat table lock").take() {
-            tracing::debug!(
-                term = table.term,
-                nodes = table.last_seen.len(),
-                "heartbeat table dropped"
-            );
+            tracing::debug!(term = table.term, nodes = table.last_seen.len(), "heartbeat table dropped");
         }
     }
 
@@ -93,12 +83,7 @@ impl Leadership {
         let Some(table) = guard.as_mut() else {
             return Vec::new();
         };
-        table.last_seen.retain(|name, _| {
-            state
-                .nodes
-                .get(name)
-                .is_some_and(|n| n.state != NodeState::Down)
-        });
+        table.last_seen.retain(|name, _| state.nodes.get(name).is_some_and(|n| n.state != NodeState::Down));
         let mut silent = Vec::new();
         for node in state.nodes.values().filter(|n| n.state != NodeState::Down) {
             let seen = *table.last_seen.entry(node.name.clone()).or_insert(now);
@@ -111,11 +96,7 @@ impl Leadership {
 
     #[cfg(test)]
     fn term(&self) -> Option<u64> {
-        self.table
-            .lock()
-            .expect("heartbeat table lock")
-            .as_ref()
-            .map(|t| t.term)
+        self.table.lock().expect("heartbeat table lock").as_ref().map(|t| t.term)
     }
 }
 
@@ -143,11 +124,7 @@ async fn lead(ctx: &Context, term: u64) {
         return;
     }
     ctx.leader.start_term(term);
-    tracing::info!(
-        term,
-        ttl_ms = ctx.leader.node_ttl_ms,
-        "leader loop started; every node gets a fresh grace period"
-    );
+    tracing::info!(term, ttl_ms = ctx.leader.node_ttl_ms, "leader loop started; every node gets a fresh grace period");
     let mut applied = ctx.replica.applied_watch();
     let mut planned_at: Option<u64> = None;
     while still_leader(ctx, term) {
@@ -233,13 +210,7 @@ mod tests {
 
     fn apply(state: &mut ClusterState, commands: Vec<Command>) {
         let index = state.applied_index + 1;
-        state.apply_proposal(
-            index,
-            &Proposal {
-                now_ms: 1_000,
-                commands,
-            },
-        );
+        state.apply_proposal(index, &Proposal { now_ms: 1_000, commands });
     }
 
     fn gang(replicas: u32, gpus: u32, model: Option<&str>) -> Command {
@@ -247,31 +218,17 @@ mod tests {
         spec.replicas = replicas;
         spec.gpus_per_replica = gpus;
         spec.gpu_model = model.map(str::to_string);
-        Command::SubmitJob {
-            request_id: None,
-            spec,
-        }
+        Command::SubmitJob { request_id: None, spec }
     }
 
     #[test]
     fn a_gang_spreads_over_nodes_and_is_placed_whole() {
         let mut state = ClusterState::default();
-        apply(
-            &mut state,
-            vec![
-                node("a", 8, "H100-80GB"),
-                node("b", 8, "H100-80GB"),
-                gang(2, 8, None),
-                gang(1, 1, None),
-            ],
-        );
+        apply(&mut state, vec![node("a", 8, "H100-80GB"), node("b", 8, "H100-80GB"), gang(2, 8, None), gang(1, 1, None)]);
         let plan = super::plan(&state, 0);
         assert_eq!(plan.placements.len(), 1, "{plan:?}");
         let ranks = &plan.placements[0].ranks;
-        assert_eq!(
-            ranks.iter().map(|r| r.node.as_str()).collect::<Vec<_>>(),
-            ["a", "b"]
-        );
+        assert_eq!(ranks.iter().map(|r| r.node.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(plan.pending.len(), 1, "the 1-GPU job has no room left");
         apply(&mut state, vec![Command::ApplyPlan(plan)]);
         state.check_invariants().unwrap();
@@ -293,23 +250,10 @@ mod tests {
     #[test]
     fn model_constraint_and_unhealthy_gpus_are_honored() {
         let mut state = ClusterState::default();
-        apply(
-            &mut state,
-            vec![
-                node("a", 2, "A100-40GB"),
-                node("b", 2, "H100-80GB"),
-                gang(1, 2, Some("H100-80GB")),
-            ],
-        );
+        apply(&mut state, vec![node("a", 2, "A100-40GB"), node("b", 2, "H100-80GB"), gang(1, 2, Some("H100-80GB"))]);
         let plan = super::plan(&state, 0);
         assert_eq!(plan.placements[0].ranks[0].node, "b");
-        apply(
-            &mut state,
-            vec![Command::NodeHealth {
-                node: "b".into(),
-                unhealthy_gpus: vec![1],
-            }],
-        );
+        apply(&mut state, vec![Command::NodeHealth { node: "b".into(), unhealthy_gpus: vec![1] }]);
         let plan = super::plan(&state, 0);
         assert!(plan.placements.is_empty());
     }
@@ -319,23 +263,14 @@ mod tests {
         let mut state = ClusterState::default();
         apply(&mut state, vec![node("a", 1, "H100-80GB")]);
         let leadership = Leadership::new(0);
-        assert!(
-            leadership.silent_nodes(&state).is_empty(),
-            "not leading: nothing is silent"
-        );
+        assert!(leadership.silent_nodes(&state).is_empty(), "not leading: nothing is silent");
         leadership.start_term(3);
         assert_eq!(leadership.term(), Some(3));
-        assert!(
-            leadership.silent_nodes(&state).is_empty(),
-            "first sight starts the grace period"
-        );
+        assert!(leadership.silent_nodes(&state).is_empty(), "first sight starts the grace period");
         std::thread::sleep(Duration::from_millis(2));
         assert_eq!(leadership.silent_nodes(&state), vec!["a".to_string()]);
         leadership.end_term();
         leadership.start_term(4);
-        assert!(
-            leadership.silent_nodes(&state).is_empty(),
-            "a new term starts fresh"
-        );
+        assert!(leadership.silent_nodes(&state).is_empty(), "a new term starts fresh");
     }
 }

@@ -89,9 +89,9 @@ impl Context {
     /// another replica at once than to wait for a commit that will not come.
     pub fn leader_in_contact(&self) -> Result<(), tonic::Status> {
         match self.replica.quorum_contact_age_ms() {
-            Some(age_ms) if age_ms > self.lease_ms => Err(tonic::Status::unavailable(format!(
-                "this leader has not heard from a quorum for {age_ms} ms; try another replica"
-            ))),
+            Some(age_ms) if age_ms > self.lease_ms => {
+                Err(tonic::Status::unavailable(format!("this leader has not heard from a quorum for {age_ms} ms; try another replica")))
+            }
             _ => Ok(()),
         }
     }

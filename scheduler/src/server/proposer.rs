@@ -42,10 +42,7 @@ impl Proposer {
     /// Propose one command and wait until it is committed and applied.
     pub async fn propose(&self, command: Command) -> Outcome {
         let (reply, outcome) = oneshot::channel();
-        self.queue
-            .send(Pending { command, reply })
-            .await
-            .map_err(|_| WriteError::Unavailable("proposer stopped".into()))?;
+        self.queue.send(Pending { command, reply }).await.map_err(|_| WriteError::Unavailable("proposer stopped".into()))?;
         outcome.await.map_err(|_| WriteError::Unavailable("proposal dropped".into()))?
     }
 }
@@ -76,14 +73,13 @@ async fn batch_loop(replica: Replica<Replicated>, mut receiver: mpsc::Receiver<P
 }
 
 async fn write_batch(replica: &Replica<Replicated>, batch: Vec<Pending>) {
-    let (commands, replies): (Vec<Command>, Vec<oneshot::Sender<Outcome>>) =
-        batch.into_iter().map(|p| (p.command, p.reply)).unzip();
+    let (commands, replies): (Vec<Command>, Vec<oneshot::Sender<Outcome>>) = batch.into_iter().map(|p| (p.command, p.reply)).unzip();
     let proposal = Proposal { now_ms: wall_clock_ms(), commands };
     let payload = bincode::serialize(&proposal).expect("proposal serializes");
     let written = replica.write(payload).await;
     let results: Result<(u64, Vec<CommandResult>), WriteError> = written.and_then(|w| {
-        let results: Vec<CommandResult> = bincode::deserialize(&w.response)
-            .map_err(|e| WriteError::Unavailable(format!("undecodable apply result: {e}")))?;
+        let results: Vec<CommandResult> =
+            bincode::deserialize(&w.response).map_err(|e| WriteError::Unavailable(format!("undecodable apply result: {e}")))?;
         Ok((w.index, results))
     });
     match results {

@@ -4,8 +4,7 @@
 //! shapes, queues and priorities. Built through `apply`, like a real state.
 
 use crate::state::{
-    ClusterState, Command, GpuInfo, GroupQuota, JobSpec, NodeRegistration, Placement, Plan,
-    Priority, Proposal, RankPlacement, StateLimits,
+    ClusterState, Command, GpuInfo, GroupQuota, JobSpec, NodeRegistration, Placement, Plan, Priority, Proposal, RankPlacement, StateLimits,
 };
 
 /// splitmix64: a tiny deterministic generator (no RNG crate in the core).
@@ -49,8 +48,7 @@ struct Builder {
 impl Builder {
     fn apply(&mut self, now_ms: u64, commands: Vec<Command>) {
         self.index += 1;
-        self.state
-            .apply_proposal(self.index, &Proposal { now_ms, commands });
+        self.state.apply_proposal(self.index, &Proposal { now_ms, commands });
     }
 }
 
@@ -88,28 +86,15 @@ fn spec(mix: &mut Mix, shape: &BenchShape, running: bool) -> JobSpec {
         (true, _) | (false, 92..=97) => (1, 8),
         (false, _) => (4, 8),
     };
-    let queue = if per * replicas <= 8 && !running && mix.below(3) == 0 {
-        "short"
-    } else {
-        "training"
-    };
-    let priority = [
-        Priority::Low,
-        Priority::Medium,
-        Priority::Medium,
-        Priority::High,
-    ][mix.below(4) as usize];
+    let queue = if per * replicas <= 8 && !running && mix.below(3) == 0 { "short" } else { "training" };
+    let priority = [Priority::Low, Priority::Medium, Priority::Medium, Priority::High][mix.below(4) as usize];
     JobSpec {
         group: format!("g{:02}", mix.below(u64::from(shape.groups))),
         queue: queue.into(),
         priority,
         replicas,
         gpus_per_replica: per,
-        gpu_model: if !running && mix.below(10) == 0 {
-            Some("A100-40GB".into())
-        } else {
-            None
-        },
+        gpu_model: if !running && mix.below(10) == 0 { Some("A100-40GB".into()) } else { None },
         runtime_limit_s: match (queue, running) {
             ("short", _) => 1800,
             (_, true) => 3600 * (13 + mix.below(36)),
@@ -122,18 +107,7 @@ fn spec(mix: &mut Mix, shape: &BenchShape, running: bool) -> JobSpec {
 /// First-fit placements of the running jobs, in batches an hour apart.
 fn start_running(b: &mut Builder, mix: &mut Mix, shape: &BenchShape) {
     let names: Vec<String> = b.state.nodes.keys().cloned().collect();
-    let mut free: Vec<Vec<u32>> = b
-        .state
-        .nodes
-        .values()
-        .map(|n| {
-            n.gpus
-                .iter()
-                .filter(|g| g.healthy)
-                .map(|g| g.index)
-                .collect()
-        })
-        .collect();
+    let mut free: Vec<Vec<u32>> = b.state.nodes.values().map(|n| n.gpus.iter().filter(|g| g.healthy).map(|g| g.index).collect()).collect();
     let batches = 10u64;
     let per_batch = shape.running.div_ceil(batches as u32) as usize;
     // Largest first, so first fit does not strand the 8-GPU jobs.
@@ -143,40 +117,20 @@ fn start_running(b: &mut Builder, mix: &mut Mix, shape: &BenchShape) {
     for (batch, chunk) in specs.chunks(per_batch).enumerate() {
         let now = T0_MS + batch as u64 * HOUR_MS;
         let first = b.state.next_job_id;
-        let submits = chunk
-            .iter()
-            .map(|s| Command::SubmitJob {
-                request_id: None,
-                spec: s.clone(),
-            })
-            .collect();
+        let submits = chunk.iter().map(|s| Command::SubmitJob { request_id: None, spec: s.clone() }).collect();
         b.apply(now, submits);
         let mut placements = Vec::new();
         for (k, s) in chunk.iter().enumerate() {
             let need = s.gpus_per_replica as usize;
-            let Some(offset) =
-                (0..names.len()).find(|o| free[(cursor + o) % names.len()].len() >= need)
-            else {
+            let Some(offset) = (0..names.len()).find(|o| free[(cursor + o) % names.len()].len() >= need) else {
                 continue;
             };
             let n = (cursor + offset) % names.len();
             let gpus: Vec<u32> = free[n].drain(..need).collect();
             cursor = n;
-            placements.push(Placement {
-                job_id: first + k as u64,
-                ranks: vec![RankPlacement {
-                    node: names[n].clone(),
-                    gpus,
-                }],
-            });
+            placements.push(Placement { job_id: first + k as u64, ranks: vec![RankPlacement { node: names[n].clone(), gpus }] });
         }
-        b.apply(
-            now,
-            vec![Command::ApplyPlan(Plan {
-                placements,
-                ..Plan::default()
-            })],
-        );
+        b.apply(now, vec![Command::ApplyPlan(Plan { placements, ..Plan::default() })]);
     }
 }
 
@@ -186,36 +140,22 @@ fn checkpoints(b: &mut Builder, now: u64) {
         .allocs
         .values()
         .filter(|a| a.id % 3 != 0)
-        .map(|a| Command::Checkpoint {
-            alloc_id: a.id,
-            at_ms: a.created_at_ms + (now - a.created_at_ms) / 2,
-        })
+        .map(|a| Command::Checkpoint { alloc_id: a.id, at_ms: a.created_at_ms + (now - a.created_at_ms) / 2 })
         .collect();
     b.apply(now, commands);
 }
 
 /// The state to benchmark and the `now` to plan at.
 pub fn build(shape: &BenchShape) -> (ClusterState, u64) {
-    let limits = StateLimits {
-        max_live_jobs: 1_000_000,
-        ..StateLimits::default()
-    };
-    let mut b = Builder {
-        state: ClusterState::new(limits),
-        index: 0,
-    };
+    let limits = StateLimits { max_live_jobs: 1_000_000, ..StateLimits::default() };
+    let mut b = Builder { state: ClusterState::new(limits), index: 0 };
     let mut mix = Mix::new(shape.seed);
     b.apply(T0_MS, nodes(shape));
     let total = u64::from(shape.nodes) * u64::from(shape.gpus_per_node);
     let quotas = (0..shape.groups)
         .map(|g| {
             let gpus = (total * 8 / 10 / u64::from(shape.groups)) as u32;
-            Command::SetQuota(GroupQuota {
-                group: format!("g{g:02}"),
-                gpus,
-                lend: true,
-                ..GroupQuota::default()
-            })
+            Command::SetQuota(GroupQuota { group: format!("g{g:02}"), gpus, lend: true, ..GroupQuota::default() })
         })
         .collect();
     b.apply(T0_MS, quotas);
@@ -224,12 +164,7 @@ pub fn build(shape: &BenchShape) -> (ClusterState, u64) {
     let chunk = 1000u32;
     for c in 0..shape.pending.div_ceil(chunk) {
         let n = chunk.min(shape.pending - c * chunk);
-        let submits = (0..n)
-            .map(|_| Command::SubmitJob {
-                request_id: None,
-                spec: spec(&mut mix, shape, false),
-            })
-            .collect();
+        let submits = (0..n).map(|_| Command::SubmitJob { request_id: None, spec: spec(&mut mix, shape, false) }).collect();
         b.apply(pending_start + u64::from(c) * 60_000, submits);
     }
     let now = T0_MS + 12 * HOUR_MS;
@@ -240,17 +175,7 @@ pub fn build(shape: &BenchShape) -> (ClusterState, u64) {
 /// Apply only the pending notes of a plan, so the next pass sees the
 /// reasons it would find in steady state.
 pub fn settle_notes(state: &mut ClusterState, plan: &Plan, now: u64) {
-    let notes = Plan {
-        computed_at_index: plan.computed_at_index,
-        pending: plan.pending.clone(),
-        ..Plan::default()
-    };
+    let notes = Plan { computed_at_index: plan.computed_at_index, pending: plan.pending.clone(), ..Plan::default() };
     let index = state.applied_index + 1;
-    state.apply_proposal(
-        index,
-        &Proposal {
-            now_ms: now,
-            commands: vec![Command::ApplyPlan(notes)],
-        },
-    );
+    state.apply_proposal(index, &Proposal { now_ms: now, commands: vec![Command::ApplyPlan(notes)] });
 }

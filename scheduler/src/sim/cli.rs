@@ -64,14 +64,8 @@ pub fn apportion(weights: &BTreeMap<String, f64>, total: u64) -> BTreeMap<String
     if sum <= 0.0 {
         return weights.keys().map(|g| (g.clone(), 0)).collect();
     }
-    let exact: Vec<(&String, f64)> = weights
-        .iter()
-        .map(|(g, w)| (g, w / sum * total as f64))
-        .collect();
-    let mut out: BTreeMap<String, u32> = exact
-        .iter()
-        .map(|(g, x)| ((*g).clone(), x.floor() as u32))
-        .collect();
+    let exact: Vec<(&String, f64)> = weights.iter().map(|(g, w)| (g, w / sum * total as f64)).collect();
+    let mut out: BTreeMap<String, u32> = exact.iter().map(|(g, x)| ((*g).clone(), x.floor() as u32)).collect();
     let given: u64 = out.values().map(|&v| u64::from(v)).sum();
     let mut rest: Vec<(&String, f64)> = exact.iter().map(|(g, x)| (*g, x - x.floor())).collect();
     rest.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
@@ -94,23 +88,11 @@ fn quotas(spec: &str, jobs: &[TraceJob], total: u64) -> anyhow::Result<BTreeMap<
     match spec {
         "proportional" | "equal" => Ok(apportion(&weights, total)),
         path => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("--quotas: reading {path}"))?;
+            let text = std::fs::read_to_string(path).with_context(|| format!("--quotas: reading {path}"))?;
             let mut out = BTreeMap::new();
-            for line in text
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            {
-                let (group, gpus) = line
-                    .split_once(',')
-                    .with_context(|| format!("--quotas: bad line {line:?}"))?;
-                out.insert(
-                    group.trim().to_string(),
-                    gpus.trim()
-                        .parse()
-                        .with_context(|| format!("--quotas: {line:?}"))?,
-                );
+            for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+                let (group, gpus) = line.split_once(',').with_context(|| format!("--quotas: bad line {line:?}"))?;
+                out.insert(group.trim().to_string(), gpus.trim().parse().with_context(|| format!("--quotas: {line:?}"))?);
             }
             Ok(out)
         }
@@ -128,8 +110,7 @@ pub fn policy_config(policy: SimPolicy) -> PolicyConfig {
 fn tuned(config: PolicyConfig, tune: Option<&str>) -> anyhow::Result<PolicyConfig> {
     let Some(tune) = tune else { return Ok(config) };
     let mut value = serde_json::to_value(&config)?;
-    let changes: serde_json::Map<String, Value> =
-        serde_json::from_str(tune).context("--tune: a JSON object")?;
+    let changes: serde_json::Map<String, Value> = serde_json::from_str(tune).context("--tune: a JSON object")?;
     for (key, v) in changes {
         if value.get(&key).is_none() {
             bail!("--tune: unknown field {key}");
@@ -167,12 +148,7 @@ pub fn run_sim(args: &SimArgs) -> anyhow::Result<Value> {
     if let Some(path) = &args.dump_schedule {
         dump(path, &jobs, &outcome.records)?;
     }
-    let ctx = metrics::Context {
-        trace: &jobs,
-        gpus,
-        window_ms,
-        quotas: &quotas,
-    };
+    let ctx = metrics::Context { trace: &jobs, gpus, window_ms, quotas: &quotas };
     let mut report = metrics::report(&ctx, &outcome);
     report["input"] = json!({
         "trace": args.trace.display().to_string(),
@@ -189,21 +165,11 @@ pub fn run_sim(args: &SimArgs) -> anyhow::Result<Value> {
     Ok(report)
 }
 
-fn dump(
-    path: &PathBuf,
-    jobs: &[TraceJob],
-    records: &[super::engine::JobRecord],
-) -> anyhow::Result<()> {
+fn dump(path: &PathBuf, jobs: &[TraceJob], records: &[super::engine::JobRecord]) -> anyhow::Result<()> {
     let mut text = String::from("job_id,submit_s,start_s,end_s\n");
     for (job, rec) in jobs.iter().zip(records) {
         let secs = |ms: Option<u64>| ms.map_or(String::new(), |v| format!("{}", v as f64 / 1000.0));
-        text.push_str(&format!(
-            "{},{},{},{}\n",
-            job.id,
-            job.submit_ms as f64 / 1000.0,
-            secs(rec.first_start_ms),
-            secs(rec.finish_ms)
-        ));
+        text.push_str(&format!("{},{},{},{}\n", job.id, job.submit_ms as f64 / 1000.0, secs(rec.first_start_ms), secs(rec.finish_ms)));
     }
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
@@ -228,11 +194,7 @@ pub struct BenchPlanArgs {
     pub seed: u64,
 }
 
-fn time_passes(
-    state: &crate::state::ClusterState,
-    now: u64,
-    iterations: u32,
-) -> (Vec<f64>, crate::state::Plan) {
+fn time_passes(state: &crate::state::ClusterState, now: u64, iterations: u32) -> (Vec<f64>, crate::state::Plan) {
     let config = PolicyConfig::default();
     let mut last = plan_with(state, now, &config);
     let mut times = Vec::new();
@@ -272,11 +234,7 @@ pub fn run_bench_plan(args: &BenchPlanArgs) -> anyhow::Result<Value> {
     let (mut state, now) = bench::build(&shape);
     let build_s = built.elapsed().as_secs_f64();
     let running = state.allocs.len();
-    let pending = state
-        .jobs
-        .values()
-        .filter(|j| j.state == crate::state::JobState::Pending)
-        .count();
+    let pending = state.jobs.values().filter(|j| j.state == crate::state::JobState::Pending).count();
     let (cold, plan) = time_passes(&state, now, args.iterations);
     bench::settle_notes(&mut state, &plan, now);
     let (steady, plan2) = time_passes(&state, now, args.iterations);
@@ -299,10 +257,7 @@ mod tests {
 
     #[test]
     fn apportion_gives_whole_gpus_summing_to_the_total() {
-        let weights: BTreeMap<String, f64> = [("a", 1.0), ("b", 1.0), ("c", 1.0)]
-            .iter()
-            .map(|(g, w)| (g.to_string(), *w))
-            .collect();
+        let weights: BTreeMap<String, f64> = [("a", 1.0), ("b", 1.0), ("c", 1.0)].iter().map(|(g, w)| (g.to_string(), *w)).collect();
         let quotas = apportion(&weights, 10);
         assert_eq!(quotas.values().sum::<u32>(), 10);
         assert_eq!(quotas["a"], 4); // largest remainders, then name

@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use crate::policy::{plan_with, PolicyConfig};
 use crate::state::{
-    AllocId, ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobId, JobState,
-    NodeRegistration, Proposal, StateLimits, StopReason,
+    AllocId, ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobId, JobState, NodeRegistration, Proposal, StateLimits,
+    StopReason,
 };
 
 use super::trace::{gang_shape, spec_for, TraceJob};
@@ -96,12 +96,7 @@ fn node_name(i: u32) -> String {
 
 impl<'t> Simulator<'t> {
     pub fn new(config: SimConfig, trace: &'t [TraceJob]) -> Simulator<'t> {
-        let limits = StateLimits {
-            max_live_jobs: 1_000_000,
-            max_finished_jobs: 1_000,
-            dedupe_capacity: 16,
-            ..StateLimits::default()
-        };
+        let limits = StateLimits { max_live_jobs: 1_000_000, max_finished_jobs: 1_000, dedupe_capacity: 16, ..StateLimits::default() };
         let mut sim = Simulator {
             state: ClusterState::new(limits),
             index: 0,
@@ -126,8 +121,7 @@ impl<'t> Simulator<'t> {
             return Vec::new();
         }
         self.index += 1;
-        self.state
-            .apply_proposal(self.index, &Proposal { now_ms, commands })
+        self.state.apply_proposal(self.index, &Proposal { now_ms, commands })
     }
 
     fn setup(&mut self) {
@@ -155,22 +149,12 @@ impl<'t> Simulator<'t> {
             })
             .map(Command::RegisterNode)
             .collect();
-        let longest = self
-            .trace
-            .iter()
-            .map(|j| super::trace::runtime_limit_s(j.duration_ms))
-            .max()
-            .unwrap_or(0);
+        let longest = self.trace.iter().map(|j| super::trace::runtime_limit_s(j.duration_ms)).max().unwrap_or(0);
         let mut training = self.state.queues["training"].clone();
         training.max_runtime_s = training.max_runtime_s.max(longest);
         commands.push(Command::SetQueue(training));
         for (group, &gpus) in &c.quotas {
-            commands.push(Command::SetQuota(GroupQuota {
-                group: group.clone(),
-                gpus,
-                lend: true,
-                ..GroupQuota::default()
-            }));
+            commands.push(Command::SetQuota(GroupQuota { group: group.clone(), gpus, lend: true, ..GroupQuota::default() }));
         }
         self.apply(0, commands);
     }
@@ -184,11 +168,7 @@ impl<'t> Simulator<'t> {
             let waiting = self.state.live_jobs > self.live.len();
             // Timers matter only while something runs: with an idle cluster
             // and no arrivals, the last pass already started all it could.
-            let tick = self
-                .config
-                .tick_ms
-                .filter(|_| waiting && !self.live.is_empty())
-                .map(|d| now_ms + d);
+            let tick = self.config.tick_ms.filter(|_| waiting && !self.live.is_empty()).map(|d| now_ms + d);
             let Some(t) = [arrival, completion, tick].into_iter().flatten().min() else {
                 break;
             };
@@ -220,18 +200,8 @@ impl<'t> Simulator<'t> {
             let record = &mut self.records[live.job];
             record.remaining_ms = 0;
             record.finish_ms = Some(end);
-            self.intervals.push(Interval {
-                job: live.job,
-                start_ms: live.start_ms,
-                end_ms: end,
-                gpus: live.gpus,
-                useful_end_ms: end,
-            });
-            commands.extend((0..live.ranks).map(|rank| Command::AllocExited {
-                alloc_id,
-                rank,
-                exit_code: 0,
-            }));
+            self.intervals.push(Interval { job: live.job, start_ms: live.start_ms, end_ms: end, gpus: live.gpus, useful_end_ms: end });
+            commands.extend((0..live.ranks).map(|rank| Command::AllocExited { alloc_id, rank, exit_code: 0 }));
         }
         self.apply(t, commands);
     }
@@ -246,10 +216,7 @@ impl<'t> Simulator<'t> {
             if replicas > self.config.nodes {
                 self.unschedulable += 1;
             } else {
-                commands.push(Command::SubmitJob {
-                    request_id: None,
-                    spec: spec_for(job, self.config.gpus_per_node, cap, short_max),
-                });
+                commands.push(Command::SubmitJob { request_id: None, spec: spec_for(job, self.config.gpus_per_node, cap, short_max) });
                 submitted.push(next);
             }
             next += 1;
@@ -258,11 +225,7 @@ impl<'t> Simulator<'t> {
         self.apply(t, commands);
         for (k, i) in submitted.into_iter().enumerate() {
             let job_id = first_id + k as u64;
-            assert!(
-                self.state.jobs.contains_key(&job_id),
-                "trace job {} was refused",
-                self.trace[i].id
-            );
+            assert!(self.state.jobs.contains_key(&job_id), "trace job {} was refused", self.trace[i].id);
             self.job_of.insert(job_id, i);
             self.records[i].submitted = true;
             self.records[i].remaining_ms = self.trace[i].duration_ms;
@@ -281,10 +244,7 @@ impl<'t> Simulator<'t> {
             }
             let at_ms = live.start_ms + ran / every * every;
             let job_id = self.state.allocs[&alloc_id].job_id;
-            if self.state.jobs[&job_id]
-                .checkpoint_at_ms
-                .is_none_or(|c| c < at_ms)
-            {
+            if self.state.jobs[&job_id].checkpoint_at_ms.is_none_or(|c| c < at_ms) {
                 commands.push(Command::Checkpoint { alloc_id, at_ms });
             }
         }
@@ -326,15 +286,7 @@ impl<'t> Simulator<'t> {
             let alloc = &self.state.allocs[&alloc_id];
             let record = &mut self.records[i];
             record.first_start_ms.get_or_insert(t);
-            self.live.insert(
-                alloc_id,
-                Live {
-                    job: i,
-                    start_ms: t,
-                    gpus: alloc.gpu_count(),
-                    ranks: alloc.ranks.len() as u32,
-                },
-            );
+            self.live.insert(alloc_id, Live { job: i, start_ms: t, gpus: alloc.gpu_count(), ranks: alloc.ranks.len() as u32 });
             self.ends.push(Reverse((t + record.remaining_ms, alloc_id)));
         }
     }
@@ -348,10 +300,7 @@ impl<'t> Simulator<'t> {
                 continue;
             };
             let job_id = self.state.allocs[&stop.alloc_id].job_id;
-            let checkpoint = self.state.jobs[&job_id]
-                .checkpoint_at_ms
-                .unwrap_or(0)
-                .max(live.start_ms);
+            let checkpoint = self.state.jobs[&job_id].checkpoint_at_ms.unwrap_or(0).max(live.start_ms);
             let record = &mut self.records[live.job];
             let saved = checkpoint - live.start_ms;
             let ran = t - live.start_ms;
@@ -363,18 +312,8 @@ impl<'t> Simulator<'t> {
                 record.remaining_ms -= saved.min(record.remaining_ms);
                 record.lost_gpu_ms += (ran - saved) * live.gpus;
             }
-            self.intervals.push(Interval {
-                job: live.job,
-                start_ms: live.start_ms,
-                end_ms: t,
-                gpus: live.gpus,
-                useful_end_ms: checkpoint,
-            });
-            commands.extend((0..live.ranks).map(|rank| Command::AllocExited {
-                alloc_id: stop.alloc_id,
-                rank,
-                exit_code: 143,
-            }));
+            self.intervals.push(Interval { job: live.job, start_ms: live.start_ms, end_ms: t, gpus: live.gpus, useful_end_ms: checkpoint });
+            commands.extend((0..live.ranks).map(|rank| Command::AllocExited { alloc_id: stop.alloc_id, rank, exit_code: 143 }));
         }
         let any = !commands.is_empty();
         self.apply(t, commands);

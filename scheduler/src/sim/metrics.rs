@@ -31,11 +31,7 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
 fn summary(values: &[f64]) -> Value {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
-    let mean = if sorted.is_empty() {
-        0.0
-    } else {
-        sorted.iter().sum::<f64>() / sorted.len() as f64
-    };
+    let mean = if sorted.is_empty() { 0.0 } else { sorted.iter().sum::<f64>() / sorted.len() as f64 };
     json!({
         "mean": round(mean),
         "p50": round(percentile(&sorted, 0.5)),
@@ -56,10 +52,7 @@ fn busy_of(i: &Interval, window_ms: u64, useful: bool) -> f64 {
 }
 
 fn busy_in_window(intervals: &[Interval], window_ms: u64, useful: bool) -> f64 {
-    intervals
-        .iter()
-        .map(|i| busy_of(i, window_ms, useful))
-        .sum()
+    intervals.iter().map(|i| busy_of(i, window_ms, useful)).sum()
 }
 
 #[derive(Default)]

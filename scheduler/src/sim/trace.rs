@@ -19,10 +19,7 @@ pub struct TraceJob {
 }
 
 fn seconds_to_ms(text: &str, field: &str) -> anyhow::Result<f64> {
-    let value: f64 = text
-        .trim()
-        .parse()
-        .with_context(|| format!("{field}: not a number: {text:?}"))?;
+    let value: f64 = text.trim().parse().with_context(|| format!("{field}: not a number: {text:?}"))?;
     if !value.is_finite() || value < 0.0 {
         bail!("{field}: must be a non-negative number, got {text:?}");
     }
@@ -33,45 +30,21 @@ fn seconds_to_ms(text: &str, field: &str) -> anyhow::Result<f64> {
 /// (submit, job id) as the reference simulator does.
 pub fn parse(text: &str, from_s: f64, to_s: f64) -> anyhow::Result<Vec<TraceJob>> {
     let mut lines = text.lines();
-    let header: Vec<&str> = lines
-        .next()
-        .context("empty trace")?
-        .split(',')
-        .map(str::trim)
-        .collect();
-    let col = |name: &str| {
-        header
-            .iter()
-            .position(|h| *h == name)
-            .with_context(|| format!("trace has no {name} column"))
-    };
-    let (c_id, c_submit, c_gpus, c_dur, c_group) = (
-        col("job_id")?,
-        col("submit_s")?,
-        col("gpus")?,
-        col("duration_s")?,
-        col("group")?,
-    );
+    let header: Vec<&str> = lines.next().context("empty trace")?.split(',').map(str::trim).collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).with_context(|| format!("trace has no {name} column"));
+    let (c_id, c_submit, c_gpus, c_dur, c_group) = (col("job_id")?, col("submit_s")?, col("gpus")?, col("duration_s")?, col("group")?);
     let mut jobs = Vec::new();
     for (line_no, line) in lines.enumerate() {
         if line.trim().is_empty() {
             continue;
         }
         let fields: Vec<&str> = line.split(',').collect();
-        let get = |i: usize| {
-            fields
-                .get(i)
-                .copied()
-                .with_context(|| format!("line {}: too few fields", line_no + 2))
-        };
+        let get = |i: usize| fields.get(i).copied().with_context(|| format!("line {}: too few fields", line_no + 2));
         let submit_ms = seconds_to_ms(get(c_submit)?, "submit_s")?;
         if submit_ms < from_s * 1000.0 || submit_ms >= to_s * 1000.0 {
             continue;
         }
-        let gpus: u32 = get(c_gpus)?
-            .trim()
-            .parse()
-            .with_context(|| format!("line {}: gpus", line_no + 2))?;
+        let gpus: u32 = get(c_gpus)?.trim().parse().with_context(|| format!("line {}: gpus", line_no + 2))?;
         if gpus == 0 {
             bail!("line {}: gpus must be at least 1", line_no + 2);
         }
@@ -88,25 +61,11 @@ pub fn parse(text: &str, from_s: f64, to_s: f64) -> anyhow::Result<Vec<TraceJob>
 }
 
 pub fn load(path: &Path, from_s: f64, to_s: f64) -> anyhow::Result<Vec<TraceJob>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     parse(&text, from_s, to_s)
 }
 
-const LADDER_S: [u64; 12] = [
-    600,
-    1200,
-    2400,
-    3600,
-    7200,
-    4 * 3600,
-    8 * 3600,
-    12 * 3600,
-    86_400,
-    2 * 86_400,
-    3 * 86_400,
-    7 * 86_400,
-];
+const LADDER_S: [u64; 12] = [600, 1200, 2400, 3600, 7200, 4 * 3600, 8 * 3600, 12 * 3600, 86_400, 2 * 86_400, 3 * 86_400, 7 * 86_400];
 
 /// The runtime limit a user would ask for: the smallest step of the ladder
 /// (10 min .. 7 d, then whole weeks) that is at least the duration.
@@ -131,12 +90,7 @@ pub fn gang_shape(gpus: u32, gpus_per_node: u32) -> (u32, u32) {
 
 /// The spec a trace row is submitted as. Jobs whose limit is at most 40 min
 /// and that fit the short queue's GPU cap go to `short`, the rest to `training`.
-pub fn spec_for(
-    job: &TraceJob,
-    gpus_per_node: u32,
-    short_cap_gpus: u32,
-    short_max_s: u64,
-) -> JobSpec {
+pub fn spec_for(job: &TraceJob, gpus_per_node: u32, short_cap_gpus: u32, short_max_s: u64) -> JobSpec {
     let (replicas, per) = gang_shape(job.gpus, gpus_per_node);
     let limit_s = runtime_limit_s(job.duration_ms);
     let total = replicas * per;

@@ -23,9 +23,7 @@ impl ClusterState {
             Command::NodeDown { node } => self.node_down(index, node),
             Command::ApplyPlan(plan) => Ok(self.apply_plan(index, plan)),
             Command::AllocStarted { alloc_id, rank } => self.alloc_started(index, *alloc_id, *rank),
-            Command::AllocExited { alloc_id, rank, exit_code } => {
-                self.alloc_exited(index, *alloc_id, *rank, *exit_code)
-            }
+            Command::AllocExited { alloc_id, rank, exit_code } => self.alloc_exited(index, *alloc_id, *rank, *exit_code),
             Command::Checkpoint { alloc_id, at_ms } => self.checkpoint(index, *alloc_id, *at_ms),
             Command::SetQueue(queue) => self.set_queue(queue),
             Command::SetQuota(quota) => self.set_quota(quota),
@@ -38,9 +36,7 @@ impl ClusterState {
         if let Some(id) = request_id {
             if let Some(job_id) = self.dedupe.get(id) {
                 return match self.jobs.get(&job_id) {
-                    Some(job) if job.spec != *spec => {
-                        Err(Rejection::RequestIdReused { request_id: id.to_string(), job_id })
-                    }
+                    Some(job) if job.spec != *spec => Err(Rejection::RequestIdReused { request_id: id.to_string(), job_id }),
                     _ => Ok(CommandResult::Submitted { job_id, deduplicated: true }),
                 };
             }
@@ -150,12 +146,7 @@ impl ClusterState {
     fn node_down(&mut self, index: u64, name: &str) -> Result<CommandResult, Rejection> {
         let node = self.nodes.get_mut(name).ok_or(Rejection::NotFound { what: format!("node {name}") })?;
         node.state = NodeState::Down;
-        let lost: Vec<AllocId> = self
-            .allocs
-            .values()
-            .filter(|a| a.ranks.iter().any(|r| r.node == name))
-            .map(|a| a.id)
-            .collect();
+        let lost: Vec<AllocId> = self.allocs.values().filter(|a| a.ranks.iter().any(|r| r.node == name)).map(|a| a.id).collect();
         for alloc_id in lost {
             let alloc = self.allocs.get_mut(&alloc_id).expect("listed above");
             // A cancel already under way still ends as a cancel.
@@ -212,7 +203,12 @@ impl ClusterState {
         let mut claimed: BTreeSet<(&str, u32)> = BTreeSet::new();
         for rank in &placement.ranks {
             if rank.gpus.len() != job.spec.gpus_per_replica as usize {
-                return Err(conflict(format!("rank on {} has {} GPUs, job needs {}", rank.node, rank.gpus.len(), job.spec.gpus_per_replica)));
+                return Err(conflict(format!(
+                    "rank on {} has {} GPUs, job needs {}",
+                    rank.node,
+                    rank.gpus.len(),
+                    job.spec.gpus_per_replica
+                )));
             }
             let node = self.nodes.get(&rank.node).ok_or(conflict(format!("node {} unknown", rank.node)))?;
             for &index in &rank.gpus {
@@ -259,27 +255,16 @@ impl ClusterState {
                 assert!(previous.is_none(), "GPU {}:{gpu} given to two allocations", rank.node);
             }
         }
-        let alloc = Allocation {
-            id: alloc_id,
-            job_id: placement.job_id,
-            attempt,
-            ranks,
-            master_port,
-            created_at_ms: self.now_ms,
-            stop: None,
-        };
+        let alloc =
+            Allocation { id: alloc_id, job_id: placement.job_id, attempt, ranks, master_port, created_at_ms: self.now_ms, stop: None };
         self.allocs.insert(alloc_id, alloc);
     }
 
     /// Smallest port not used as MASTER_PORT by a live allocation whose rank 0
     /// is on the same node. Bounded by the range size.
     fn free_master_port(&self, node: &str) -> u16 {
-        let used: BTreeSet<u16> = self
-            .allocs
-            .values()
-            .filter(|a| a.ranks.first().is_some_and(|r| r.node == node))
-            .map(|a| a.master_port)
-            .collect();
+        let used: BTreeSet<u16> =
+            self.allocs.values().filter(|a| a.ranks.first().is_some_and(|r| r.node == node)).map(|a| a.master_port).collect();
         (0..MASTER_PORT_COUNT)
             .map(|offset| MASTER_PORT_FIRST + offset)
             .find(|port| !used.contains(port))

@@ -17,18 +17,41 @@ pub struct Proposal {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Command {
-    SubmitJob { request_id: Option<String>, spec: JobSpec },
-    CancelJob { job_id: JobId },
+    SubmitJob {
+        request_id: Option<String>,
+        spec: JobSpec,
+    },
+    CancelJob {
+        job_id: JobId,
+    },
     RegisterNode(NodeRegistration),
     /// GPU health changed (only changes are logged, never heartbeats).
-    NodeHealth { node: String, unhealthy_gpus: Vec<u32> },
-    DrainNode { node: String, drain: bool },
+    NodeHealth {
+        node: String,
+        unhealthy_gpus: Vec<u32>,
+    },
+    DrainNode {
+        node: String,
+        drain: bool,
+    },
     /// Silent past its TTL: its allocations are ended and their jobs requeued.
-    NodeDown { node: String },
+    NodeDown {
+        node: String,
+    },
     ApplyPlan(Plan),
-    AllocStarted { alloc_id: AllocId, rank: u32 },
-    AllocExited { alloc_id: AllocId, rank: u32, exit_code: i32 },
-    Checkpoint { alloc_id: AllocId, at_ms: u64 },
+    AllocStarted {
+        alloc_id: AllocId,
+        rank: u32,
+    },
+    AllocExited {
+        alloc_id: AllocId,
+        rank: u32,
+        exit_code: i32,
+    },
+    Checkpoint {
+        alloc_id: AllocId,
+        at_ms: u64,
+    },
     SetQueue(QueueConfig),
     SetQuota(GroupQuota),
 }
@@ -100,14 +123,27 @@ pub enum CommandResult {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Rejection {
     /// The command's input is invalid; `field` names the offending field.
-    Invalid { field: String, message: String },
-    NotFound { what: String },
+    Invalid {
+        field: String,
+        message: String,
+    },
+    NotFound {
+        what: String,
+    },
     /// A bounded table is full.
-    Exhausted { what: String, limit: u64 },
+    Exhausted {
+        what: String,
+        limit: u64,
+    },
     /// request_id was used before with a different spec.
-    RequestIdReused { request_id: String, job_id: JobId },
+    RequestIdReused {
+        request_id: String,
+        job_id: JobId,
+    },
     /// The command no longer applies to the current state.
-    Conflict { message: String },
+    Conflict {
+        message: String,
+    },
 }
 
 impl std::fmt::Display for Rejection {

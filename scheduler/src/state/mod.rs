@@ -134,11 +134,7 @@ impl ClusterState {
     }
 
     pub fn free_gpus(&self) -> u64 {
-        self.nodes
-            .values()
-            .flat_map(|n| n.gpus.iter().map(move |g| (n, g)))
-            .filter(|(n, g)| self.gpu_is_free(n, g))
-            .count() as u64
+        self.nodes.values().flat_map(|n| n.gpus.iter().map(move |g| (n, g))).filter(|(n, g)| self.gpu_is_free(n, g)).count() as u64
     }
 
     /// Check the invariants that tie the tables together. O(state); used by

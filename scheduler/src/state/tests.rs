@@ -36,10 +36,7 @@ fn gang(replicas: u32, gpus: u32) -> JobSpec {
 }
 
 fn placement(job_id: JobId, ranks: &[(&str, &[u32])]) -> Placement {
-    Placement {
-        job_id,
-        ranks: ranks.iter().map(|(n, g)| RankPlacement { node: n.to_string(), gpus: g.to_vec() }).collect(),
-    }
+    Placement { job_id, ranks: ranks.iter().map(|(n, g)| RankPlacement { node: n.to_string(), gpus: g.to_vec() }).collect() }
 }
 
 #[test]
@@ -117,7 +114,10 @@ fn gang_success_failure_and_retry() {
     assert!(state.gpu_owner.is_empty());
     place(&mut state);
     let alloc_id = state.jobs[&1].alloc.unwrap();
-    run(&mut state, vec![Command::AllocExited { alloc_id, rank: 0, exit_code: 0 }, Command::AllocExited { alloc_id, rank: 1, exit_code: 0 }]);
+    run(
+        &mut state,
+        vec![Command::AllocExited { alloc_id, rank: 0, exit_code: 0 }, Command::AllocExited { alloc_id, rank: 1, exit_code: 0 }],
+    );
     assert_eq!(state.jobs[&1].state, JobState::Succeeded);
     assert_eq!(state.jobs[&1].attempts, 2);
     assert_eq!(state.live_jobs, 0);
@@ -130,7 +130,8 @@ fn cancel_pending_and_running_jobs() {
     submit(&mut state, "p", gang(1, 1));
     submit(&mut state, "r", gang(1, 2));
     run(&mut state, vec![Command::ApplyPlan(Plan { placements: vec![placement(2, &[("a", &[0, 1])])], ..Plan::default() })]);
-    let results = run(&mut state, vec![Command::CancelJob { job_id: 1 }, Command::CancelJob { job_id: 2 }, Command::CancelJob { job_id: 99 }]);
+    let results =
+        run(&mut state, vec![Command::CancelJob { job_id: 1 }, Command::CancelJob { job_id: 2 }, Command::CancelJob { job_id: 99 }]);
     assert_eq!(results[0], CommandResult::Cancelled { job_id: 1, state: JobState::Cancelled });
     assert_eq!(results[1], CommandResult::Cancelled { job_id: 2, state: JobState::Stopping });
     assert!(matches!(results[2], CommandResult::Rejected(Rejection::NotFound { .. })));
@@ -144,7 +145,10 @@ fn node_down_requeues_the_whole_gang() {
     let mut state = ClusterState::default();
     run(&mut state, vec![Command::RegisterNode(node("a", 8)), Command::RegisterNode(node("b", 8))]);
     submit(&mut state, "g", gang(2, 4));
-    run(&mut state, vec![Command::ApplyPlan(Plan { placements: vec![placement(1, &[("a", &[0, 1, 2, 3]), ("b", &[0, 1, 2, 3])])], ..Plan::default() })]);
+    run(
+        &mut state,
+        vec![Command::ApplyPlan(Plan { placements: vec![placement(1, &[("a", &[0, 1, 2, 3]), ("b", &[0, 1, 2, 3])])], ..Plan::default() })],
+    );
     run(&mut state, vec![Command::NodeDown { node: "b".into() }]);
     let job = &state.jobs[&1];
     assert_eq!(job.state, JobState::Pending);

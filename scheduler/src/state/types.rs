@@ -116,16 +116,9 @@ impl JobState {
     }
 
     pub fn parse(text: &str) -> Option<JobState> {
-        [
-            JobState::Pending,
-            JobState::Running,
-            JobState::Stopping,
-            JobState::Succeeded,
-            JobState::Failed,
-            JobState::Cancelled,
-        ]
-        .into_iter()
-        .find(|s| s.as_str() == text)
+        [JobState::Pending, JobState::Running, JobState::Stopping, JobState::Succeeded, JobState::Failed, JobState::Cancelled]
+            .into_iter()
+            .find(|s| s.as_str() == text)
     }
 }
 

@@ -23,15 +23,7 @@ pub const MAX_GRACE_PERIOD_S: u64 = 3600;
 pub const MAX_RETRIES: u32 = 10;
 
 /// Variables the agent sets for every rank; a job may not override them.
-pub const RESERVED_ENV: [&str; 7] = [
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "NODE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "CUDA_VISIBLE_DEVICES",
-];
+pub const RESERVED_ENV: [&str; 7] = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"];
 
 fn invalid(field: &str, message: impl Into<String>) -> Rejection {
     Rejection::Invalid { field: field.to_string(), message: message.into() }
@@ -89,12 +81,7 @@ fn validate_shape(spec: &JobSpec, queue: &QueueConfig) -> Result<(), Rejection> 
     if queue.max_gpus_per_job > 0 && spec.total_gpus() > u64::from(queue.max_gpus_per_job) {
         return Err(invalid(
             "spec.gpus_per_replica",
-            format!(
-                "job asks for {} GPUs; queue {} takes at most {}",
-                spec.total_gpus(),
-                queue.name,
-                queue.max_gpus_per_job
-            ),
+            format!("job asks for {} GPUs; queue {} takes at most {}", spec.total_gpus(), queue.name, queue.max_gpus_per_job),
         ));
     }
     if let Some(model) = &spec.gpu_model {
