@@ -130,7 +130,9 @@ fn parse_start(text: &str) -> Option<RankRun> {
 /// marker is taken to hold its GPUs until its job's recorded finish (or
 /// forever, if it never finished): the conservative reading.
 pub fn gpus_exclusive(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>) -> Check {
-    let mut by_gpu: BTreeMap<(&str, u32), Vec<(u64, u64, &RankRun)>> = BTreeMap::new();
+    /// (start, end, rank) of each use of one GPU.
+    type Spans<'a> = Vec<(u64, u64, &'a RankRun)>;
+    let mut by_gpu: BTreeMap<(&str, u32), Spans> = BTreeMap::new();
     for run in runs {
         let end = run.end_ms.or_else(|| jobs.get(&run.job_id).map(|j| j.finished_at_ms).filter(|&t| t > 0)).unwrap_or(u64::MAX);
         for &gpu in &run.gpus {

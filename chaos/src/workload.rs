@@ -59,7 +59,7 @@ impl Clients {
             if !retryable || started.elapsed() > Duration::from_millis(deadline_ms) {
                 return (Err(status), attempts);
             }
-            if attempts as usize % self.jobs.len() == 0 {
+            if (attempts as usize).is_multiple_of(self.jobs.len()) {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
@@ -165,14 +165,14 @@ pub async fn submitter(index: usize, clients: Clients, history: Arc<History>, co
             }
         };
         history.record_ack(Ack { request_id: request_id.clone(), job_id: response.job_id, sent_ms, acked_ms: now_ms(), attempts });
-        if n % 10 == 0 {
+        if n.is_multiple_of(10) {
             let (again, _) = clients.submit(index + 1, &request, SUBMIT_DEADLINE_MS).await;
             if let Ok(again) = again {
                 let resubmit = Resubmit { request_id, first_job_id: response.job_id, again_job_id: again.job_id };
                 history.resubmits.lock().expect("history lock").push(resubmit);
             }
         }
-        if n % 15 == 0 && clients.cancel(response.job_id).await.is_ok() {
+        if n.is_multiple_of(15) && clients.cancel(response.job_id).await.is_ok() {
             history.cancels.lock().expect("history lock").push((response.job_id, now_ms()));
         }
         tokio::time::sleep(Duration::from_millis(config.submit_interval_ms)).await;
@@ -201,7 +201,7 @@ pub async fn probe(clients: Clients, history: Arc<History>, seed: u64, stop: Arc
         let (result, attempts) = clients.submit(n as usize, &request, SUBMIT_DEADLINE_MS).await;
         if let Ok(response) = result {
             history.record_probe(Ack { request_id, job_id: response.job_id, sent_ms, acked_ms: now_ms(), attempts });
-            if n % SCHEDULE_PROBE_EVERY != 0 {
+            if !n.is_multiple_of(SCHEDULE_PROBE_EVERY) {
                 let clients = clients.clone();
                 tokio::spawn(async move { clients.cancel(response.job_id).await });
             }

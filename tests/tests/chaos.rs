@@ -51,7 +51,10 @@ async fn running_jobs_survive_leader_kills_and_agent_restarts() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn checkers_catch_agents_that_stop_ranks_on_leader_loss() -> Result<()> {
-    let mut config = config(14, 16, vec![FaultKind::KillLeader]);
+    // Killing leaders and followers breaks each agent's watch sooner or later,
+    // whichever replica it watches.
+    let mut config = config(14, 24, vec![FaultKind::KillLeader, FaultKind::KillFollower]);
+    config.interval_s = 3;
     config.agents = 2;
     config.submitters = 1;
     config.submit_interval_ms = 500;
@@ -65,7 +68,7 @@ async fn checkers_catch_agents_that_stop_ranks_on_leader_loss() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn checkers_catch_submits_acknowledged_before_commit() -> Result<()> {
-    let mut config = config(12, 14, vec![FaultKind::KillLeader]);
+    let mut config = config(12, 20, vec![FaultKind::KillLeader]);
     config.interval_s = 3;
     config.submit_interval_ms = 2;
     config.cluster.env.push(("ROTA_TEST_ACK_BEFORE_COMMIT".into(), "1".into()));

@@ -87,7 +87,7 @@ pub fn print_job(job: &pb::Job) {
 }
 
 pub fn print_jobs(jobs: &[pb::Job], total: u64) {
-    println!("{:>8}  {:<10} {:<12} {:<10} {:>8}  {}", "ID", "STATE", "GROUP", "QUEUE", "GPUS", "REASON");
+    println!("{:>8}  {:<10} {:<12} {:<10} {:>8}  REASON", "ID", "STATE", "GROUP", "QUEUE", "GPUS");
     for job in jobs {
         let spec = job.spec.clone().unwrap_or_default();
         let gpus = u64::from(spec.replicas) * u64::from(spec.gpus_per_replica);
