@@ -164,7 +164,9 @@ pub fn no_rank_killed(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, cancelle
     }
     let mut violations = Vec::new();
     for ((job_id, rank), starts) in by_rank {
-        if cancelled.contains(&job_id) {
+        // A cancelled job's ranks may die; a job that never ended is the liveness check's to report.
+        let ended = jobs.get(&job_id).is_some_and(|j| matches!(j.state.as_str(), "succeeded" | "failed"));
+        if cancelled.contains(&job_id) || !ended {
             continue;
         }
         if starts.len() > 1 {

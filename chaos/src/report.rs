@@ -4,16 +4,9 @@ use rota_proto::v1 as pb;
 
 use crate::run::Report;
 
-pub fn state_name(state: i32) -> &'static str {
-    match pb::JobState::try_from(state) {
-        Ok(pb::JobState::Pending) => "pending",
-        Ok(pb::JobState::Running) => "running",
-        Ok(pb::JobState::Stopping) => "stopping",
-        Ok(pb::JobState::Succeeded) => "succeeded",
-        Ok(pb::JobState::Failed) => "failed",
-        Ok(pb::JobState::Cancelled) => "cancelled",
-        _ => "unknown",
-    }
+/// "pending", "running", ...: the wire enum's name without its prefix.
+pub fn state_name(state: i32) -> String {
+    pb::JobState::try_from(state).map_or("unknown".into(), |s| s.as_str_name().trim_start_matches("JOB_STATE_").to_lowercase())
 }
 
 pub fn summary(report: &Report) -> String {

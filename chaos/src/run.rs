@@ -123,7 +123,11 @@ pub async fn run(config: RunConfig) -> Result<Report> {
         task.await?;
     }
     cluster.wait_leader(ELECTION_WAIT).await.context("election after the faults")?;
-    let acked: BTreeSet<u64> = history.acks.lock().expect("history lock").iter().map(|a| a.job_id).collect();
+    let acked: BTreeSet<u64> = {
+        let acks = history.acks.lock().expect("history lock");
+        let probes = history.probes.lock().expect("history lock");
+        acks.iter().chain(probes.iter()).map(|a| a.job_id).collect()
+    };
     if workload_config.runnable {
         settle(&clients, &acked, Duration::from_secs(config.settle_s)).await;
     }

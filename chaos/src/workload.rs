@@ -23,7 +23,9 @@ const ATTEMPT_TIMEOUT_MS: u64 = 300;
 /// How long one submit keeps retrying before it counts as unacknowledged.
 const SUBMIT_DEADLINE_MS: u64 = 60_000;
 const PROBE_PAUSE_MS: u64 = 20;
-const SCHEDULE_PROBE_EVERY: u64 = 12;
+/// About one left-to-run probe every 2 s: enough to time scheduling after a
+/// fault without flooding the fake-GPU agents with tiny jobs.
+const SCHEDULE_PROBE_EVERY: u64 = 100;
 
 /// Clients of every replica, tried in turn; what a real client does.
 #[derive(Clone)]

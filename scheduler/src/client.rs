@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use rota_proto::v1 as pb;
 use rota_proto::v1::cluster_service_client::ClusterServiceClient;
 use rota_proto::v1::job_service_client::JobServiceClient;
 use tonic::transport::{Channel, Endpoint};
@@ -132,6 +133,25 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// Submit through whichever replica answers, retrying through failovers
+    /// (safe: the request id makes a retry return the first job).
+    pub async fn submit_job(&self, request: &pb::SubmitJobRequest) -> Result<pb::SubmitJobResponse, ClientError> {
+        self.retrying(|i| {
+            let mut jobs = self.jobs_at(i);
+            let request = request.clone();
+            async move { jobs.submit_job(request).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    pub async fn cancel_job(&self, job_id: u64) -> Result<pb::CancelJobResponse, ClientError> {
+        self.retrying(|i| {
+            let mut jobs = self.jobs_at(i);
+            async move { jobs.cancel_job(pb::CancelJobRequest { job_id }).await.map(|r| r.into_inner()) }
+        })
+        .await
     }
 
     fn leader_hint(&self, status: &Status) -> Option<usize> {

@@ -103,13 +103,7 @@ async fn submit_probe(client: &Client, started: Instant) -> Result<(u64, u64)> {
         ..Default::default()
     };
     let request = pb::SubmitJobRequest { spec: Some(spec), request_id: random_request_id() };
-    let response = client
-        .retrying(|i| {
-            let mut jobs = client.jobs_at(i);
-            let request = request.clone();
-            async move { jobs.submit_job(request).await.map(|r| r.into_inner()) }
-        })
-        .await?;
+    let response = client.submit_job(&request).await?;
     Ok((response.job_id, started.elapsed().as_millis() as u64))
 }
 
@@ -127,10 +121,5 @@ async fn wait_scheduled(client: &Client, job_id: u64, started: Instant, deadline
 }
 
 async fn cancel_probe(client: &Client, job_id: u64) {
-    let _ = client
-        .retrying(|i| {
-            let mut jobs = client.jobs_at(i);
-            async move { jobs.cancel_job(pb::CancelJobRequest { job_id }).await.map(|r| r.into_inner()) }
-        })
-        .await;
+    let _ = client.cancel_job(job_id).await;
 }

@@ -105,14 +105,7 @@ impl SubmitArgs {
 }
 
 pub async fn submit(client: &Client, args: &SubmitArgs, format: Format) -> Result<()> {
-    let request = args.to_request()?;
-    let response = client
-        .retrying(|i| {
-            let mut jobs = client.jobs_at(i);
-            let request = request.clone();
-            async move { jobs.submit_job(request).await.map(|r| r.into_inner()) }
-        })
-        .await?;
+    let response = client.submit_job(&args.to_request()?).await?;
     match format {
         Format::Json => {
             println!("{}", serde_json::json!({"job_id": response.job_id, "deduplicated": response.deduplicated, "index": response.index}))
@@ -195,12 +188,7 @@ pub async fn jobs(client: &Client, state: Option<&str>, group: Option<&str>, lim
 }
 
 pub async fn cancel(client: &Client, job_id: u64, format: Format) -> Result<()> {
-    let response = client
-        .retrying(|i| {
-            let mut jobs = client.jobs_at(i);
-            async move { jobs.cancel_job(pb::CancelJobRequest { job_id }).await.map(|r| r.into_inner()) }
-        })
-        .await?;
+    let response = client.cancel_job(job_id).await?;
     let state = output::state_name(response.state);
     match format {
         Format::Json => println!("{}", serde_json::json!({"job_id": job_id, "state": state})),

@@ -9,16 +9,9 @@ pub enum Format {
     Json,
 }
 
-pub fn state_name(state: i32) -> &'static str {
-    match pb::JobState::try_from(state) {
-        Ok(pb::JobState::Pending) => "pending",
-        Ok(pb::JobState::Running) => "running",
-        Ok(pb::JobState::Stopping) => "stopping",
-        Ok(pb::JobState::Succeeded) => "succeeded",
-        Ok(pb::JobState::Failed) => "failed",
-        Ok(pb::JobState::Cancelled) => "cancelled",
-        _ => "unknown",
-    }
+/// "pending", "running", ...: the wire enum's name without its prefix.
+pub fn state_name(state: i32) -> String {
+    pb::JobState::try_from(state).map_or("unknown".into(), |s| s.as_str_name().trim_start_matches("JOB_STATE_").to_lowercase())
 }
 
 fn priority_name(priority: i32) -> &'static str {
