@@ -138,7 +138,9 @@ fn job_spec(rng: &mut StdRng, config: &WorkloadConfig) -> pb::JobSpec {
         gpus_per_replica: gpus,
         command: job_command(duration_s, rng.gen_bool(0.5)),
         env,
-        runtime_limit_s: 600,
+        // Limits close to the real durations, as users who know their jobs
+        // give: reservations and backfill then work with true end times.
+        runtime_limit_s: duration_s + 30,
         grace_period_s: 5,
         ..Default::default()
     }
@@ -193,6 +195,8 @@ pub async fn probe(clients: Clients, history: Arc<History>, seed: u64, stop: Arc
         let spec = pb::JobSpec {
             group: "probe".into(),
             queue: "short".into(),
+            priority: pb::Priority::High as i32,
+            runtime_limit_s: 60,
             replicas: 1,
             gpus_per_replica: 1,
             command: vec!["true".into()],

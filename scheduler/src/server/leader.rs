@@ -23,11 +23,6 @@ use crate::state::{ClusterState, Command, NodeState, Plan};
 
 /// Shortest time between two plans; applied-index changes in between are coalesced.
 const PLAN_MIN_INTERVAL_MS: u64 = 50;
-/// A pass reads the state under its lock, which holds apply back. After a
-/// pass of `t` ms the next one waits at least `PLAN_BACKOFF_FACTOR * t`, so
-/// planning holds the lock at most 1/(1+factor) of the time however many
-/// jobs are pending.
-const PLAN_BACKOFF_FACTOR: u32 = 3;
 /// How often the loop wakes without an applied change (TTL checks, leadership).
 const TICK_MS: u64 = 200;
 /// How often a replica that does not lead checks whether it now does.
@@ -132,22 +127,19 @@ async fn lead(ctx: &Context, term: u64) {
     tracing::info!(term, ttl_ms = ctx.leader.node_ttl_ms, "leader loop started; every node gets a fresh grace period");
     let mut applied = ctx.replica.applied_watch();
     let mut planned_at: Option<u64> = None;
-    let mut pause = Duration::from_millis(PLAN_MIN_INTERVAL_MS);
     while still_leader(ctx, term) {
         let index = ctx.read(|state| state.applied_index);
         if planned_at != Some(index) {
             planned_at = Some(index);
-            let started = Instant::now();
             if !propose_plan(ctx).await {
                 break;
             }
-            pause = Duration::from_millis(PLAN_MIN_INTERVAL_MS).max(started.elapsed() * PLAN_BACKOFF_FACTOR);
         }
         if !propose_node_downs(ctx).await {
             break;
         }
         let _ = tokio::time::timeout(Duration::from_millis(TICK_MS), applied.changed()).await;
-        tokio::time::sleep(pause).await;
+        tokio::time::sleep(Duration::from_millis(PLAN_MIN_INTERVAL_MS)).await;
     }
     ctx.leader.end_term();
     tracing::info!(term, "leader loop stopped");
