@@ -39,13 +39,14 @@ struct RunArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Seconds jobs get to finish after the faults stop.
-    #[arg(long, default_value_t = 90)]
+    #[arg(long, default_value_t = 180)]
     settle_s: u64,
     /// Concurrent submitters (default: 4 without agents, 1 with agents).
     #[arg(long)]
     submitters: Option<usize>,
     /// Pause between one submitter's submits (default: 50 ms without agents;
-    /// with agents, sized so the jobs keep about 60% of the fake GPUs busy).
+    /// with agents, sized so the jobs keep about 40% of the fake GPUs busy:
+    /// gangs that take whole nodes need the rest to drain).
     #[arg(long)]
     submit_interval_ms: Option<u64>,
     #[arg(long, default_value_t = 50)]
@@ -84,7 +85,7 @@ async fn main() -> Result<()> {
         seed: args.seed,
         settle_s: args.settle_s,
         submitters: args.submitters.unwrap_or(if args.agents == 0 { 4 } else { 1 }),
-        submit_interval_ms: args.submit_interval_ms.unwrap_or(if args.agents == 0 { 50 } else { 4_000 / u64::from(args.agents) }),
+        submit_interval_ms: args.submit_interval_ms.unwrap_or(if args.agents == 0 { 50 } else { 6_000 / u64::from(args.agents) }),
         cluster: ClusterOptions {
             heartbeat_ms: args.heartbeat_ms,
             election_min_ms: args.election_min_ms,
