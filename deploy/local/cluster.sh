@@ -2,7 +2,8 @@
 # Start or stop a local cluster of N rota replicas on 127.0.0.1.
 #
 #   deploy/local/cluster.sh start DIR [N=3] [BASE_PORT=7001]
-#   deploy/local/cluster.sh stop DIR
+#   deploy/local/cluster.sh agents DIR [COUNT=2] [GPUS=8xH100-80GB]   # fake-GPU node agents
+#   deploy/local/cluster.sh stop DIR                                  # replicas and agents
 #
 # Replica i listens on BASE_PORT+i-1 (API and Raft) and BASE_PORT+100+i-1
 # (Prometheus metrics); its data and log live in DIR/replica-i. The
@@ -45,8 +46,32 @@ start() {
   echo "no leader elected; see $dir/replica-*/server.log" >&2; exit 1
 }
 
+agents() {
+  local count="${3:-2}" gpus="${4:-8xH100-80GB}"
+  local agent_bin="${ROTA_AGENT_BIN:-$(dirname "$ROTA")/rota-agent}"
+  [ -f "$dir/endpoints" ] || { echo "start the replicas first" >&2; exit 1; }
+  case "$count" in [1-9]|1[0-6]) ;; *) echo "COUNT must be 1..16" >&2; exit 2;; esac
+  for i in $(seq 1 "$count"); do
+    local adir="$dir/agent-node-$i"
+    mkdir -p "$adir"
+    if [ -f "$adir/pid" ] && kill -0 "$(cat "$adir/pid")" 2>/dev/null; then continue; fi
+    nohup "$agent_bin" --endpoints "$(cat "$dir/endpoints")" --node-name "node-$i" --data-dir "$adir/data" \
+      --fake-gpus "$gpus" --heartbeat-ms 500 >>"$adir/agent.log" 2>&1 &
+    echo $! >"$adir/pid"
+    echo "agent node-$i: pid $!, $gpus"
+  done
+  # Wait (bounded) until every agent has registered.
+  for _ in $(seq 1 100); do
+    local ready
+    ready=$("$ROTA" --endpoints "$(cat "$dir/endpoints")" nodes --output json 2>/dev/null | grep -c '"state": "ready"' || true)
+    [ "$ready" -ge "$count" ] && { "$ROTA" --endpoints "$(cat "$dir/endpoints")" nodes | grep -v "gpu "; return 0; }
+    sleep 0.2
+  done
+  echo "agents did not register; see $dir/agent-*/agent.log" >&2; exit 1
+}
+
 stop() {
-  for pidfile in "$dir"/replica-*/pid; do
+  for pidfile in "$dir"/agent-*/pid "$dir"/replica-*/pid; do
     [ -f "$pidfile" ] || continue
     local pid; pid="$(cat "$pidfile")"
     if kill -0 "$pid" 2>/dev/null; then
@@ -61,6 +86,7 @@ stop() {
 
 case "$cmd" in
   start) start "$@";;
+  agents) agents "$@";;
   stop) stop;;
-  *) echo "unknown command $cmd (start|stop)" >&2; exit 2;;
+  *) echo "unknown command $cmd (start|agents|stop)" >&2; exit 2;;
 esac
