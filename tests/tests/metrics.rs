@@ -1,0 +1,47 @@
+//! Every replica serves Prometheus metrics: leadership, term, indexes,
+//! leader changes, submits and request latency histograms.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use rota_chaos::cluster::{ClusterOptions, LocalCluster};
+use rota_e2e::{submit_request, wait_until, AnyReplica};
+
+fn scrape(addr: &str) -> Result<String> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    Ok(body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_serve_prometheus_metrics() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
+    let leader = cluster.wait_leader(Duration::from_secs(30)).await?;
+    AnyReplica::new(&cluster)?.submit(submit_request("metrics-1")).await?;
+    let addr = cluster.replicas[&leader].metrics_addr.clone();
+    let text = wait_until("leader metrics", Duration::from_secs(30), || {
+        let addr = addr.clone();
+        async move { Ok(scrape(&addr).ok().filter(|t| t.contains("rota_is_leader 1"))) }
+    })
+    .await?;
+    for name in [
+        "rota_term",
+        "rota_commit_index",
+        "rota_applied_index",
+        "rota_leader_changes_total",
+        "rota_submits_total{result=\"created\"} 1",
+        "rota_request_duration_seconds_bucket{method=\"submit_job\"",
+    ] {
+        ensure!(text.contains(name), "metrics lack {name}:\n{text}");
+    }
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    let follower_text = scrape(&cluster.replicas[&follower].metrics_addr)?;
+    ensure!(follower_text.contains("rota_is_leader 0"), "a follower says it leads");
+    Ok(())
+}
