@@ -8,6 +8,10 @@ use rota_chaos::faults::FaultKind;
 use rota_chaos::report::summary;
 use rota_chaos::run::{run, RunConfig};
 
+/// Chaos runs take both cores; two at once starve each other's jobs, so the
+/// tests of this file take turns.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn config(seed: u64, duration_s: u64, faults: Vec<FaultKind>) -> RunConfig {
     RunConfig {
         replicas: 3,
@@ -16,7 +20,7 @@ fn config(seed: u64, duration_s: u64, faults: Vec<FaultKind>) -> RunConfig {
         faults,
         interval_s: 4,
         seed,
-        settle_s: 60,
+        settle_s: 180,
         submitters: 4,
         submit_interval_ms: 20,
         cluster: ClusterOptions::default(),
@@ -27,6 +31,7 @@ fn config(seed: u64, duration_s: u64, faults: Vec<FaultKind>) -> RunConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leader_faults_lose_nothing() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let faults = vec![FaultKind::KillLeader, FaultKind::PauseLeader, FaultKind::PartitionLeader, FaultKind::KillFollower];
     let report = run(config(11, 30, faults)).await?;
     println!("{}", summary(&report));
@@ -38,10 +43,11 @@ async fn leader_faults_lose_nothing() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn running_jobs_survive_leader_kills_and_agent_restarts() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let mut config = config(13, 30, vec![FaultKind::KillLeader, FaultKind::PauseLeader, FaultKind::RestartAgent]);
     config.agents = 2;
     config.submitters = 1;
-    config.submit_interval_ms = 1_000;
+    config.submit_interval_ms = 3_000;
     let report = run(config).await?;
     println!("{}", summary(&report));
     ensure!(report.passed, "chaos run failed:\n{}", summary(&report));
@@ -51,6 +57,7 @@ async fn running_jobs_survive_leader_kills_and_agent_restarts() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn checkers_catch_agents_that_stop_ranks_on_leader_loss() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
     // Killing leaders and followers breaks each agent's watch sooner or later,
     // whichever replica it watches.
     let mut config = config(14, 24, vec![FaultKind::KillLeader, FaultKind::KillFollower]);
@@ -68,6 +75,7 @@ async fn checkers_catch_agents_that_stop_ranks_on_leader_loss() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn checkers_catch_submits_acknowledged_before_commit() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let mut config = config(12, 20, vec![FaultKind::KillLeader]);
     config.interval_s = 3;
     config.submit_interval_ms = 2;
