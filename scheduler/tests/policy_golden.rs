@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use rota_scheduler::policy;
+use rota_scheduler::policy::{self, PolicyConfig};
 use rota_scheduler::state::{
     ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobSpec, NodeRegistration, Placement, Plan, Priority, Proposal, QueueConfig,
     RankPlacement, StopReason,
@@ -28,7 +28,22 @@ struct Scenario {
     #[serde(default)]
     queues: Vec<QueueConfig>,
     jobs: Vec<JobDef>,
+    /// Policy settings that differ from the leader's defaults (fields of
+    /// `PolicyConfig`); most scenarios use the defaults.
+    #[serde(default)]
+    tune: serde_json::Map<String, serde_json::Value>,
     expect: Expect,
+}
+
+fn config_of(scenario: &Scenario) -> Result<PolicyConfig, String> {
+    let mut value = serde_json::to_value(PolicyConfig::default()).map_err(|e| e.to_string())?;
+    for (key, v) in &scenario.tune {
+        if value.get(key).is_none() {
+            return Err(format!("tune: unknown field {key}"));
+        }
+        value[key] = v.clone();
+    }
+    serde_json::from_value(value).map_err(|e| format!("tune: {e}"))
 }
 
 #[derive(Deserialize)]
@@ -282,7 +297,8 @@ fn check(path: &Path) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
     let scenario: Scenario = serde_json::from_str(&text).map_err(|e| format!("parse: {e}"))?;
     let world = build(&scenario);
-    let plan = policy::plan(&world.state, scenario.now_s * 1000);
+    let config = config_of(&scenario)?;
+    let plan = policy::plan_with(&world.state, scenario.now_s * 1000, &config);
     let name_of: BTreeMap<u64, &str> = world.ids.iter().map(|(n, &id)| (id, n.as_str())).collect();
     let mut problems = Vec::new();
     let placements: BTreeMap<String, Vec<(String, Vec<u32>)>> = plan
@@ -336,7 +352,7 @@ fn check(path: &Path) -> Result<(), String> {
         }
     }
     // Determinism: the same state plans the same way.
-    if policy::plan(&world.state, scenario.now_s * 1000) != plan {
+    if policy::plan_with(&world.state, scenario.now_s * 1000, &config) != plan {
         problems.push("second pass differs".into());
     }
     // Whatever the plan places must pass apply's own re-check.

@@ -8,10 +8,10 @@
 //! Nomad-style feasibility that records why each job was rejected):
 //!
 //! 1. **enforce**: allocations past their runtime limit are stopped.
-//! 2. **order**: pending jobs are sorted by tier (waited 36 h; inside the
-//!    group's guarantee; borrowing), then standing, then submit time, then id
-//!    (see [`order`]). Standing = queue weight + priority + shortness of the
-//!    runtime limit + a bounded aging bonus; the 36 h tier bounds every wait.
+//! 2. **order**: the oldest job that has waited 36 h first (it gets the
+//!    reservation), then by standing (queue weight + priority + shortness of
+//!    the runtime limit + a bounded aging bonus), then submit time, then id
+//!    (see [`order`]).
 //! 3. **allocate**: in that order, each job passes static feasibility (a node
 //!    class with its GPU model and memory exists, the gang fits the healthy
 //!    cluster), quota admission ([`quota`]), then gang placement on the
@@ -22,7 +22,9 @@
 //!    group's guaranteed quota (reclaim) or lower-priority jobs of its own
 //!    group; never a service job, never one younger than its queue's protected
 //!    runtime; cheapest victims first (priority, then GPU-seconds since the
-//!    last checkpoint).
+//!    last checkpoint). Work a victim would lose is weighed against the wait:
+//!    a victim T past its last checkpoint is eligible only once the job has
+//!    waited `preempt_after_ms` + 4 x T (at most 1 h more).
 //! 5. **reserve + backfill**: the first job that can neither start nor preempt
 //!    gets a reservation at the earliest time enough GPUs free up (from the
 //!    running jobs' runtime limits, [`reserve`]). Later jobs start only where
@@ -78,6 +80,13 @@ pub struct PolicyConfig {
     pub mode: Mode,
     /// A pending job may preempt only after waiting this long (default 5 min).
     pub preempt_after_ms: u64,
+    /// A victim that would lose T of work since its last checkpoint may be
+    /// preempted only for a job that has waited `preempt_after_ms` plus
+    /// T x this / 100 (0: work lost does not delay preemption).
+    pub preempt_wait_per_lost: u64,
+    /// ... but never more than this much extra wait (a guarantee is still
+    /// reclaimed from jobs that never checkpoint).
+    pub preempt_wait_cap_ms: u64,
     /// Standing points per queue-weight unit.
     pub queue_points: u64,
     /// Standing points per priority level (low 0, medium 1, high 2).
@@ -89,11 +98,14 @@ pub struct PolicyConfig {
     /// A job that has waited this long goes ahead of all others (oldest
     /// first), so it gets the reservation: nobody starves.
     pub starve_after_ms: u64,
+    /// At most this many starving jobs go ahead (the longest waiting).
+    pub starving_ahead: usize,
     /// Standing points per halving of the runtime limit below one day
     /// (shorter jobs first, as a user-visible incentive to ask for less).
     pub limit_points: u64,
-    /// Order jobs inside their group's guarantee before borrowers.
-    pub quota_tiers: bool,
+    /// Standing points for a job that fits in what is left of its group's
+    /// guarantee (a large value puts every such job ahead of all borrowers).
+    pub quota_points: u64,
     /// Preemptors considered per pass (bounds the cost of a pass).
     pub max_preemptors_per_pass: usize,
     /// A short-queue job may preempt jobs of lower-weight queues of groups
@@ -114,13 +126,16 @@ impl Default for PolicyConfig {
         PolicyConfig {
             mode: Mode::Rota,
             preempt_after_ms: 5 * 60 * 1000,
+            preempt_wait_per_lost: 400,
+            preempt_wait_cap_ms: 60 * 60 * 1000,
             queue_points: 10,
             priority_points: 15,
             aging_step_ms: 10 * 60 * 1000,
             aging_cap: 60,
             starve_after_ms: 36 * 3600 * 1000,
+            starving_ahead: 1,
             limit_points: 15,
-            quota_tiers: true,
+            quota_points: 0,
             max_preemptors_per_pass: 8,
             favour_short: false,
             reservation_horizon_ms: 90 * 24 * 3600 * 1000,

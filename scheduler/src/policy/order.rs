@@ -1,21 +1,25 @@
 //! Queue order of pending jobs.
 //!
-//! Rota: `(tier, standing desc, submitted_at, id)`.
-//! * tier 0 = the job has waited `starve_after_ms` (default 36 h): it goes
-//!   ahead of everything, oldest first, and so gets the reservation: no job
-//!   waits much longer than that plus the runtime limits it must wait for.
-//! * tier 1 = the job fits in what is left of its group's guaranteed quota
-//!   (counted cumulatively over the group's jobs in standing order); tier 2 =
-//!   it would borrow. Guarantees come first.
+//! Rota: the oldest starving job first, then `(standing desc, submitted_at, id)`.
+//! * starving = the job has waited `starve_after_ms` (default 36 h). The
+//!   oldest such job (at most `starving_ahead`, default 1) goes ahead of
+//!   everything and so gets the reservation; when it starts, the next oldest
+//!   follows. Only one goes ahead at a time because a whole tier of them
+//!   would hand every freed GPU to long jobs while short ones pile up.
 //! * standing = `queue_points x queue weight + priority_points x priority
-//!   level + limit_points x shortness + aging`. Shortness = halvings of the
+//!   level + limit_points x shortness + aging (+ quota_points if the job fits
+//!   in what is left of its group's guarantee)`. Shortness = halvings of the
 //!   runtime limit below one day (10 min: 7, 40 min: 5, 1 h: 4, >= 1 d: 0):
 //!   asking for less gets a job going sooner, as with shortest-job-first.
 //!   Aging = one point per `aging_step_ms` waited (since the original submit,
 //!   kept across preemption), at most `aging_cap` points. With the defaults
 //!   (10/15/15 points, 10 min steps, cap 60) a job gains at most 60 points
 //!   over 10 h, as much as a fourfold shorter limit or two priority levels.
-//!   Beyond that, tier 0 bounds every wait.
+//!   Beyond that, the starving job's reservation bounds every wait.
+//! * quota_points is 0 by default: guarantees are kept by reclaim (a job
+//!   inside its guarantee preempts borrowers, see `pass`), not by reordering,
+//!   which measured better overall across the trace windows (BENCHMARKS.md). A large
+//!   value puts every job inside its guarantee ahead of all borrowers.
 //! * equal standing: earlier submit first, then lower id (stable).
 //!
 //! Baselines: `(submitted_at, id)`.
@@ -58,7 +62,11 @@ pub struct Cand<'a> {
     pub estimate: Option<u64>,
     /// Group id in the quota book.
     pub group: u32,
+    /// 0: goes ahead (starving); 1: in standing order.
     pub tier: u8,
+    /// Fits in what is left of its group's guarantee (in standing order);
+    /// worked out only when `quota_points` > 0.
+    pub in_quota: bool,
     pub standing: u64,
     pub priority: Priority,
     pub queue_weight: u32,
@@ -117,6 +125,7 @@ pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, 
                 estimate: job.estimated_start_ms,
                 group: quota.intern(job.spec.group.as_str()),
                 tier: 0,
+                in_quota: false,
                 standing: standing(config, queue_weight, priority, wait_ms, limit_ms),
                 priority,
                 queue_weight,
@@ -140,23 +149,37 @@ pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, 
         .collect();
     keys.sort_unstable();
     let order: Vec<u32> = keys.into_iter().map(|(_, _, i)| i).collect();
-    if config.quota_tiers {
-        assign_tiers(&mut cands, &order, quota);
+    // Ahead of the rest: the longest-waiting starving jobs (oldest first), at
+    // most `starving_ahead` of them. One is enough to bound every wait: it
+    // gets the reservation, and the next one follows when it starts.
+    if config.quota_points > 0 {
+        mark_in_quota(&mut cands, &order, quota);
     }
-    for cand in cands.iter_mut().filter(|c| c.wait_ms >= config.starve_after_ms) {
-        cand.tier = 0;
+    let mut ahead: Vec<(u64, u64, u32)> = (0..cands.len() as u32)
+        .filter(|&i| cands[i as usize].wait_ms >= config.starve_after_ms)
+        .map(|i| (cands[i as usize].job.submitted_at_ms, cands[i as usize].job.id, i))
+        .collect();
+    ahead.sort_unstable();
+    ahead.truncate(config.starving_ahead);
+    for cand in cands.iter_mut() {
+        cand.tier = 1;
     }
-    // Stable by tier (0..=2): one walk over the order per tier.
-    let mut out = Vec::with_capacity(cands.len());
-    for tier in 0..=2u8 {
-        out.extend(order.iter().map(|&i| &cands[i as usize]).filter(|c| c.tier.min(2) == tier).cloned());
+    for &(_, _, i) in &ahead {
+        cands[i as usize].tier = 0;
     }
+    let mut out: Vec<Cand<'a>> = ahead.iter().map(|&(_, _, i)| cands[i as usize].clone()).collect();
+    let rest = order.iter().map(|&i| &cands[i as usize]).filter(|c| c.tier == 1);
+    if config.quota_points == 0 {
+        out.extend(rest.cloned());
+        return out;
+    }
+    out.extend(merge_quota_bonus(rest, config.quota_points).cloned());
     out
 }
 
-/// Tier 1 for the jobs that fit, in standing order, in what is left of their
-/// group's guarantee; tier 2 for the rest.
-fn assign_tiers(cands: &mut [Cand], order: &[u32], quota: &QuotaBook) {
+/// Mark the jobs that fit, in standing order, in what is left of their
+/// group's guarantee.
+fn mark_in_quota(cands: &mut [Cand], order: &[u32], quota: &QuotaBook) {
     let mut room: Vec<Option<u64>> = Vec::new();
     for &i in order {
         let cand = &mut cands[i as usize];
@@ -165,13 +188,31 @@ fn assign_tiers(cands: &mut [Cand], order: &[u32], quota: &QuotaBook) {
             room.resize(g + 1, None);
         }
         let left = room[g].get_or_insert_with(|| quota.room(cand.group));
-        if cand.gpus() <= *left {
+        cand.in_quota = cand.gpus() <= *left;
+        if cand.in_quota {
             *left -= cand.gpus();
-            cand.tier = 1;
-        } else {
-            cand.tier = 2;
         }
     }
+}
+
+/// Jobs in standing order, with `bonus` points added to those inside their
+/// guarantee. The bonus is the same for all of them, so each half stays in
+/// order and one linear merge re-sorts the whole (no second sort).
+fn merge_quota_bonus<'c, 'a: 'c>(ordered: impl Iterator<Item = &'c Cand<'a>>, bonus: u64) -> impl Iterator<Item = &'c Cand<'a>> {
+    let (inside, borrowing): (Vec<&Cand>, Vec<&Cand>) = ordered.partition(|c| c.in_quota);
+    let key = move |c: &Cand, plus: u64| (std::cmp::Reverse(c.standing.saturating_add(plus)), c.job.submitted_at_ms, c.job.id);
+    let mut out = Vec::with_capacity(inside.len() + borrowing.len());
+    let (mut a, mut b) = (inside.into_iter().peekable(), borrowing.into_iter().peekable());
+    loop {
+        let take_inside = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => key(x, bonus) <= key(y, 0),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        out.push(if take_inside { a.next() } else { b.next() }.expect("peeked"));
+    }
+    out.into_iter()
 }
 
 #[cfg(test)]

@@ -51,9 +51,11 @@ pub struct Pass<'a> {
     taken: Vec<bool>,
     preempt_attempts: usize,
     /// Preemption attempts that found nothing, by what decides the outcome
-    /// (shape, group, admission, priority, queue weight); cleared when a
-    /// placement changes who borrows.
-    preempt_failed: BTreeMap<(ShapeKey, u32, bool, Priority, u32), ()>,
+    /// (shape, group, admission, priority, queue weight), with the longest
+    /// wait that failed. Kept for the whole pass to bound its cost, even
+    /// though a later placement may make another group a borrower: such a
+    /// chance waits for the next pass.
+    preempt_failed: BTreeMap<(ShapeKey, u32, bool, Priority, u32), u64>,
     plan: Plan,
     /// Rendered reasons of this pass (many jobs share one).
     rendered: FastMap<Reason, String>,
@@ -293,7 +295,10 @@ impl<'a> Pass<'a> {
             return None;
         }
         let memo = (shape, cand.group, admit == Admit::InQuota, cand.priority, cand.queue_weight);
-        if self.preempt_failed.contains_key(&memo) {
+        let waited_past = cand.wait_ms - self.config.preempt_after_ms;
+        // Waiting longer only makes more victims eligible: a failure with a
+        // longer wait implies failure for this job.
+        if self.preempt_failed.get(&memo).is_some_and(|&failed_waited| failed_waited >= waited_past) {
             return None;
         }
         self.preempt_attempts += 1;
@@ -316,14 +321,23 @@ impl<'a> Pass<'a> {
         let group = cand.group;
         let quota = &self.quota;
         let favour_short = self.config.favour_short;
+        let lost_weight = self.config.preempt_wait_per_lost;
+        let lost_wait_cap_ms = self.config.preempt_wait_cap_ms;
         let allowed = |victim: &RunningView| {
+            // Work a victim would lose is weighed against the time the job
+            // has waited: the more lost, the longer the wait that justifies it.
+            let lost_ms = victim.work_lost_gpu_ms / victim.gpus.max(1);
+            if (lost_ms.saturating_mul(lost_weight) / 100).min(lost_wait_cap_ms) > waited_past {
+                return false;
+            }
             let reclaim = admit == Admit::InQuota && victim.group_id != group && quota.is_borrowing(victim.group_id);
             let priority = victim.group_id == group && victim.priority < cand.priority;
             let short = favour_short && cand.queue_weight > victim.queue_weight && quota.is_borrowing(victim.group_id);
             reclaim || priority || short
         };
         let Some(found) = scratch.find(&need, self.now_ms, allowed) else {
-            self.preempt_failed.insert(memo, ());
+            let failed_waited = self.preempt_failed.entry(memo).or_insert(0);
+            *failed_waited = (*failed_waited).max(waited_past);
             return None;
         };
         self.apply_preemption(cand, &found);
