@@ -36,14 +36,7 @@ struct Scenario {
 }
 
 fn config_of(scenario: &Scenario) -> Result<PolicyConfig, String> {
-    let mut value = serde_json::to_value(PolicyConfig::default()).map_err(|e| e.to_string())?;
-    for (key, v) in &scenario.tune {
-        if value.get(key).is_none() {
-            return Err(format!("tune: unknown field {key}"));
-        }
-        value[key] = v.clone();
-    }
-    serde_json::from_value(value).map_err(|e| format!("tune: {e}"))
+    PolicyConfig::default().with_changes(&scenario.tune).map_err(|e| format!("tune: {e}"))
 }
 
 #[derive(Deserialize)]

@@ -151,6 +151,20 @@ impl PolicyConfig {
         PolicyConfig { mode, favour_short: false, topology: false, ..PolicyConfig::default() }
     }
 
+    /// These settings with some fields replaced (a JSON object of
+    /// `PolicyConfig` fields, as `rota sim --tune` takes); an unknown field or
+    /// a value of the wrong type is an error naming it.
+    pub fn with_changes(&self, changes: &serde_json::Map<String, serde_json::Value>) -> Result<PolicyConfig, String> {
+        let mut value = serde_json::to_value(self).map_err(|e| e.to_string())?;
+        for (key, v) in changes {
+            if value.get(key).is_none() {
+                return Err(format!("unknown field {key}"));
+            }
+            value[key] = v.clone();
+        }
+        serde_json::from_value(value).map_err(|e| e.to_string())
+    }
+
     pub fn uses_quotas(&self) -> bool {
         self.mode == Mode::Rota
     }

@@ -167,7 +167,8 @@ pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, 
     for &(_, _, i) in &ahead {
         cands[i as usize].tier = 0;
     }
-    let mut out: Vec<Cand<'a>> = ahead.iter().map(|&(_, _, i)| cands[i as usize].clone()).collect();
+    let mut out: Vec<Cand<'a>> = Vec::with_capacity(cands.len());
+    out.extend(ahead.iter().map(|&(_, _, i)| cands[i as usize].clone()));
     let rest = order.iter().map(|&i| &cands[i as usize]).filter(|c| c.tier == 1);
     if config.quota_points == 0 {
         out.extend(rest.cloned());

@@ -51,8 +51,8 @@ pub struct Pass<'a> {
     taken: Vec<bool>,
     preempt_attempts: usize,
     /// Preemption attempts that found nothing, by what decides the outcome
-    /// (shape, group, admission, priority, queue weight), with the longest
-    /// wait that failed. Kept for the whole pass to bound its cost, even
+    /// (shape, group, admission, priority, queue weight), with the least wait
+    /// past the threshold that would make another victim eligible. Kept for the whole pass to bound its cost, even
     /// though a later placement may make another group a borrower: such a
     /// chance waits for the next pass.
     preempt_failed: BTreeMap<(ShapeKey, u32, bool, Priority, u32), u64>,
@@ -296,9 +296,10 @@ impl<'a> Pass<'a> {
         }
         let memo = (shape, cand.group, admit == Admit::InQuota, cand.priority, cand.queue_weight);
         let waited_past = cand.wait_ms - self.config.preempt_after_ms;
-        // Waiting longer only makes more victims eligible: a failure with a
-        // longer wait implies failure for this job.
-        if self.preempt_failed.get(&memo).is_some_and(|&failed_waited| failed_waited >= waited_past) {
+        // Waiting longer only makes more victims eligible: after a failure,
+        // only a job that has waited long enough to make another victim
+        // eligible can do better.
+        if self.preempt_failed.get(&memo).is_some_and(|&retry_from| waited_past < retry_from) {
             return None;
         }
         self.preempt_attempts += 1;
@@ -323,21 +324,28 @@ impl<'a> Pass<'a> {
         let favour_short = self.config.favour_short;
         let lost_weight = self.config.preempt_wait_per_lost;
         let lost_wait_cap_ms = self.config.preempt_wait_cap_ms;
+        // The least wait that would make one more victim eligible (u64::MAX:
+        // none was passed over for want of waiting).
+        let retry_from = std::cell::Cell::new(u64::MAX);
         let allowed = |victim: &RunningView| {
-            // Work a victim would lose is weighed against the time the job
-            // has waited: the more lost, the longer the wait that justifies it.
-            let lost_ms = victim.work_lost_gpu_ms / victim.gpus.max(1);
-            if (lost_ms.saturating_mul(lost_weight) / 100).min(lost_wait_cap_ms) > waited_past {
-                return false;
-            }
             let reclaim = admit == Admit::InQuota && victim.group_id != group && quota.is_borrowing(victim.group_id);
             let priority = victim.group_id == group && victim.priority < cand.priority;
             let short = favour_short && cand.queue_weight > victim.queue_weight && quota.is_borrowing(victim.group_id);
-            reclaim || priority || short
+            if !(reclaim || priority || short) {
+                return false;
+            }
+            // Work a victim would lose is weighed against the time the job
+            // has waited: the more lost, the longer the wait that justifies it.
+            let lost_ms = victim.work_lost_gpu_ms / victim.gpus.max(1);
+            let wait_needed_ms = (lost_ms.saturating_mul(lost_weight) / 100).min(lost_wait_cap_ms);
+            if wait_needed_ms > waited_past {
+                retry_from.set(retry_from.get().min(wait_needed_ms));
+                return false;
+            }
+            true
         };
         let Some(found) = scratch.find(&need, self.now_ms, allowed) else {
-            let failed_waited = self.preempt_failed.entry(memo).or_insert(0);
-            *failed_waited = (*failed_waited).max(waited_past);
+            self.preempt_failed.insert(memo, retry_from.get());
             return None;
         };
         self.apply_preemption(cand, &found);

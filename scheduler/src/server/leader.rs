@@ -6,6 +6,8 @@
 //!   so a failover alone never marks a node down.
 //! - Plans on every change of the applied index (debounced, bounded rate) and
 //!   proposes the plan as one `ApplyPlan` naming the index it was computed at.
+//!   The pass reads the leader's own copy of the state, kept up to date from
+//!   the applied payloads (`replicated::PlannerCopy`), not the state under its lock.
 //! - Proposes `NodeDown` for nodes silent past the TTL; apply ends their
 //!   allocations (whole gangs) and requeues the jobs.
 //!
@@ -18,6 +20,7 @@ use std::time::{Duration, Instant};
 use rota_consensus::{Role, WriteError};
 
 use super::proposer::wall_clock_ms;
+use super::replicated::PlannerCopy;
 use super::Context;
 use crate::state::{ClusterState, Command, NodeState, Plan};
 
@@ -127,11 +130,12 @@ async fn lead(ctx: &Context, term: u64) {
     tracing::info!(term, ttl_ms = ctx.leader.node_ttl_ms, "leader loop started; every node gets a fresh grace period");
     let mut applied = ctx.replica.applied_watch();
     let mut planned_at: Option<u64> = None;
+    let mut copy = PlannerCopy::new(ctx.journal.clone());
     while still_leader(ctx, term) {
         let index = ctx.read(|state| state.applied_index);
         if planned_at != Some(index) {
             planned_at = Some(index);
-            if !propose_plan(ctx).await {
+            if !propose_plan(ctx, &mut copy).await {
                 break;
             }
         }
@@ -146,9 +150,28 @@ async fn lead(ctx: &Context, term: u64) {
 }
 
 /// Propose the plan for the current state; false when leadership is lost.
-async fn propose_plan(ctx: &Context) -> bool {
+/// The pass runs on the leader's own copy of the state, on a blocking
+/// thread: neither apply nor the async runtime waits for it.
+async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy) -> bool {
     let started = Instant::now();
-    let plan = ctx.read(|state| plan(state, wall_clock_ms()));
+    copy.catch_up(|f| ctx.read(|state| f(state)));
+    let Some(state) = copy.take() else { return true };
+    let now_ms = wall_clock_ms();
+    let pass = tokio::task::spawn_blocking(move || {
+        let plan = plan(&state, now_ms);
+        (state, plan)
+    });
+    let plan = match pass.await {
+        Ok((state, plan)) => {
+            copy.put_back(state);
+            plan
+        }
+        Err(error) => {
+            // The copy is gone with the thread; the next pass copies anew.
+            tracing::error!(%error, "plan pass failed");
+            return true;
+        }
+    };
     metrics::histogram!("rota_plan_pass_seconds").record(started.elapsed().as_secs_f64());
     if plan.is_empty() {
         return true;

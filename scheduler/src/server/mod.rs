@@ -81,6 +81,8 @@ pub struct Context {
     pub unsafe_ack_before_commit: bool,
     /// The leader's in-memory heartbeat table (empty while not leading).
     pub leader: leader::Leadership,
+    /// Applied payloads for the leader's own copy of the state.
+    pub journal: Arc<std::sync::Mutex<replicated::Journal>>,
 }
 
 impl Context {
@@ -115,7 +117,9 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
             .install()
             .map_err(|e| ServerError::Metrics(e.to_string()))?;
     }
-    let replica = Replica::open(consensus_config(&config), Replicated::default()).await?;
+    let journal = Arc::new(std::sync::Mutex::new(replicated::Journal::default()));
+    let replicated = Replicated { state: ClusterState::default(), journal: journal.clone() };
+    let replica = Replica::open(consensus_config(&config), replicated).await?;
     let ctx = Arc::new(Context {
         proposer: Proposer::start(replica.clone()),
         replica: replica.clone(),
@@ -123,6 +127,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         lease_ms: config.election_timeout_max_ms,
         unsafe_ack_before_commit: std::env::var("ROTA_TEST_ACK_BEFORE_COMMIT").is_ok_and(|v| v == "1"),
         leader: leader::Leadership::new(config.node_ttl_ms),
+        journal,
     });
     if ctx.unsafe_ack_before_commit {
         tracing::error!("ROTA_TEST_ACK_BEFORE_COMMIT=1: submits are acknowledged before they commit; never use this outside tests");

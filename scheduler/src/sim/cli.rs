@@ -109,15 +109,8 @@ pub fn policy_config(policy: SimPolicy) -> PolicyConfig {
 
 fn tuned(config: PolicyConfig, tune: Option<&str>) -> anyhow::Result<PolicyConfig> {
     let Some(tune) = tune else { return Ok(config) };
-    let mut value = serde_json::to_value(&config)?;
     let changes: serde_json::Map<String, Value> = serde_json::from_str(tune).context("--tune: a JSON object")?;
-    for (key, v) in changes {
-        if value.get(&key).is_none() {
-            bail!("--tune: unknown field {key}");
-        }
-        value[&key] = v;
-    }
-    serde_json::from_value(value).context("--tune")
+    config.with_changes(&changes).map_err(|e| anyhow::anyhow!("--tune: {e}"))
 }
 
 /// Run one simulation and return its figures.
