@@ -71,17 +71,25 @@ pub struct ConsensusConfig {
     pub install_snapshot_timeout_ms: u64,
 }
 
+/// Default timings and log bounds (what `ConsensusConfig::new` sets, and the
+/// defaults of `rota server`'s flags).
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 50;
+pub const DEFAULT_ELECTION_TIMEOUT_MIN_MS: u64 = 100;
+pub const DEFAULT_ELECTION_TIMEOUT_MAX_MS: u64 = 200;
+pub const DEFAULT_SNAPSHOT_EVERY_ENTRIES: u64 = 20_000;
+pub const DEFAULT_KEEP_LOGS_BEHIND_SNAPSHOT: u64 = 5_000;
+
 impl ConsensusConfig {
     pub fn new(node_id: NodeId, data_dir: PathBuf) -> Self {
         Self {
             node_id,
             data_dir,
             peer_addrs: BTreeMap::new(),
-            heartbeat_interval_ms: 50,
-            election_timeout_min_ms: 100,
-            election_timeout_max_ms: 200,
-            snapshot_every_entries: 20_000,
-            keep_logs_behind_snapshot: 5_000,
+            heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
+            election_timeout_min_ms: DEFAULT_ELECTION_TIMEOUT_MIN_MS,
+            election_timeout_max_ms: DEFAULT_ELECTION_TIMEOUT_MAX_MS,
+            snapshot_every_entries: DEFAULT_SNAPSHOT_EVERY_ENTRIES,
+            keep_logs_behind_snapshot: DEFAULT_KEEP_LOGS_BEHIND_SNAPSHOT,
             rpc_timeout_ms: 1_000,
             install_snapshot_timeout_ms: 10_000,
         }

@@ -140,19 +140,19 @@ struct ServerArgs {
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
     /// Leader heartbeat interval.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = rota_consensus::DEFAULT_HEARTBEAT_INTERVAL_MS)]
     heartbeat_ms: u64,
     /// A follower campaigns after the leader lease (= election-max-ms) plus a
     /// random time in election-min-ms..election-max-ms without a heartbeat.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = rota_consensus::DEFAULT_ELECTION_TIMEOUT_MIN_MS)]
     election_min_ms: u64,
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = rota_consensus::DEFAULT_ELECTION_TIMEOUT_MAX_MS)]
     election_max_ms: u64,
     /// Take a snapshot after this many entries.
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = rota_consensus::DEFAULT_SNAPSHOT_EVERY_ENTRIES)]
     snapshot_every: u64,
     /// Log entries kept behind a snapshot.
-    #[arg(long, default_value_t = 5_000)]
+    #[arg(long, default_value_t = rota_consensus::DEFAULT_KEEP_LOGS_BEHIND_SNAPSHOT)]
     keep_logs: u64,
     /// A node silent this long is declared down and its jobs requeued.
     #[arg(long, default_value_t = 30_000)]
