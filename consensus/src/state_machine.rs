@@ -48,7 +48,8 @@ pub struct StateMachineStore<S> {
     state: Arc<RwLock<SmData<S>>>,
     applied_tx: Arc<watch::Sender<u64>>,
     installed: Arc<AtomicU64>,
-    persist_lock: Arc<Mutex<()>>,
+    /// Log id of the persisted snapshot; its lock serializes persisting.
+    persist_lock: Arc<Mutex<Option<LogId>>>,
 }
 
 impl<S> Clone for StateMachineStore<S> {
@@ -77,26 +78,36 @@ fn read_stored(db: &DB) -> Result<Option<StoredSnapshot>, StorageError> {
 }
 
 /// Persist `snap` as the current snapshot unless a newer one is already
-/// stored (a slow build racing an install). Synced.
-fn persist(db: &DB, lock: &Mutex<()>, snap: &StoredSnapshot) -> Result<(), StorageError> {
+/// stored (a slow build racing an install). `persisted` (under its lock)
+/// is the log id of the snapshot stored now.
+///
+/// Durable without the write-ahead log: a snapshot is tens of megabytes at
+/// scale, and as a synced WAL write it would hold up every Raft log append
+/// of this replica (they share the WAL) for as long as it takes. Written
+/// with the WAL off, then flushed to its own synced table file. A crash
+/// before the flush ends leaves the previous snapshot in place, and the log
+/// is purged only after this returns.
+fn persist(db: &DB, persisted: &Mutex<Option<LogId>>, snap: &StoredSnapshot) -> Result<(), StorageError> {
     let subject = || ErrorSubject::Snapshot(Some(snap.meta.signature()));
-    let _guard = lock.lock().map_err(|_| sto_msg(subject(), ErrorVerb::Write, "snapshot lock poisoned"))?;
-    if let Some(cur) = read_stored(db)? {
-        if cur.meta.last_log_id > snap.meta.last_log_id {
-            return Ok(());
-        }
+    let mut current = persisted.lock().map_err(|_| sto_msg(subject(), ErrorVerb::Write, "snapshot lock poisoned"))?;
+    if *current > snap.meta.last_log_id {
+        return Ok(());
     }
     let bytes = encode(snap, subject())?;
     let cf = cf(db, CF_SM)?;
     let mut wo = WriteOptions::default();
-    wo.set_sync(true);
-    db.put_cf_opt(cf, KEY_SNAPSHOT, bytes, &wo).map_err(|e| sto_err(subject(), ErrorVerb::Write, &e))
+    wo.disable_wal(true);
+    db.put_cf_opt(cf, KEY_SNAPSHOT, bytes, &wo).map_err(|e| sto_err(subject(), ErrorVerb::Write, &e))?;
+    db.flush_cf(cf).map_err(|e| sto_err(subject(), ErrorVerb::Write, &e))?;
+    *current = snap.meta.last_log_id;
+    Ok(())
 }
 
 impl<S: StateMachine> StateMachineStore<S> {
     /// Load the persisted snapshot (if any) into `initial`.
     pub(crate) fn new(db: Arc<Db>, mut initial: S) -> Result<Self, ConsensusError> {
         let stored = read_stored(&db).map_err(|e| ConsensusError::Storage(e.to_string()))?;
+        let persisted = stored.as_ref().and_then(|s| s.meta.last_log_id);
         let (last_applied, last_membership) = match stored {
             Some(s) => {
                 initial.restore(&s.data).map_err(|e| ConsensusError::Storage(format!("restore snapshot {}: {e}", s.meta.snapshot_id)))?;
@@ -110,7 +121,7 @@ impl<S: StateMachine> StateMachineStore<S> {
             state: Arc::new(RwLock::new(SmData { app: initial, last_applied, last_membership })),
             applied_tx: Arc::new(applied_tx),
             installed: Arc::new(AtomicU64::new(0)),
-            persist_lock: Arc::new(Mutex::new(())),
+            persist_lock: Arc::new(Mutex::new(persisted)),
         })
     }
 

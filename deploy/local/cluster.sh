@@ -8,6 +8,7 @@
 # Replica i listens on BASE_PORT+i-1 (API and Raft) and BASE_PORT+100+i-1
 # (Prometheus metrics); its data and log live in DIR/replica-i. The
 # endpoints are written to DIR/endpoints (use: export ROTA_ENDPOINTS=$(cat DIR/endpoints)).
+# ROTA_SERVER_ARGS adds flags to every `rota server` (e.g. "--snapshot-every 50000").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROTA="${ROTA_BIN:-${CARGO_TARGET_DIR:-/var/tmp/rota-target}/release/rota}"
@@ -31,7 +32,7 @@ start() {
     fi
     nohup "$ROTA" server --id "$i" --listen "127.0.0.1:$((base + i - 1))" \
       --data-dir "$rdir/db" --peers "$peers" \
-      --metrics-listen "127.0.0.1:$((base + 100 + i - 1))" >>"$rdir/server.log" 2>&1 &
+      --metrics-listen "127.0.0.1:$((base + 100 + i - 1))" ${ROTA_SERVER_ARGS:-} >>"$rdir/server.log" 2>&1 &
     echo $! >"$rdir/pid"
     echo "replica $i: pid $!, api 127.0.0.1:$((base + i - 1)), metrics 127.0.0.1:$((base + 100 + i - 1))"
   done

@@ -148,7 +148,8 @@ struct ServerArgs {
     election_min_ms: u64,
     #[arg(long, default_value_t = rota_consensus::DEFAULT_ELECTION_TIMEOUT_MAX_MS)]
     election_max_ms: u64,
-    /// Take a snapshot after this many entries.
+    /// Take a snapshot after this many entries (plus an eighth of it per id
+    /// step, ids mod 5, so replicas take theirs at different times).
     #[arg(long, default_value_t = rota_consensus::DEFAULT_SNAPSHOT_EVERY_ENTRIES)]
     snapshot_every: u64,
     /// Log entries kept behind a snapshot.

@@ -7,7 +7,8 @@
 //! - Plans on every change of the applied index (debounced, bounded rate) and
 //!   proposes the plan as one `ApplyPlan` naming the index it was computed at.
 //!   The pass reads the leader's own copy of the state, kept up to date from
-//!   the applied payloads (`replicated::PlannerCopy`), not the state under its lock.
+//!   the applied payloads (`replicated::PlannerCopy`), not the state under its
+//!   lock, on a thread of lower CPU priority than the rest of the replica.
 //! - Proposes `NodeDown` for nodes silent past the TTL; apply ends their
 //!   allocations (whole gangs) and requeues the jobs.
 //!
@@ -131,11 +132,18 @@ async fn lead(ctx: &Context, term: u64) {
     let mut applied = ctx.replica.applied_watch();
     let mut planned_at: Option<u64> = None;
     let mut copy = PlannerCopy::new(ctx.journal.clone());
+    let planner = match PlannerThread::start() {
+        Ok(planner) => planner,
+        Err(error) => {
+            tracing::error!(%error, "cannot start the planner thread; not leading");
+            return;
+        }
+    };
     while still_leader(ctx, term) {
         let index = ctx.read(|state| state.applied_index);
         if planned_at != Some(index) {
             planned_at = Some(index);
-            if !propose_plan(ctx, &mut copy).await {
+            if !propose_plan(ctx, &mut copy, &planner).await {
                 break;
             }
         }
@@ -150,28 +158,18 @@ async fn lead(ctx: &Context, term: u64) {
 }
 
 /// Propose the plan for the current state; false when leadership is lost.
-/// The pass runs on the leader's own copy of the state, on a blocking
+/// The pass runs on the leader's own copy of the state, on the planner
 /// thread: neither apply nor the async runtime waits for it.
-async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy) -> bool {
+async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy, planner: &PlannerThread) -> bool {
     let started = Instant::now();
     copy.catch_up(|f| ctx.read(|state| f(state)));
     let Some(state) = copy.take() else { return true };
-    let now_ms = wall_clock_ms();
-    let pass = tokio::task::spawn_blocking(move || {
-        let plan = plan(&state, now_ms);
-        (state, plan)
-    });
-    let plan = match pass.await {
-        Ok((state, plan)) => {
-            copy.put_back(state);
-            plan
-        }
-        Err(error) => {
-            // The copy is gone with the thread; the next pass copies anew.
-            tracing::error!(%error, "plan pass failed");
-            return true;
-        }
+    let Some((state, plan)) = planner.pass(state, wall_clock_ms()).await else {
+        // The copy is gone with the thread; the next pass copies anew.
+        tracing::error!("planner thread stopped");
+        return true;
     };
+    copy.put_back(state);
     metrics::histogram!("rota_plan_pass_seconds").record(started.elapsed().as_secs_f64());
     if plan.is_empty() {
         return true;
@@ -183,6 +181,50 @@ async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy) -> bool {
             true
         }
         Err(error) => proposal_failed("plan", &error),
+    }
+}
+
+type PassRequest = (ClusterState, u64, tokio::sync::oneshot::Sender<(ClusterState, Plan)>);
+
+/// A thread of its own for scheduling passes, at a lower CPU priority than
+/// the replica's other threads: on a busy host, heartbeats, appends and
+/// apply go first, and a pass takes what is left. Stops when dropped.
+struct PlannerThread {
+    requests: std::sync::mpsc::SyncSender<PassRequest>,
+}
+
+/// Niceness of the planner thread (0 = as the rest of the replica).
+const PLANNER_NICENESS: i32 = 10;
+
+impl PlannerThread {
+    fn start() -> std::io::Result<PlannerThread> {
+        let (requests, inbox) = std::sync::mpsc::sync_channel::<PassRequest>(1);
+        std::thread::Builder::new().name("rota-planner".into()).spawn(move || {
+            lower_priority();
+            for (state, now_ms, reply) in inbox {
+                let plan = plan(&state, now_ms);
+                let _ = reply.send((state, plan));
+            }
+        })?;
+        Ok(PlannerThread { requests })
+    }
+
+    async fn pass(&self, state: ClusterState, now_ms: u64) -> Option<(ClusterState, Plan)> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.requests.send((state, now_ms, reply)).ok()?;
+        answer.await.ok()
+    }
+}
+
+/// Raise this thread's niceness (Linux: per thread). Failing to is harmless.
+fn lower_priority() {
+    // SAFETY: plain syscalls on the calling thread, no memory handed over.
+    let result = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, PLANNER_NICENESS)
+    };
+    if result != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "planner thread keeps the default priority");
     }
 }
 
