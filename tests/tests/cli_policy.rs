@@ -57,6 +57,15 @@ async fn why_quota_queue_usage_and_drill_on_a_live_cluster() -> Result<()> {
     let quotas = rota_json(&cluster, &["quota", "set", "vision", "--gpus", "4", "--lend", "--borrow-limit", "2"])?;
     let vision = quotas.as_array().and_then(|q| q.iter().find(|q| q["group"] == "vision")).cloned().context("quota listed")?;
     ensure!(vision["gpus"] == 4 && vision["lend"] == true && vision["borrow_limit"] == 2, "{vision}");
+    // Every replica answers with the change just acknowledged: followers
+    // forward the read to the leader, which confirms it still leads.
+    for endpoint in cluster.endpoints_csv().split(',') {
+        let output = Command::new(rota_bin()?).args(["--endpoints", endpoint, "--output", "json", "quota", "show"]).output()?;
+        ensure!(output.status.success(), "quota show at {endpoint}: {}", String::from_utf8_lossy(&output.stderr));
+        let shown: Value = serde_json::from_slice(&output.stdout)?;
+        let seen = shown.as_array().and_then(|q| q.iter().find(|q| q["group"] == "vision")).cloned();
+        ensure!(seen.is_some_and(|v| v["gpus"] == 4), "quota show at {endpoint}: {shown}");
+    }
     let queues = rota_json(&cluster, &["queue", "set", "short", "--weight", "6"])?;
     let short = queues.as_array().and_then(|q| q.iter().find(|q| q["name"] == "short")).cloned().context("queue listed")?;
     ensure!(short["weight"] == 6 && short["max_gpus_per_job"] == 16, "only the weight changed: {short}");

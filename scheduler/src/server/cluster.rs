@@ -82,6 +82,14 @@ impl ClusterApi {
         Ok(self.status())
     }
 
+    /// Queue, quota and usage reads are served by the leader once it has
+    /// confirmed it still leads, so they see every acknowledged change.
+    async fn linearizable(&self) -> Result<(), Failure> {
+        self.ctx.leader_in_contact()?;
+        self.ctx.replica.ensure_linearizable().await?;
+        Ok(())
+    }
+
     async fn propose_config(&self, command: Command) -> Result<(), Failure> {
         self.ctx.leader_in_contact()?;
         let (_, result) = self.ctx.proposer.propose(command).await?;
@@ -153,7 +161,13 @@ impl ClusterService for ClusterApi {
         }
     }
 
-    async fn list_queues(&self, _: Request<pb::ListQueuesRequest>) -> Result<Response<pb::ListQueuesResponse>, Status> {
+    async fn list_queues(&self, request: Request<pb::ListQueuesRequest>) -> Result<Response<pb::ListQueuesResponse>, Status> {
+        let was_forwarded = is_forwarded(&request);
+        let message = request.into_inner();
+        if let Err(failure) = self.linearizable().await {
+            let addr = forward_target(was_forwarded, failure)?;
+            return self.ctx.forwarder.cluster(&addr)?.list_queues(forwarded(message)).await;
+        }
         let queues = self.ctx.read(|state| state.queues.values().map(queue_to_pb).collect());
         Ok(Response::new(pb::ListQueuesResponse { queues }))
     }
@@ -170,7 +184,13 @@ impl ClusterService for ClusterApi {
         }
     }
 
-    async fn list_quotas(&self, _: Request<pb::ListQuotasRequest>) -> Result<Response<pb::ListQuotasResponse>, Status> {
+    async fn list_quotas(&self, request: Request<pb::ListQuotasRequest>) -> Result<Response<pb::ListQuotasResponse>, Status> {
+        let was_forwarded = is_forwarded(&request);
+        let message = request.into_inner();
+        if let Err(failure) = self.linearizable().await {
+            let addr = forward_target(was_forwarded, failure)?;
+            return self.ctx.forwarder.cluster(&addr)?.list_quotas(forwarded(message)).await;
+        }
         let quotas = self.ctx.read(|state| {
             crate::policy::quota_report(state)
                 .into_iter()
@@ -184,7 +204,13 @@ impl ClusterService for ClusterApi {
         Ok(Response::new(pb::ListQuotasResponse { quotas }))
     }
 
-    async fn get_usage(&self, _: Request<pb::GetUsageRequest>) -> Result<Response<pb::GetUsageResponse>, Status> {
+    async fn get_usage(&self, request: Request<pb::GetUsageRequest>) -> Result<Response<pb::GetUsageResponse>, Status> {
+        let was_forwarded = is_forwarded(&request);
+        let message = request.into_inner();
+        if let Err(failure) = self.linearizable().await {
+            let addr = forward_target(was_forwarded, failure)?;
+            return self.ctx.forwarder.cluster(&addr)?.get_usage(forwarded(message)).await;
+        }
         let lines = self.ctx.read(|state| {
             crate::policy::usage_report(state, wall_clock_ms().max(state.now_ms))
                 .into_iter()
