@@ -43,11 +43,16 @@ while true; do sleep 0.05; done"#;
     ensure!(!pid_alive(pid), "the job's process survived SIGKILL");
     ensure!(job.reason == "cancelled", "reason {:?}", job.reason);
 
-    // The exit was reported with its code and reason.
-    let acks: Vec<String> = std::fs::read_dir(agent.data_dir.join("ranks"))?
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("exited.ack")).ok())
-        .collect();
+    // The exit was reported with its code and reason. The agent writes its
+    // acknowledgement once it hears the exit committed, which can be just
+    // after the job shows as cancelled.
+    let ranks = agent.data_dir.join("ranks");
+    let acks = wait_until("the agent to record the committed exit", WAIT, || async {
+        let acks: Vec<String> =
+            std::fs::read_dir(&ranks)?.flatten().filter_map(|e| std::fs::read_to_string(e.path().join("exited.ack")).ok()).collect();
+        Ok((!acks.is_empty()).then_some(acks))
+    })
+    .await?;
     ensure!(acks == ["137 cancelled"], "recorded exits {acks:?}");
     Ok(())
 }
