@@ -6,19 +6,27 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{assert_same, init_tracing, Cluster, WAIT};
+use rota_consensus::ConsensusConfig;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn lagging_replica_installs_snapshot() {
+/// A 3-replica cluster with `tweak` applied to every replica's settings:
+/// its leader and the follower that will lag.
+async fn start_cluster(tweak: fn(&mut ConsensusConfig)) -> (Cluster, u64, u64) {
     init_tracing();
-    let mut c = Cluster::start(3, |cfg| {
-        cfg.snapshot_every_entries = 10;
-        cfg.keep_logs_behind_snapshot = 2;
-    })
-    .await;
+    let c = Cluster::start(3, tweak).await;
     let members: BTreeMap<u64, String> = c.addrs.clone();
     c.replica(1).initialize(members).await.unwrap();
     let leader = c.wait_leader().await;
     let lagging = (1..=3).find(|id| *id != leader).unwrap();
+    (c, leader, lagging)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lagging_replica_installs_snapshot() {
+    let (mut c, leader, lagging) = start_cluster(|cfg| {
+        cfg.snapshot_every_entries = 10;
+        cfg.keep_logs_behind_snapshot = 2;
+    })
+    .await;
 
     let mut last = 0;
     for i in 0..5 {
@@ -47,16 +55,11 @@ async fn lagging_replica_installs_snapshot() {
 /// several chunks of at most 4 MiB, and the installed state must be whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_snapshot_larger_than_one_chunk_arrives_whole() {
-    init_tracing();
-    let mut c = Cluster::start(3, |cfg| {
+    let (mut c, leader, lagging) = start_cluster(|cfg| {
         cfg.snapshot_every_entries = 20;
         cfg.keep_logs_behind_snapshot = 2;
     })
     .await;
-    let members: BTreeMap<u64, String> = c.addrs.clone();
-    c.replica(1).initialize(members).await.unwrap();
-    let leader = c.wait_leader().await;
-    let lagging = (1..=3).find(|id| *id != leader).unwrap();
     let first = c.write("first=1").await.index;
     c.wait_all_applied(first).await;
     c.stop_node(lagging).await;

@@ -95,8 +95,8 @@ pub struct PolicyConfig {
     pub aging_step_ms: u64,
     /// ... up to this many points (bounded: see `order`).
     pub aging_cap: u64,
-    /// A job that has waited this long goes ahead of all others (oldest
-    /// first), so it gets the reservation: nobody starves.
+    /// A job that has waited this long is starving: the oldest starving job
+    /// goes ahead of all others, so it gets the reservation: nobody starves.
     pub starve_after_ms: u64,
     /// At most this many starving jobs go ahead (the longest waiting).
     pub starving_ahead: usize,

@@ -4,7 +4,7 @@
 //! * starving = the job has waited `starve_after_ms` (default 36 h). The
 //!   oldest such job (at most `starving_ahead`, default 1) goes ahead of
 //!   everything and so gets the reservation; when it starts, the next oldest
-//!   follows. Only one goes ahead at a time because a whole tier of them
+//!   follows. Only one goes ahead at a time because a whole group of them
 //!   would hand every freed GPU to long jobs while short ones pile up.
 //! * standing = `queue_points x queue weight + priority_points x priority
 //!   level + limit_points x shortness + aging (+ quota_points if the job fits
@@ -17,9 +17,10 @@
 //!   over 10 h, as much as a fourfold shorter limit or two priority levels.
 //!   Beyond that, the starving job's reservation bounds every wait.
 //! * quota_points is 0 by default: guarantees are kept by reclaim (a job
-//!   inside its guarantee preempts borrowers, see `pass`), not by reordering,
-//!   which measured better overall across the trace windows (BENCHMARKS.md). A large
-//!   value puts every job inside its guarantee ahead of all borrowers.
+//!   inside its guarantee preempts borrowers, see `pass`), not by
+//!   reordering, which measured better overall across the trace windows
+//!   (BENCHMARKS.md). A large value puts every job inside its guarantee
+//!   ahead of all borrowers.
 //! * equal standing: earlier submit first, then lower id (stable).
 //!
 //! Baselines: `(submitted_at, id)`.
@@ -62,8 +63,6 @@ pub struct Cand<'a> {
     pub estimate: Option<u64>,
     /// Group id in the quota book.
     pub group: u32,
-    /// 0: goes ahead (starving); 1: in standing order.
-    pub tier: u8,
     /// Fits in what is left of its group's guarantee (in standing order);
     /// worked out only when `quota_points` > 0.
     pub in_quota: bool,
@@ -124,7 +123,6 @@ pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, 
                 reason: job.reason.as_str(),
                 estimate: job.estimated_start_ms,
                 group: quota.intern(job.spec.group.as_str()),
-                tier: 0,
                 in_quota: false,
                 standing: standing(config, queue_weight, priority, wait_ms, limit_ms),
                 priority,
@@ -149,32 +147,30 @@ pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, 
         .collect();
     keys.sort_unstable();
     let order: Vec<u32> = keys.into_iter().map(|(_, _, i)| i).collect();
-    // Ahead of the rest: the longest-waiting starving jobs (oldest first), at
-    // most `starving_ahead` of them. One is enough to bound every wait: it
-    // gets the reservation, and the next one follows when it starts.
     if config.quota_points > 0 {
         mark_in_quota(&mut cands, &order, quota);
     }
+    // Ahead of the rest: the longest-waiting starving jobs (oldest first), at
+    // most `starving_ahead` of them. One is enough to bound every wait: it
+    // gets the reservation, and the next one follows when it starts.
     let mut ahead: Vec<(u64, u64, u32)> = (0..cands.len() as u32)
         .filter(|&i| cands[i as usize].wait_ms >= config.starve_after_ms)
         .map(|i| (cands[i as usize].job.submitted_at_ms, cands[i as usize].job.id, i))
         .collect();
     ahead.sort_unstable();
     ahead.truncate(config.starving_ahead);
-    for cand in cands.iter_mut() {
-        cand.tier = 1;
-    }
+    let mut is_ahead = vec![false; cands.len()];
     for &(_, _, i) in &ahead {
-        cands[i as usize].tier = 0;
+        is_ahead[i as usize] = true;
     }
     let mut out: Vec<Cand<'a>> = Vec::with_capacity(cands.len());
     out.extend(ahead.iter().map(|&(_, _, i)| cands[i as usize].clone()));
-    let rest = order.iter().map(|&i| &cands[i as usize]).filter(|c| c.tier == 1);
+    let rest = order.iter().filter(|&&i| !is_ahead[i as usize]).map(|&i| &cands[i as usize]);
     if config.quota_points == 0 {
         out.extend(rest.cloned());
-        return out;
+    } else {
+        out.extend(merge_quota_bonus(rest, config.quota_points).cloned());
     }
-    out.extend(merge_quota_bonus(rest, config.quota_points).cloned());
     out
 }
 

@@ -52,9 +52,9 @@ pub struct Pass<'a> {
     preempt_attempts: usize,
     /// Preemption attempts that found nothing, by what decides the outcome
     /// (shape, group, admission, priority, queue weight), with the least wait
-    /// past the threshold that would make another victim eligible. Kept for the whole pass to bound its cost, even
-    /// though a later placement may make another group a borrower: such a
-    /// chance waits for the next pass.
+    /// past the threshold that would make another victim eligible. Kept for
+    /// the whole pass to bound its cost, even though a later placement may
+    /// make another group a borrower: such a chance waits for the next pass.
     preempt_failed: BTreeMap<(ShapeKey, u32, bool, Priority, u32), u64>,
     plan: Plan,
     /// Rendered reasons of this pass (many jobs share one).
