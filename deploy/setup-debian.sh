@@ -1,12 +1,54 @@
 #!/usr/bin/env bash
 # Installs what building rota needs on Debian/Ubuntu: protoc (for the gRPC
-# code) and libclang (bindgen in librocksdb-sys), plus a C++ compiler.
-# Rust itself comes from rustup (https://rustup.rs) and must be on PATH.
+# code), libclang itself (bindgen in librocksdb-sys loads it at build time)
+# and a C++ compiler. Rust itself comes from rustup (https://rustup.rs) and
+# must be on PATH.
+#
+#   deploy/setup-debian.sh            install what is missing
+#   deploy/setup-debian.sh --check    print the packages that would be installed
+#
+# ROTA_SETUP_ROOT (default /) is the root the detection looks under; the
+# setup test points it at a fake root.
 set -euo pipefail
+root="${ROTA_SETUP_ROOT:-/}"
+root="${root%/}"
+
+# True when the real libclang (libclang.so, libclang.so.N, libclang-N.so...)
+# is present. libclang-cpp*.so is a different library (the C++ interface,
+# shipped on many images without libclang) and does not satisfy bindgen.
+have_libclang() {
+  local dir f base
+  for dir in "$root"/usr/lib/llvm-*/lib "$root"/usr/lib/*-linux-gnu "$root"/usr/lib "$root"/usr/local/lib; do
+    [ -d "$dir" ] || continue
+    for f in "$dir"/libclang.so* "$dir"/libclang-[0-9]*.so*; do
+      [ -e "$f" ] || continue
+      base="${f##*/}"
+      case "$base" in
+        libclang-cpp*) continue ;;
+      esac
+      return 0
+    done
+  done
+  return 1
+}
+
+have_command() {
+  if [ -n "${ROTA_SETUP_ROOT:-}" ]; then
+    [ -x "$root/usr/bin/$1" ]
+  else
+    command -v "$1" >/dev/null
+  fi
+}
+
 need=()
-command -v protoc >/dev/null || need+=(protobuf-compiler)
-command -v c++ >/dev/null || need+=(g++)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+have_command protoc || need+=(protobuf-compiler)
+have_command c++ || need+=(g++)
+have_libclang || need+=(libclang-dev)
+
+if [ "${1:-}" = "--check" ]; then
+  echo "${need[*]:-}"
+  exit 0
+fi
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq

@@ -1,8 +1,33 @@
-//! The readable summary of a run (the JSON is the Report itself).
+//! What a run found: the `Report` (printed as JSON as it is) and its
+//! readable summary.
 
 use rota_proto::v1 as pb;
+use serde::Serialize;
 
-use crate::run::Report;
+use crate::check::{Check, Distribution, Failover};
+use crate::history::Fault;
+
+/// Everything a run measured and checked.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub passed: bool,
+    pub replicas: u64,
+    pub agents: u32,
+    pub seed: u64,
+    pub duration_s: u64,
+    pub acknowledged_submits: usize,
+    pub unacknowledged_submits: u64,
+    pub unacknowledged_errors: Vec<String>,
+    pub resubmits: usize,
+    pub cancels: usize,
+    pub probes: usize,
+    pub faults: Vec<Fault>,
+    pub failovers: Vec<Failover>,
+    pub failover_submit: Distribution,
+    pub failover_schedule: Distribution,
+    pub checks: Vec<Check>,
+    pub dir: String,
+}
 
 /// "pending", "running", ...: the wire enum's name without its prefix.
 pub fn state_name(state: i32) -> String {

@@ -11,14 +11,15 @@ use anyhow::{Context, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rota_proto::v1 as pb;
-use serde::Serialize;
 
 use crate::agents::{AgentOptions, LocalAgent};
-use crate::check::{self, Check, Distribution, Failover, FinalJob};
+use crate::check::{self, Check, FinalJob};
 use crate::cluster::{ClusterOptions, LocalCluster};
 use crate::faults::FaultKind;
 use crate::history::{now_ms, Fault, History};
 use crate::proxy::LinkProxy;
+use crate::report::state_name;
+pub use crate::report::Report;
 use crate::workload::{self, Clients, WorkloadConfig};
 
 /// A failover slower than this fails the run.
@@ -69,27 +70,6 @@ async fn start_agents(dir: &std::path::Path, cluster: &LocalCluster, count: u32,
         anyhow::ensure!(Instant::now() < deadline, "{ready} of {count} agents registered in time");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-#[derive(Debug, Serialize)]
-pub struct Report {
-    pub passed: bool,
-    pub replicas: u64,
-    pub agents: u32,
-    pub seed: u64,
-    pub duration_s: u64,
-    pub acknowledged_submits: usize,
-    pub unacknowledged_submits: u64,
-    pub unacknowledged_errors: Vec<String>,
-    pub resubmits: usize,
-    pub cancels: usize,
-    pub probes: usize,
-    pub faults: Vec<Fault>,
-    pub failovers: Vec<Failover>,
-    pub failover_submit: Distribution,
-    pub failover_schedule: Distribution,
-    pub checks: Vec<Check>,
-    pub dir: String,
 }
 
 pub async fn run(config: RunConfig) -> Result<Report> {
@@ -236,7 +216,7 @@ async fn read_all_jobs(clients: &Clients) -> Result<Vec<FinalJob>> {
         jobs.extend(page.jobs.iter().map(|j| FinalJob {
             id: j.id,
             request_id: j.request_id.clone(),
-            state: crate::report::state_name(j.state).to_string(),
+            state: state_name(j.state).to_string(),
             started_at_ms: j.started_at_ms,
             finished_at_ms: j.finished_at_ms,
             attempts: j.attempts,

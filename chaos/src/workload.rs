@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rota_client::retry;
 use rota_proto::v1 as pb;
 use rota_proto::v1::job_service_client::JobServiceClient;
 use tonic::transport::Channel;
-use tonic::{Code, Status};
+use tonic::Status;
 
 use crate::cluster::channel;
 use crate::history::{now_ms, Ack, History, Resubmit};
@@ -57,8 +58,7 @@ impl Clients {
                 Ok(Err(status)) => status,
                 Err(_) => Status::deadline_exceeded("attempt timed out"),
             };
-            let retryable = matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled);
-            if !retryable || started.elapsed() > Duration::from_millis(deadline_ms) {
+            if !retry::worth_retrying_now(status.code()) || started.elapsed() > Duration::from_millis(deadline_ms) {
                 return (Err(status), attempts);
             }
             if (attempts as usize).is_multiple_of(self.jobs.len()) {

@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use rota_chaos::cluster::{channel, LocalCluster};
+use rota_client::retry;
 use rota_proto::v1 as pb;
 use rota_proto::v1::job_service_client::JobServiceClient;
 use tonic::transport::Channel;
-use tonic::{Code, Status};
+use tonic::Status;
 
 /// Clients of every replica, tried in turn.
 #[derive(Clone)]
@@ -35,7 +36,7 @@ impl AnyReplica {
         for attempt in 0usize.. {
             match f(self.clients[attempt % self.clients.len()].clone()).await {
                 Ok(response) => return Ok(response.into_inner()),
-                Err(status) if retryable(status.code()) && started.elapsed() < self.deadline => {
+                Err(status) if retry::worth_retrying_now(status.code()) && started.elapsed() < self.deadline => {
                     if attempt % self.clients.len() == self.clients.len() - 1 {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
@@ -85,10 +86,6 @@ impl AnyReplica {
         }
         Ok(acked)
     }
-}
-
-fn retryable(code: Code) -> bool {
-    matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled)
 }
 
 pub fn spec() -> pb::JobSpec {

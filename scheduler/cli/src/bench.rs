@@ -1,0 +1,161 @@
+//! `rota bench submit`: durable submit throughput and latency against a
+//! running cluster. Closed loop (N clients, each submitting back to back) or
+//! open loop (`--rate`: submits start on a fixed schedule, and latency counts
+//! from the scheduled start, so a stall is not hidden by fewer requests).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use rota_proto::v1 as pb;
+use rota_proto::v1::job_service_client::JobServiceClient;
+use serde_json::json;
+use tokio::sync::Semaphore;
+use tonic::transport::{Channel, Endpoint};
+
+use rota_client::Client;
+
+/// HTTP/2 connections to the leader the clients share.
+const CONNECTIONS: usize = 8;
+const MAX_CLIENTS: usize = 4096;
+
+#[derive(Debug, clap::Args)]
+pub struct BenchSubmitArgs {
+    /// Concurrent clients (closed loop) or most outstanding submits (open loop).
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
+    /// How long to submit, seconds.
+    #[arg(long, default_value_t = 10)]
+    pub duration_s: u64,
+    /// Open loop: submits per second on a fixed schedule; 0 = closed loop.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+}
+
+struct Sample {
+    latencies_us: Vec<u64>,
+    errors: u64,
+}
+
+pub async fn run(client: &Client, args: &BenchSubmitArgs) -> Result<serde_json::Value> {
+    if args.clients == 0 || args.clients > MAX_CLIENTS {
+        bail!("--clients: must be 1..={MAX_CLIENTS}");
+    }
+    let leader = crate::cluster_status(client).await?.leader_address;
+    if leader.is_empty() {
+        bail!("the cluster has no leader");
+    }
+    let channels = (0..CONNECTIONS)
+        .map(|_| Ok(Endpoint::from_shared(format!("http://{leader}"))?.tcp_nodelay(true).connect_lazy()))
+        .collect::<Result<Vec<Channel>>>()?;
+    let run_id = format!("bench-{:016x}", rand::random::<u64>());
+    let started = Instant::now();
+    let sample = if args.rate == 0 { closed_loop(&channels, &run_id, args).await } else { open_loop(&channels, &run_id, args).await };
+    let elapsed_s = started.elapsed().as_secs_f64();
+    Ok(report(sample, elapsed_s, args, &leader))
+}
+
+fn request(run_id: &str, n: u64) -> pb::SubmitJobRequest {
+    let spec = pb::JobSpec {
+        group: "bench".into(),
+        queue: "training".into(),
+        replicas: 1,
+        gpus_per_replica: 1,
+        command: vec!["sleep".into(), "1".into()],
+        ..Default::default()
+    };
+    pb::SubmitJobRequest { spec: Some(spec), request_id: format!("{run_id}-{n}") }
+}
+
+async fn submit_once(mut jobs: JobServiceClient<Channel>, request: pb::SubmitJobRequest) -> bool {
+    jobs.submit_job(request).await.is_ok()
+}
+
+async fn closed_loop(channels: &[Channel], run_id: &str, args: &BenchSubmitArgs) -> Sample {
+    let deadline = Instant::now() + Duration::from_secs(args.duration_s);
+    let mut tasks = Vec::with_capacity(args.clients);
+    for c in 0..args.clients {
+        let jobs = JobServiceClient::new(channels[c % channels.len()].clone());
+        let run_id = run_id.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut sample = Sample { latencies_us: Vec::new(), errors: 0 };
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                let begun = Instant::now();
+                let ok = submit_once(jobs.clone(), request(&run_id, (c as u64) << 32 | n)).await;
+                n += 1;
+                if ok {
+                    sample.latencies_us.push(begun.elapsed().as_micros() as u64);
+                } else {
+                    sample.errors += 1;
+                }
+            }
+            sample
+        }));
+    }
+    merge(tasks).await
+}
+
+async fn open_loop(channels: &[Channel], run_id: &str, args: &BenchSubmitArgs) -> Sample {
+    let total = args.rate * args.duration_s;
+    let interval_ns = 1_000_000_000 / args.rate.max(1);
+    let outstanding = Arc::new(Semaphore::new(args.clients));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(total as usize);
+    for n in 0..total {
+        let scheduled = start + Duration::from_nanos(n * interval_ns);
+        tokio::time::sleep_until(scheduled.into()).await;
+        let permit = outstanding.clone().acquire_owned().await.expect("semaphore open");
+        let jobs = JobServiceClient::new(channels[n as usize % channels.len()].clone());
+        let request = request(run_id, n);
+        tasks.push(tokio::spawn(async move {
+            let ok = submit_once(jobs, request).await;
+            drop(permit);
+            let latency_us = scheduled.elapsed().as_micros() as u64;
+            Sample { latencies_us: if ok { vec![latency_us] } else { vec![] }, errors: u64::from(!ok) }
+        }));
+    }
+    merge(tasks).await
+}
+
+async fn merge(tasks: Vec<tokio::task::JoinHandle<Sample>>) -> Sample {
+    let mut all = Sample { latencies_us: Vec::new(), errors: 0 };
+    for task in tasks {
+        if let Ok(sample) = task.await {
+            all.latencies_us.extend(sample.latencies_us);
+            all.errors += sample.errors;
+        } else {
+            all.errors += 1;
+        }
+    }
+    all
+}
+
+fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * (sorted_us.len() - 1) as f64).round() as usize;
+    sorted_us[rank.min(sorted_us.len() - 1)] as f64 / 1000.0
+}
+
+fn report(mut sample: Sample, elapsed_s: f64, args: &BenchSubmitArgs, leader: &str) -> serde_json::Value {
+    sample.latencies_us.sort_unstable();
+    let acked = sample.latencies_us.len();
+    json!({
+        "mode": if args.rate == 0 { "closed" } else { "open" },
+        "clients": args.clients,
+        "rate": args.rate,
+        "duration_s": elapsed_s,
+        "leader": leader,
+        "acked": acked,
+        "errors": sample.errors,
+        "jobs_per_s": acked as f64 / elapsed_s,
+        "latency_ms": {
+            "p50": percentile_ms(&sample.latencies_us, 50.0),
+            "p90": percentile_ms(&sample.latencies_us, 90.0),
+            "p99": percentile_ms(&sample.latencies_us, 99.0),
+            "max": percentile_ms(&sample.latencies_us, 100.0),
+        },
+    })
+}

@@ -1,0 +1,193 @@
+//! `rota queue`, `rota quota` and `rota usage`: the replicated policy
+//! settings and what groups use.
+
+use anyhow::{Context as _, Result};
+use rota_proto::v1 as pb;
+use serde_json::json;
+
+use super::output::Format;
+use rota_client::Client;
+use rota_core::state::QueueConfig;
+
+#[derive(Debug, clap::Args)]
+pub struct QueueSetArgs {
+    pub name: String,
+    #[arg(long)]
+    pub weight: Option<u32>,
+    /// Largest job in total GPUs (0 = no cap).
+    #[arg(long)]
+    pub max_gpus_per_job: Option<u32>,
+    #[arg(long)]
+    pub default_runtime_s: Option<u64>,
+    #[arg(long)]
+    pub max_runtime_s: Option<u64>,
+    #[arg(long)]
+    pub preemptible: Option<bool>,
+    #[arg(long)]
+    pub protected_runtime_s: Option<u64>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct QuotaSetArgs {
+    pub group: String,
+    /// Guaranteed GPUs.
+    #[arg(long)]
+    pub gpus: u32,
+    /// Guaranteed GPUs of one model, MODEL=N; repeatable.
+    #[arg(long = "model", value_name = "MODEL=N")]
+    pub per_model: Vec<String>,
+    /// Lend idle guaranteed GPUs to other groups.
+    #[arg(long)]
+    pub lend: bool,
+    /// Lend only to these groups (comma separated).
+    #[arg(long, value_delimiter = ',')]
+    pub lend_to: Vec<String>,
+    /// Most GPUs this group may borrow beyond its quota.
+    #[arg(long)]
+    pub borrow_limit: Option<u32>,
+}
+
+async fn list_queues(client: &Client) -> Result<Vec<pb::Queue>> {
+    let response = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.list_queues(pb::ListQueuesRequest {}).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    Ok(response.queues)
+}
+
+/// Change only the fields given; a new queue starts from the `training` defaults.
+pub async fn queue_set(client: &Client, args: &QueueSetArgs, format: Format) -> Result<()> {
+    let existing = list_queues(client).await?.into_iter().find(|q| q.name == args.name);
+    let base = existing.unwrap_or_else(|| {
+        let training = QueueConfig::defaults().into_iter().find(|q| q.name == "training").expect("default queue");
+        rota_client::convert::queue_to_pb(&QueueConfig { name: args.name.clone(), ..training })
+    });
+    let queue = pb::Queue {
+        name: args.name.clone(),
+        weight: args.weight.unwrap_or(base.weight),
+        max_gpus_per_job: args.max_gpus_per_job.unwrap_or(base.max_gpus_per_job),
+        default_runtime_s: args.default_runtime_s.unwrap_or(base.default_runtime_s),
+        max_runtime_s: args.max_runtime_s.unwrap_or(base.max_runtime_s),
+        preemptible: args.preemptible.unwrap_or(base.preemptible),
+        protected_runtime_s: args.protected_runtime_s.unwrap_or(base.protected_runtime_s),
+    };
+    client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            let queue = queue.clone();
+            async move { cluster.set_queue(queue).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    queue_show(client, format).await
+}
+
+fn queue_json(q: &pb::Queue) -> serde_json::Value {
+    json!({"name": q.name, "weight": q.weight, "max_gpus_per_job": q.max_gpus_per_job, "default_runtime_s": q.default_runtime_s,
+           "max_runtime_s": q.max_runtime_s, "preemptible": q.preemptible, "protected_runtime_s": q.protected_runtime_s})
+}
+
+pub async fn queue_show(client: &Client, format: Format) -> Result<()> {
+    let queues = list_queues(client).await?;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&queues.iter().map(queue_json).collect::<Vec<_>>())?),
+        Format::Table => {
+            println!(
+                "{:<12} {:>6} {:>8} {:>12} {:>12} {:>11} {:>12}",
+                "QUEUE", "WEIGHT", "MAXGPUS", "DEFAULT_S", "MAX_S", "PREEMPTIBLE", "PROTECTED_S"
+            );
+            for q in &queues {
+                println!(
+                    "{:<12} {:>6} {:>8} {:>12} {:>12} {:>11} {:>12}",
+                    q.name, q.weight, q.max_gpus_per_job, q.default_runtime_s, q.max_runtime_s, q.preemptible, q.protected_runtime_s
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn quota_set(client: &Client, args: &QuotaSetArgs, format: Format) -> Result<()> {
+    let per_model = args
+        .per_model
+        .iter()
+        .map(|pair| {
+            let (model, n) = pair.split_once('=').with_context(|| format!("--model {pair:?}: expected MODEL=N"))?;
+            Ok((model.to_string(), n.parse().with_context(|| format!("--model {pair:?}: N must be a number"))?))
+        })
+        .collect::<Result<_>>()?;
+    let quota = pb::Quota {
+        group: args.group.clone(),
+        gpus: args.gpus,
+        per_model,
+        lend: args.lend,
+        lend_to: args.lend_to.clone(),
+        borrow_limit: args.borrow_limit,
+    };
+    client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            let quota = quota.clone();
+            async move { cluster.set_quota(quota).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    quota_show(client, format).await
+}
+
+pub async fn quota_show(client: &Client, format: Format) -> Result<()> {
+    let response = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.list_quotas(pb::ListQuotasRequest {}).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    match format {
+        Format::Json => {
+            let quotas: Vec<_> = response
+                .quotas
+                .iter()
+                .map(|s| {
+                    let q = s.quota.clone().unwrap_or_default();
+                    json!({"group": q.group, "gpus": q.gpus, "per_model": q.per_model, "lend": q.lend, "lend_to": q.lend_to,
+                           "borrow_limit": q.borrow_limit, "used": s.used, "borrowed": s.borrowed, "lendable": s.lendable})
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&quotas)?)
+        }
+        Format::Table => {
+            println!("{:<16} {:>6} {:>6} {:>9} {:>9} {:<6}", "GROUP", "QUOTA", "USED", "BORROWED", "LENDABLE", "LENDS");
+            for s in &response.quotas {
+                let q = s.quota.clone().unwrap_or_default();
+                println!("{:<16} {:>6} {:>6} {:>9} {:>9} {:<6}", q.group, q.gpus, s.used, s.borrowed, s.lendable, q.lend);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn usage(client: &Client, format: Format) -> Result<()> {
+    let response = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.get_usage(pb::GetUsageRequest {}).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    match format {
+        Format::Json => {
+            let lines: Vec<_> = response
+                .lines
+                .iter()
+                .map(|l| json!({"group": l.group, "queue": l.queue, "gpu_seconds": l.gpu_seconds, "gpus_now": l.gpus_now}))
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&lines)?)
+        }
+        Format::Table => {
+            println!("{:<16} {:<10} {:>14} {:>9}", "GROUP", "QUEUE", "GPU_HOURS", "GPUS_NOW");
+            for l in &response.lines {
+                println!("{:<16} {:<10} {:>14.2} {:>9}", l.group, l.queue, l.gpu_seconds as f64 / 3600.0, l.gpus_now);
+            }
+        }
+    }
+    Ok(())
+}

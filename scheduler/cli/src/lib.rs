@@ -1,0 +1,316 @@
+//! rota-cli, the `rota` command line: client commands and their output
+//! (table or JSON), the simulator and benchmark commands. `rota server`
+//! hands its flags to rota-server; nothing else here touches a replica's
+//! internals: every other command goes through rota-client.
+
+pub mod bench;
+pub mod config;
+pub mod drill;
+pub mod output;
+pub mod sim;
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Context as _, Result};
+use rota_proto::v1 as pb;
+
+use output::{cluster_json, job_json, node_json, print_cluster, print_job, print_jobs, print_nodes, Format};
+use rota_client::convert::priority_to_pb;
+use rota_client::Client;
+use rota_core::state::{JobState, Priority};
+
+/// Arguments of `rota submit`.
+#[derive(Debug, clap::Args)]
+pub struct SubmitArgs {
+    /// Ranks of the gang (all start together or none does).
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u32,
+    /// GPUs per rank.
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u32,
+    #[arg(long, default_value = "default")]
+    pub group: String,
+    #[arg(long, default_value = "training")]
+    pub queue: String,
+    /// high, medium or low.
+    #[arg(long, default_value = "medium")]
+    pub priority: String,
+    /// Idempotency key; a random one is used when absent, so the CLI's own
+    /// retries never create a second job.
+    #[arg(long)]
+    pub request_id: Option<String>,
+    #[arg(long, default_value = "")]
+    pub name: String,
+    /// Required GPU model, e.g. H100-80GB.
+    #[arg(long)]
+    pub gpu_model: Option<String>,
+    #[arg(long, default_value_t = 0)]
+    pub min_gpu_memory_mib: u64,
+    /// Wall-clock limit in seconds (0 = the queue's default).
+    #[arg(long, default_value_t = 0)]
+    pub runtime_limit_s: u64,
+    /// Seconds between SIGTERM and SIGKILL when stopped.
+    #[arg(long, default_value_t = 60)]
+    pub grace_period_s: u64,
+    #[arg(long, default_value_t = 0)]
+    pub max_retries: u32,
+    /// Seconds of waiting after which a high priority falls back to medium (0 = never).
+    #[arg(long, default_value_t = 0)]
+    pub priority_ttl_s: u64,
+    /// Extra environment, NAME=VALUE; repeatable.
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+pub fn random_request_id() -> String {
+    format!("cli-{:032x}", rand::random::<u128>())
+}
+
+fn parse_env(pairs: &[String]) -> Result<BTreeMap<String, String>> {
+    pairs
+        .iter()
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').with_context(|| format!("--env {pair:?}: expected NAME=VALUE"))?;
+            Ok((name.to_string(), value.to_string()))
+        })
+        .collect()
+}
+
+impl SubmitArgs {
+    pub fn to_request(&self) -> Result<pb::SubmitJobRequest> {
+        if self.command.is_empty() {
+            bail!("command: give the program after `--`, e.g. rota submit -- python train.py");
+        }
+        let priority =
+            Priority::parse(&self.priority).with_context(|| format!("--priority {:?}: expected high, medium or low", self.priority))?;
+        let spec = pb::JobSpec {
+            name: self.name.clone(),
+            group: self.group.clone(),
+            queue: self.queue.clone(),
+            priority: priority_to_pb(priority) as i32,
+            replicas: self.replicas,
+            gpus_per_replica: self.gpus,
+            gpu_model: self.gpu_model.clone().unwrap_or_default(),
+            min_gpu_memory_mib: self.min_gpu_memory_mib,
+            command: self.command.clone(),
+            env: parse_env(&self.env)?.into_iter().collect(),
+            runtime_limit_s: self.runtime_limit_s,
+            grace_period_s: self.grace_period_s,
+            max_retries: self.max_retries,
+            priority_ttl_s: self.priority_ttl_s,
+        };
+        let request_id = self.request_id.clone().unwrap_or_else(random_request_id);
+        Ok(pb::SubmitJobRequest { spec: Some(spec), request_id })
+    }
+}
+
+pub async fn submit(client: &Client, args: &SubmitArgs, format: Format) -> Result<()> {
+    let response = client.submit_job(&args.to_request()?).await?;
+    match format {
+        Format::Json => {
+            println!("{}", serde_json::json!({"job_id": response.job_id, "deduplicated": response.deduplicated, "index": response.index}))
+        }
+        Format::Table => println!("{}", response.job_id),
+    }
+    Ok(())
+}
+
+pub async fn get_job(client: &Client, job_id: u64) -> Result<pb::Job> {
+    let response = client
+        .retrying(|i| {
+            let mut jobs = client.jobs_at(i);
+            async move { jobs.get_job(pb::GetJobRequest { job_id }).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    response.job.context("server answered without a job")
+}
+
+pub async fn status(client: &Client, job_id: u64, format: Format) -> Result<()> {
+    let job = get_job(client, job_id).await?;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&job_json(&job))?),
+        Format::Table => print_job(&job),
+    }
+    Ok(())
+}
+
+/// `rota why`: the pending reason's stable code, its detail, and the estimated start.
+pub async fn why(client: &Client, job_id: u64, format: Format) -> Result<()> {
+    let job = get_job(client, job_id).await?;
+    let state = output::state_name(job.state);
+    let (code, detail) = (job.reason_code.as_str(), job.reason_detail.as_str());
+    let estimated = (job.estimated_start_ms > 0).then_some(job.estimated_start_ms);
+    match format {
+        Format::Json => println!(
+            "{}",
+            serde_json::json!({"job_id": job_id, "state": state, "code": code, "detail": detail, "reason": job.reason, "estimated_start_ms": estimated})
+        ),
+        Format::Table => {
+            println!("job {job_id} is {state}");
+            if !code.is_empty() || !detail.is_empty() {
+                println!("  {}", job.reason);
+            }
+            match estimated {
+                Some(ms) => println!("  estimated start: in {} s", ms.saturating_sub(wall_clock_ms()) / 1000),
+                None if job.state == pb::JobState::Pending as i32 => println!("  estimated start: unknown"),
+                None => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn jobs(client: &Client, state: Option<&str>, group: Option<&str>, limit: u32, format: Format) -> Result<()> {
+    let state = match state {
+        None => pb::JobState::Unspecified,
+        Some(text) => {
+            let parsed = JobState::parse(text)
+                .with_context(|| format!("--state {text:?}: expected pending, running, stopping, succeeded, failed or cancelled"))?;
+            rota_client::convert::state_to_pb(parsed)
+        }
+    };
+    let request = pb::ListJobsRequest { state: state as i32, limit, group: group.unwrap_or_default().to_string(), before_id: 0 };
+    let response = client
+        .retrying(|i| {
+            let mut jobs = client.jobs_at(i);
+            let request = request.clone();
+            async move { jobs.list_jobs(request).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    match format {
+        Format::Json => {
+            let jobs: Vec<_> = response.jobs.iter().map(job_json).collect();
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({"total": response.total, "jobs": jobs}))?)
+        }
+        Format::Table => print_jobs(&response.jobs, response.total),
+    }
+    Ok(())
+}
+
+pub async fn cancel(client: &Client, job_id: u64, format: Format) -> Result<()> {
+    let response = client.cancel_job(job_id).await?;
+    let state = output::state_name(response.state);
+    match format {
+        Format::Json => println!("{}", serde_json::json!({"job_id": job_id, "state": state})),
+        Format::Table => println!("job {job_id}: {state}"),
+    }
+    Ok(())
+}
+
+/// The status as the leader sees it (members' matched indexes are known there),
+/// else as the first replica that answers sees it.
+pub async fn cluster_status(client: &Client) -> Result<pb::ClusterStatus> {
+    let first = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.get_cluster_status(pb::GetClusterStatusRequest {}).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    let Some(leader) = client.endpoints().iter().position(|e| *e == first.leader_address) else { return Ok(first) };
+    let mut cluster = client.cluster_at(leader);
+    Ok(cluster.get_cluster_status(pb::GetClusterStatusRequest {}).await.map(|r| r.into_inner()).unwrap_or(first))
+}
+
+pub async fn cluster(client: &Client, format: Format) -> Result<()> {
+    let status = cluster_status(client).await?;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&cluster_json(&status))?),
+        Format::Table => print_cluster(&status),
+    }
+    Ok(())
+}
+
+pub async fn nodes(client: &Client, format: Format) -> Result<()> {
+    let response = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.list_nodes(pb::ListNodesRequest {}).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    match format {
+        Format::Json => {
+            let nodes: Vec<_> = response.nodes.iter().map(node_json).collect();
+            println!("{}", serde_json::to_string_pretty(&nodes)?)
+        }
+        Format::Table => print_nodes(&response.nodes),
+    }
+    Ok(())
+}
+
+/// `rota logs JOB [--rank N] [--stderr] [--follow]`: find the node that ran
+/// (or runs) the rank and read the log from that node's agent.
+pub async fn logs(client: &Client, job_id: u64, rank: u32, stderr: bool, follow: bool) -> Result<()> {
+    use std::io::Write;
+    let job = get_job(client, job_id).await?;
+    let node = job
+        .allocations
+        .iter()
+        .find(|a| a.rank == rank)
+        .map(|a| a.node.clone())
+        .or_else(|| job.last_nodes.get(rank as usize).cloned())
+        .with_context(|| format!("job {job_id} has no rank {rank} that ever ran"))?;
+    let nodes = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.list_nodes(pb::ListNodesRequest {}).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    let address =
+        nodes.nodes.iter().find(|n| n.name == node).map(|n| n.address.clone()).with_context(|| format!("node {node} is not registered"))?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .with_context(|| format!("node {node} has a bad address {address:?}"))?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("cannot reach the agent of node {node} at {address}"))?;
+    let request = pb::ReadLogRequest { job_id, rank, stream: if stderr { "stderr" } else { "stdout" }.into(), follow };
+    let mut stream = pb::node_agent_service_client::NodeAgentServiceClient::new(channel)
+        .read_log(request)
+        .await
+        .map_err(|s| anyhow::anyhow!("node {node}: {}", s.message()))?
+        .into_inner();
+    let mut out = std::io::stdout().lock();
+    while let Some(chunk) = stream.message().await.map_err(|s| anyhow::anyhow!("node {node}: {}", s.message()))? {
+        out.write_all(&chunk.data)?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+pub async fn member_add(client: &Client, id: u64, address: &str, format: Format) -> Result<()> {
+    let request = pb::AddMemberRequest { id, address: address.to_string() };
+    let status = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            let request = request.clone();
+            async move { cluster.add_member(request).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&cluster_json(&status))?),
+        Format::Table => print_cluster(&status),
+    }
+    Ok(())
+}
+
+pub async fn member_remove(client: &Client, id: u64, format: Format) -> Result<()> {
+    let status = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.remove_member(pb::RemoveMemberRequest { id }).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&cluster_json(&status))?),
+        Format::Table => print_cluster(&status),
+    }
+    Ok(())
+}
+
+/// Wall-clock time, Unix ms (only to show "in N s" next to a time the cluster gave).
+pub fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

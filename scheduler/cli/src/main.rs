@@ -1,0 +1,255 @@
+//! `rota`: the scheduler replica (`rota server`) and the command line client.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use rota_cli::{self as cli, bench::BenchSubmitArgs, drill::DrillArgs, output::Format, SubmitArgs};
+use rota_client::Client;
+use rota_server::{self as server, ServerConfig};
+
+#[derive(Parser)]
+#[command(name = "rota", version, about = "A highly available GPU cluster scheduler")]
+struct Cli {
+    /// Replica API addresses (host:port), comma separated.
+    #[arg(long, env = "ROTA_ENDPOINTS", global = true, value_delimiter = ',')]
+    endpoints: Vec<String>,
+    /// table or json.
+    #[arg(long, global = true, value_enum, default_value = "table")]
+    output: Format,
+    /// How long a client command keeps retrying through a failover, seconds.
+    #[arg(long, global = true, default_value_t = 30)]
+    timeout_s: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a scheduler replica.
+    Server(ServerArgs),
+    /// Submit a job; prints its id.
+    Submit(SubmitArgs),
+    /// Show one job.
+    Status { job_id: u64 },
+    /// List jobs, newest first.
+    Jobs {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        group: Option<String>,
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+    },
+    /// Why a job is pending (machine-readable code, detail, estimated start).
+    Why { job_id: u64 },
+    /// Replay a trace through the policy on a virtual clock (no cluster needed).
+    Sim(rota_cli::sim::SimArgs),
+    /// Cancel a job.
+    Cancel { job_id: u64 },
+    /// Print a rank's output, read from the agent of the node that ran it.
+    Logs {
+        job_id: u64,
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
+        /// stderr instead of stdout.
+        #[arg(long)]
+        stderr: bool,
+        /// Keep printing until the rank ends.
+        #[arg(long, short)]
+        follow: bool,
+    },
+    /// Show the replicas, the leader and the Raft indexes.
+    Cluster,
+    /// Show the GPU hosts.
+    Nodes,
+    /// Queues (replicated): `rota queue show`, `rota queue set NAME --weight 3 ...`.
+    Queue {
+        #[command(subcommand)]
+        action: QueueAction,
+    },
+    /// Group quotas (replicated) with use, borrowed and lendable GPUs.
+    Quota {
+        #[command(subcommand)]
+        action: QuotaAction,
+    },
+    /// GPU-hours used per group and queue.
+    Usage,
+    /// Change the set of replicas without downtime.
+    Member {
+        #[command(subcommand)]
+        action: MemberAction,
+    },
+    /// Failover drill: move the leader (no process is stopped) and measure recovery.
+    Drill(DrillArgs),
+    /// Benchmarks against a running cluster.
+    Bench {
+        #[command(subcommand)]
+        what: BenchWhat,
+    },
+}
+
+#[derive(Subcommand)]
+enum QueueAction {
+    Show,
+    Set(rota_cli::config::QueueSetArgs),
+}
+
+#[derive(Subcommand)]
+enum QuotaAction {
+    Show,
+    Set(rota_cli::config::QuotaSetArgs),
+}
+
+#[derive(Subcommand)]
+enum MemberAction {
+    /// Add replica ID (started with --join) at ADDR: learner first, then voter.
+    Add { id: u64, address: String },
+    /// Remove replica ID from the voters.
+    Remove { id: u64 },
+}
+
+#[derive(Subcommand)]
+enum BenchWhat {
+    /// Durable submit throughput and latency.
+    Submit(BenchSubmitArgs),
+    /// Scheduling pass time over a synthetic cluster (no cluster needed).
+    Plan(rota_cli::sim::BenchPlanArgs),
+}
+
+#[derive(clap::Args)]
+struct ServerArgs {
+    /// This replica's id; never reuse an id.
+    #[arg(long)]
+    id: u64,
+    /// API and Raft address to listen on.
+    #[arg(long)]
+    listen: SocketAddr,
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Initial members: ID=HOST:PORT,... including this replica.
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
+    /// Join an existing cluster (wait for `rota member add`) instead of founding one.
+    #[arg(long)]
+    join: bool,
+    /// Serve Prometheus metrics on this address.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// Leader heartbeat interval.
+    #[arg(long, default_value_t = rota_server::defaults::DEFAULT_HEARTBEAT_INTERVAL_MS)]
+    heartbeat_ms: u64,
+    /// A follower campaigns after the leader lease (= election-max-ms) plus a
+    /// random time in election-min-ms..election-max-ms without a heartbeat.
+    #[arg(long, default_value_t = rota_server::defaults::DEFAULT_ELECTION_TIMEOUT_MIN_MS)]
+    election_min_ms: u64,
+    #[arg(long, default_value_t = rota_server::defaults::DEFAULT_ELECTION_TIMEOUT_MAX_MS)]
+    election_max_ms: u64,
+    /// Take a snapshot after this many entries (plus an eighth of it per id
+    /// step, ids mod 5, so replicas take theirs at different times).
+    #[arg(long, default_value_t = rota_server::defaults::DEFAULT_SNAPSHOT_EVERY_ENTRIES)]
+    snapshot_every: u64,
+    /// Log entries kept behind a snapshot.
+    #[arg(long, default_value_t = rota_server::defaults::DEFAULT_KEEP_LOGS_BEHIND_SNAPSHOT)]
+    keep_logs: u64,
+    /// A node silent this long is declared down and its jobs requeued.
+    #[arg(long, default_value_t = 30_000)]
+    node_ttl_ms: u64,
+}
+
+fn parse_peers(peers: &[String]) -> Result<BTreeMap<u64, String>> {
+    let mut parsed = BTreeMap::new();
+    for peer in peers {
+        let (id, addr) = peer.split_once('=').with_context(|| format!("--peers {peer:?}: expected ID=HOST:PORT"))?;
+        let id: u64 = id.parse().with_context(|| format!("--peers {peer:?}: id must be a number"))?;
+        addr.parse::<SocketAddr>().with_context(|| format!("--peers {peer:?}: address must be IP:PORT"))?;
+        if id == 0 {
+            bail!("--peers {peer:?}: ids start at 1");
+        }
+        if parsed.insert(id, addr.to_string()).is_some() {
+            bail!("--peers: id {id} given twice");
+        }
+    }
+    Ok(parsed)
+}
+
+async fn run_server(args: ServerArgs) -> Result<()> {
+    let mut peers = parse_peers(&args.peers)?;
+    if args.join {
+        peers.entry(args.id).or_insert_with(|| args.listen.to_string());
+    }
+    if args.id == 0 {
+        bail!("--id: must be at least 1");
+    }
+    std::fs::create_dir_all(&args.data_dir).with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
+    let config = ServerConfig {
+        id: args.id,
+        listen: args.listen,
+        data_dir: args.data_dir,
+        peers,
+        join: args.join,
+        metrics_listen: args.metrics_listen,
+        heartbeat_interval_ms: args.heartbeat_ms,
+        election_timeout_min_ms: args.election_min_ms,
+        election_timeout_max_ms: args.election_max_ms,
+        snapshot_every_entries: args.snapshot_every,
+        keep_logs_behind_snapshot: args.keep_logs,
+        node_ttl_ms: args.node_ttl_ms,
+    };
+    server::run(config).await?;
+    Ok(())
+}
+
+fn print_json(value: &serde_json::Value) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match args.command {
+        Command::Server(server_args) => return run_server(server_args).await,
+        Command::Sim(sim) => return print_json(&rota_cli::sim::run_sim(&sim)?),
+        Command::Bench { what: BenchWhat::Plan(bench) } => return print_json(&rota_cli::sim::run_bench_plan(&bench)?),
+        _ => {}
+    }
+    let mut client = Client::new(&args.endpoints)?;
+    client.deadline = Duration::from_secs(args.timeout_s);
+    let format = args.output;
+    match args.command {
+        Command::Server(_) | Command::Sim(_) | Command::Bench { what: BenchWhat::Plan(_) } => unreachable!("handled above"),
+        Command::Why { job_id } => cli::why(&client, job_id, format).await,
+        Command::Submit(submit) => cli::submit(&client, &submit, format).await,
+        Command::Status { job_id } => cli::status(&client, job_id, format).await,
+        Command::Jobs { state, group, limit } => cli::jobs(&client, state.as_deref(), group.as_deref(), limit, format).await,
+        Command::Cancel { job_id } => cli::cancel(&client, job_id, format).await,
+        Command::Logs { job_id, rank, stderr, follow } => cli::logs(&client, job_id, rank, stderr, follow).await,
+        Command::Cluster => cli::cluster(&client, format).await,
+        Command::Queue { action: QueueAction::Show } => cli::config::queue_show(&client, format).await,
+        Command::Queue { action: QueueAction::Set(set) } => cli::config::queue_set(&client, &set, format).await,
+        Command::Quota { action: QuotaAction::Show } => cli::config::quota_show(&client, format).await,
+        Command::Quota { action: QuotaAction::Set(set) } => cli::config::quota_set(&client, &set, format).await,
+        Command::Usage => cli::config::usage(&client, format).await,
+        Command::Nodes => cli::nodes(&client, format).await,
+        Command::Member { action: MemberAction::Add { id, address } } => cli::member_add(&client, id, &address, format).await,
+        Command::Member { action: MemberAction::Remove { id } } => cli::member_remove(&client, id, format).await,
+        Command::Drill(drill) => {
+            let report = cli::drill::run(&client, &drill).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+        Command::Bench { what: BenchWhat::Submit(bench) } => {
+            let report = cli::bench::run(&client, &bench).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+    }
+}

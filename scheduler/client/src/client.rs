@@ -1,0 +1,164 @@
+//! A client of the rota.v1 API that follows the leader: it tries the given
+//! endpoints in turn, jumps to the leader named in an UNAVAILABLE answer, and
+//! retries with backoff inside a deadline, so a user never sees "not leader"
+//! and a failover looks like a short delay.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use rota_proto::v1 as pb;
+use rota_proto::v1::cluster_service_client::ClusterServiceClient;
+use rota_proto::v1::job_service_client::JobServiceClient;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use crate::retry::{self, Backoff};
+use crate::wire::{self, LEADER_METADATA, MAX_MESSAGE_BYTES};
+
+const FIRST_BACKOFF_MS: u64 = 25;
+const MAX_BACKOFF_MS: u64 = 1_000;
+/// Most endpoints a client is given; a cluster has at most 7 replicas.
+const MAX_ENDPOINTS: usize = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no endpoints given (use --endpoints or ROTA_ENDPOINTS)")]
+    NoEndpoints,
+    #[error("too many endpoints ({0}); at most {MAX_ENDPOINTS}")]
+    TooManyEndpoints(usize),
+    #[error("bad endpoint {0:?}: {1}")]
+    BadEndpoint(String, String),
+    #[error("{}: {}", code_name(.0.code()), .0.message())]
+    Status(Status),
+    #[error("gave up after {elapsed_ms} ms and {attempts} attempts; last error: {last}")]
+    GaveUp { elapsed_ms: u64, attempts: u32, last: Status },
+}
+
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::InvalidArgument => "invalid argument",
+        Code::NotFound => "not found",
+        Code::AlreadyExists => "already exists",
+        Code::ResourceExhausted => "resource exhausted",
+        Code::FailedPrecondition => "failed precondition",
+        Code::Unavailable => "unavailable",
+        Code::DeadlineExceeded => "deadline exceeded",
+        _ => "error",
+    }
+}
+
+impl ClientError {
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            ClientError::Status(status) | ClientError::GaveUp { last: status, .. } => Some(status.code()),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Client {
+    endpoints: Vec<String>,
+    channels: Vec<Channel>,
+    /// How long one call may keep retrying.
+    pub deadline: Duration,
+    /// Timeout of one attempt.
+    pub attempt_timeout: Duration,
+}
+
+impl Client {
+    /// `endpoints`: host:port of replicas, comma separated or listed.
+    pub fn new(endpoints: &[String]) -> Result<Client, ClientError> {
+        let endpoints: Vec<String> = endpoints
+            .iter()
+            .flat_map(|e| e.split(','))
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(|e| e.trim_start_matches("http://").to_string())
+            .collect();
+        if endpoints.is_empty() {
+            return Err(ClientError::NoEndpoints);
+        }
+        if endpoints.len() > MAX_ENDPOINTS {
+            return Err(ClientError::TooManyEndpoints(endpoints.len()));
+        }
+        let channels = endpoints.iter().map(|e| channel(e)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Client { endpoints, channels, deadline: Duration::from_secs(30), attempt_timeout: Duration::from_secs(3) })
+    }
+
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    pub fn jobs_at(&self, i: usize) -> JobServiceClient<Channel> {
+        JobServiceClient::new(self.channels[i].clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    pub fn cluster_at(&self, i: usize) -> ClusterServiceClient<Channel> {
+        ClusterServiceClient::new(self.channels[i].clone())
+    }
+
+    /// Run `call` against endpoint indexes until it succeeds, fails for a
+    /// reason a retry cannot fix, or the deadline passes.
+    pub async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
+    where
+        F: FnMut(usize) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let started = Instant::now();
+        let mut target = 0usize;
+        let mut backoff = Backoff::new(FIRST_BACKOFF_MS, MAX_BACKOFF_MS);
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let outcome = tokio::time::timeout(self.attempt_timeout, call(target)).await;
+            let status = match outcome {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(status)) => status,
+                Err(_) => Status::deadline_exceeded("attempt timed out"),
+            };
+            if !retry::worth_retrying_now(status.code()) {
+                return Err(ClientError::Status(status));
+            }
+            if started.elapsed() >= self.deadline {
+                let elapsed_ms = started.elapsed().as_millis() as u64;
+                return Err(ClientError::GaveUp { elapsed_ms, attempts, last: status });
+            }
+            match self.leader_hint(&status) {
+                Some(leader) if leader != target => target = leader,
+                _ => {
+                    target = (target + 1) % self.endpoints.len();
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+            }
+        }
+    }
+
+    /// Submit through whichever replica answers, retrying through failovers
+    /// (safe: the request id makes a retry return the first job).
+    pub async fn submit_job(&self, request: &pb::SubmitJobRequest) -> Result<pb::SubmitJobResponse, ClientError> {
+        self.retrying(|i| {
+            let mut jobs = self.jobs_at(i);
+            let request = request.clone();
+            async move { jobs.submit_job(request).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    pub async fn cancel_job(&self, job_id: u64) -> Result<pb::CancelJobResponse, ClientError> {
+        self.retrying(|i| {
+            let mut jobs = self.jobs_at(i);
+            async move { jobs.cancel_job(pb::CancelJobRequest { job_id }).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    fn leader_hint(&self, status: &Status) -> Option<usize> {
+        let leader = status.metadata().get(LEADER_METADATA)?.to_str().ok()?;
+        self.endpoints.iter().position(|e| e == leader)
+    }
+}
+
+fn channel(endpoint: &str) -> Result<Channel, ClientError> {
+    wire::channel(endpoint).map_err(|e| ClientError::BadEndpoint(endpoint.to_string(), e.to_string()))
+}

@@ -1,0 +1,212 @@
+//! Conversions between the rota.v1 wire types and the state's domain types.
+//! Shape checks that need no state (field present, enum known) happen here
+//! and name the field; limits are checked by `state::validate`.
+
+use rota_proto::v1 as pb;
+
+use rota_core::state::{self, ClusterState, GroupQuota, Job, JobSpec, JobState, Node, Priority, QueueConfig, Rejection};
+
+fn invalid(field: &str, message: &str) -> Rejection {
+    Rejection::Invalid { field: field.into(), message: message.into() }
+}
+
+pub fn priority_from_pb(value: i32) -> Result<Priority, Rejection> {
+    match pb::Priority::try_from(value) {
+        Ok(pb::Priority::Unspecified) | Ok(pb::Priority::Medium) => Ok(Priority::Medium),
+        Ok(pb::Priority::Low) => Ok(Priority::Low),
+        Ok(pb::Priority::High) => Ok(Priority::High),
+        Err(_) => Err(invalid("spec.priority", "unknown priority")),
+    }
+}
+
+pub fn priority_to_pb(priority: Priority) -> pb::Priority {
+    match priority {
+        Priority::Low => pb::Priority::Low,
+        Priority::Medium => pb::Priority::Medium,
+        Priority::High => pb::Priority::High,
+    }
+}
+
+/// A wire spec with defaults filled in: group "default", queue "training",
+/// one replica, grace period 60 s.
+pub fn spec_from_pb(spec: Option<pb::JobSpec>) -> Result<JobSpec, Rejection> {
+    let spec = spec.ok_or_else(|| invalid("spec", "is required"))?;
+    Ok(JobSpec {
+        name: spec.name,
+        group: if spec.group.is_empty() { "default".into() } else { spec.group },
+        queue: if spec.queue.is_empty() { "training".into() } else { spec.queue },
+        priority: priority_from_pb(spec.priority)?,
+        replicas: spec.replicas,
+        gpus_per_replica: spec.gpus_per_replica,
+        gpu_model: Some(spec.gpu_model).filter(|m| !m.is_empty()),
+        min_gpu_memory_mib: spec.min_gpu_memory_mib,
+        command: spec.command,
+        env: spec.env.into_iter().collect(),
+        runtime_limit_s: spec.runtime_limit_s,
+        grace_period_s: if spec.grace_period_s == 0 { 60 } else { spec.grace_period_s },
+        max_retries: spec.max_retries,
+        priority_ttl_s: spec.priority_ttl_s,
+    })
+}
+
+pub fn spec_to_pb(spec: &JobSpec) -> pb::JobSpec {
+    pb::JobSpec {
+        name: spec.name.clone(),
+        group: spec.group.clone(),
+        queue: spec.queue.clone(),
+        priority: priority_to_pb(spec.priority) as i32,
+        replicas: spec.replicas,
+        gpus_per_replica: spec.gpus_per_replica,
+        gpu_model: spec.gpu_model.clone().unwrap_or_default(),
+        min_gpu_memory_mib: spec.min_gpu_memory_mib,
+        command: spec.command.clone(),
+        env: spec.env.clone().into_iter().collect(),
+        runtime_limit_s: spec.runtime_limit_s,
+        grace_period_s: spec.grace_period_s,
+        max_retries: spec.max_retries,
+        priority_ttl_s: spec.priority_ttl_s,
+    }
+}
+
+pub fn state_to_pb(state: JobState) -> pb::JobState {
+    match state {
+        JobState::Pending => pb::JobState::Pending,
+        JobState::Running => pb::JobState::Running,
+        JobState::Stopping => pb::JobState::Stopping,
+        JobState::Succeeded => pb::JobState::Succeeded,
+        JobState::Failed => pb::JobState::Failed,
+        JobState::Cancelled => pb::JobState::Cancelled,
+    }
+}
+
+pub fn state_from_pb(value: i32) -> Result<Option<JobState>, Rejection> {
+    Ok(match pb::JobState::try_from(value) {
+        Ok(pb::JobState::Unspecified) => None,
+        Ok(pb::JobState::Pending) => Some(JobState::Pending),
+        Ok(pb::JobState::Running) => Some(JobState::Running),
+        Ok(pb::JobState::Stopping) => Some(JobState::Stopping),
+        Ok(pb::JobState::Succeeded) => Some(JobState::Succeeded),
+        Ok(pb::JobState::Failed) => Some(JobState::Failed),
+        Ok(pb::JobState::Cancelled) => Some(JobState::Cancelled),
+        Err(_) => return Err(invalid("state", "unknown job state")),
+    })
+}
+
+pub fn job_to_pb(state: &ClusterState, job: &Job) -> pb::Job {
+    let alloc = job.alloc.and_then(|id| state.allocs.get(&id));
+    let allocations = alloc
+        .map(|a| {
+            a.ranks
+                .iter()
+                .map(|r| pb::RankAllocation {
+                    rank: r.rank,
+                    node: r.node.clone(),
+                    gpus: r.gpus.clone(),
+                    state: r.state.as_str().into(),
+                    exit_code: r.exit_code,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let master_addr =
+        alloc.and_then(|a| a.ranks.first()).and_then(|r| state.nodes.get(&r.node)).map(|n| n.address.clone()).unwrap_or_default();
+    pb::Job {
+        id: job.id,
+        spec: Some(spec_to_pb(&job.spec)),
+        state: state_to_pb(job.state) as i32,
+        request_id: job.request_id.clone().unwrap_or_default(),
+        submitted_at_ms: job.submitted_at_ms,
+        started_at_ms: job.started_at_ms.unwrap_or(0),
+        finished_at_ms: job.finished_at_ms.unwrap_or(0),
+        reason: job.reason.to_string(),
+        reason_code: job.reason.code.as_str().to_string(),
+        reason_detail: job.reason.detail.clone(),
+        estimated_start_ms: job.estimated_start_ms.unwrap_or(0),
+        attempts: job.attempts,
+        allocations,
+        master_addr,
+        master_port: alloc.map_or(0, |a| u32::from(a.master_port)),
+        exit_code: job.exit_code,
+        last_nodes: job.last_nodes.clone(),
+    }
+}
+
+pub fn node_to_pb(state: &ClusterState, node: &Node) -> pb::Node {
+    let gpus = node
+        .gpus
+        .iter()
+        .map(|g| {
+            let holder = state.gpu_owner.get(&(node.name.clone(), g.index));
+            pb::Gpu {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                model: g.model.clone(),
+                memory_mib: g.memory_mib,
+                healthy: g.healthy,
+                job_id: holder.and_then(|a| state.allocs.get(a)).map_or(0, |a| a.job_id),
+            }
+        })
+        .collect();
+    pb::Node {
+        name: node.name.clone(),
+        address: node.address.clone(),
+        rack: node.rack.clone(),
+        leaf: node.leaf.clone(),
+        state: node.state.as_str().into(),
+        gpus,
+        registered_at_ms: node.registered_at_ms,
+    }
+}
+
+/// Check a submit fully against the current state, so the receiving replica
+/// answers InvalidArgument at once; apply checks again when it commits.
+pub fn validate_submit(state: &ClusterState, request_id: Option<&str>, spec: &JobSpec) -> Result<(), Rejection> {
+    state::validate::validate_request_id(request_id)?;
+    state::validate::validate_spec(spec, &state.queues)
+}
+
+pub fn queue_to_pb(queue: &QueueConfig) -> pb::Queue {
+    pb::Queue {
+        name: queue.name.clone(),
+        weight: queue.weight,
+        max_gpus_per_job: queue.max_gpus_per_job,
+        default_runtime_s: queue.default_runtime_s,
+        max_runtime_s: queue.max_runtime_s,
+        preemptible: queue.preemptible,
+        protected_runtime_s: queue.protected_runtime_s,
+    }
+}
+
+pub fn queue_from_pb(queue: pb::Queue) -> QueueConfig {
+    QueueConfig {
+        name: queue.name,
+        weight: queue.weight,
+        max_gpus_per_job: queue.max_gpus_per_job,
+        default_runtime_s: queue.default_runtime_s,
+        max_runtime_s: queue.max_runtime_s,
+        preemptible: queue.preemptible,
+        protected_runtime_s: queue.protected_runtime_s,
+    }
+}
+
+pub fn quota_to_pb(quota: &GroupQuota) -> pb::Quota {
+    pb::Quota {
+        group: quota.group.clone(),
+        gpus: quota.gpus,
+        per_model: quota.per_model.clone().into_iter().collect(),
+        lend: quota.lend,
+        lend_to: quota.lend_to.clone(),
+        borrow_limit: quota.borrow_limit,
+    }
+}
+
+pub fn quota_from_pb(quota: pb::Quota) -> GroupQuota {
+    GroupQuota {
+        group: quota.group,
+        gpus: quota.gpus,
+        per_model: quota.per_model.into_iter().collect(),
+        lend: quota.lend,
+        lend_to: quota.lend_to,
+        borrow_limit: quota.borrow_limit,
+    }
+}

@@ -1,0 +1,33 @@
+//! What a replica and its clients must agree on, in one place.
+
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+/// Response metadata key that carries the leader's address on UNAVAILABLE.
+pub const LEADER_METADATA: &str = "rota-leader";
+/// Request metadata key set on a request forwarded from a follower, so a
+/// request is forwarded at most once.
+pub const FORWARDED_METADATA: &str = "rota-forwarded";
+/// Response metadata key of a refused request: the stable code of the
+/// refusal (e.g. `invalid`, `not_found`), so programs need not parse the message.
+pub const REASON_CODE_METADATA: &str = "rota-reason-code";
+/// Response metadata key naming the request field a refusal is about.
+pub const FIELD_METADATA: &str = "rota-field";
+/// Largest gRPC message a replica accepts or sends (requests are far smaller;
+/// this bounds what a malformed or hostile client can make us buffer).
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// How long a client waits for a TCP connection to a replica.
+pub const CONNECT_TIMEOUT_MS: u64 = 1_000;
+
+/// A lazily connected channel to `host:port` (no scheme).
+pub fn channel(endpoint: &str) -> Result<Channel, tonic::transport::Error> {
+    let parsed = Endpoint::from_shared(format!("http://{endpoint}"))?;
+    Ok(parsed.connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS)).tcp_nodelay(true).connect_lazy())
+}
+
+/// The stable code and field a replica attached to a refusal, if any.
+pub fn refusal_of(status: &tonic::Status) -> (Option<String>, Option<String>) {
+    let get = |key: &str| status.metadata().get(key).and_then(|v| v.to_str().ok()).map(str::to_string);
+    (get(REASON_CODE_METADATA), get(FIELD_METADATA))
+}

@@ -1,0 +1,222 @@
+//! Queue order of pending jobs.
+//!
+//! Rota: the oldest starving job first, then `(standing desc, submitted_at, id)`.
+//! * starving = the job has waited `starve_after_ms` (default 36 h). The
+//!   oldest such job (at most `starving_ahead`, default 1) goes ahead of
+//!   everything and so gets the reservation; when it starts, the next oldest
+//!   follows. Only one goes ahead at a time because a whole group of them
+//!   would hand every freed GPU to long jobs while short ones pile up.
+//! * standing = `queue_points x queue weight + priority_points x priority
+//!   level + limit_points x shortness + aging (+ quota_points if the job fits
+//!   in what is left of its group's guarantee)`. Shortness = halvings of the
+//!   runtime limit below one day (10 min: 7, 40 min: 5, 1 h: 4, >= 1 d: 0):
+//!   asking for less gets a job going sooner, as with shortest-job-first.
+//!   Aging = one point per `aging_step_ms` waited (since the original submit,
+//!   kept across preemption), at most `aging_cap` points. With the defaults
+//!   (10/15/15 points, 10 min steps, cap 60) a job gains at most 60 points
+//!   over 10 h, as much as a fourfold shorter limit or two priority levels.
+//!   Beyond that, the starving job's reservation bounds every wait.
+//! * quota_points is 0 by default: guarantees are kept by reclaim (a job
+//!   inside its guarantee preempts borrowers, see `pass`), not by
+//!   reordering, which measured better overall across the trace windows
+//!   (BENCHMARKS.md). A large value puts every job inside its guarantee
+//!   ahead of all borrowers.
+//! * equal standing: earlier submit first, then lower id (stable).
+//!
+//! Baselines: `(submitted_at, id)`.
+
+use crate::state::{ClusterState, Job, JobReason, JobState, Priority};
+
+use super::config::{Mode, PolicyConfig};
+use super::fasthash::FastMap;
+use super::priority::{effective_priority, priority_level};
+use super::quota::QuotaBook;
+
+/// A pending job with what the pass needs of it.
+#[derive(Debug, Clone)]
+pub struct Cand<'a> {
+    pub job: &'a Job,
+    /// Copies of what every pass reads of each job, taken while its record
+    /// is in cache (the pass is memory-bound at 50,000 pending jobs).
+    pub replicas: u32,
+    pub per: u32,
+    pub model: Option<&'a str>,
+    pub min_memory_mib: u64,
+    pub reason: &'a JobReason,
+    pub estimate: Option<u64>,
+    /// Group id in the quota book.
+    pub group: u32,
+    /// Fits in what is left of its group's guarantee (in standing order);
+    /// worked out only when `quota_points` > 0.
+    pub in_quota: bool,
+    pub standing: u64,
+    pub priority: Priority,
+    pub queue_weight: u32,
+    pub limit_ms: u64,
+    pub wait_ms: u64,
+}
+
+impl Cand<'_> {
+    pub fn gpus(&self) -> u64 {
+        u64::from(self.replicas) * u64::from(self.per)
+    }
+}
+
+/// Halvings of the runtime limit below one day: 10 min -> 7, 1 h -> 4, >= 1 d -> 0.
+fn shortness(limit_ms: u64) -> u64 {
+    let mut steps = 0;
+    let mut span = 86_400_000u64;
+    while steps < 16 && limit_ms.saturating_mul(2) <= span {
+        span /= 2;
+        steps += 1;
+    }
+    steps
+}
+
+pub fn standing(config: &PolicyConfig, queue_weight: u32, priority: Priority, wait_ms: u64, limit_ms: u64) -> u64 {
+    let aging = (wait_ms / config.aging_step_ms.max(1)).min(config.aging_cap);
+    config.queue_points * u64::from(queue_weight)
+        + config.priority_points * priority_level(priority)
+        + config.limit_points * shortness(limit_ms)
+        + aging
+}
+
+/// Pending jobs in the order the pass considers them.
+pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, quota: &mut QuotaBook<'a>) -> Vec<Cand<'a>> {
+    let mut queues: FastMap<&str, (u32, u64)> = FastMap::default();
+    for (name, q) in &state.queues {
+        queues.insert(name.as_str(), (q.weight, q.default_runtime_s));
+    }
+    let mut cands: Vec<Cand<'a>> = state
+        .jobs
+        .values()
+        .filter(|j| j.state == JobState::Pending)
+        .map(|job| {
+            let (queue_weight, default_s) = queues.get(job.spec.queue.as_str()).copied().unwrap_or((1, 24 * 3600));
+            let priority = effective_priority(job, now_ms);
+            let wait_ms = now_ms.saturating_sub(job.submitted_at_ms);
+            let limit_s = if job.spec.runtime_limit_s > 0 { job.spec.runtime_limit_s } else { default_s };
+            let limit_ms = limit_s.saturating_mul(1000);
+            Cand {
+                job,
+                replicas: job.spec.replicas,
+                per: job.spec.gpus_per_replica,
+                model: job.spec.gpu_model.as_deref(),
+                min_memory_mib: job.spec.min_gpu_memory_mib,
+                reason: &job.reason,
+                estimate: job.estimated_start_ms,
+                group: quota.intern(job.spec.group.as_str()),
+                in_quota: false,
+                standing: standing(config, queue_weight, priority, wait_ms, limit_ms),
+                priority,
+                queue_weight,
+                limit_ms,
+                wait_ms,
+            }
+        })
+        .collect();
+    if config.mode != Mode::Rota {
+        cands.sort_unstable_by_key(|c| (c.job.submitted_at_ms, c.job.id));
+        return cands;
+    }
+    // Ids are unique, so an unstable sort is deterministic.
+    let mut keys: Vec<(u128, u64, u32)> = cands
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let standing = u128::from(u64::MAX - c.standing) << 64;
+            (standing | u128::from(c.job.submitted_at_ms), c.job.id, i as u32)
+        })
+        .collect();
+    keys.sort_unstable();
+    let order: Vec<u32> = keys.into_iter().map(|(_, _, i)| i).collect();
+    if config.quota_points > 0 {
+        mark_in_quota(&mut cands, &order, quota);
+    }
+    // Ahead of the rest: the longest-waiting starving jobs (oldest first), at
+    // most `starving_ahead` of them. One is enough to bound every wait: it
+    // gets the reservation, and the next one follows when it starts.
+    let mut ahead: Vec<(u64, u64, u32)> = (0..cands.len() as u32)
+        .filter(|&i| cands[i as usize].wait_ms >= config.starve_after_ms)
+        .map(|i| (cands[i as usize].job.submitted_at_ms, cands[i as usize].job.id, i))
+        .collect();
+    ahead.sort_unstable();
+    ahead.truncate(config.starving_ahead);
+    let mut is_ahead = vec![false; cands.len()];
+    for &(_, _, i) in &ahead {
+        is_ahead[i as usize] = true;
+    }
+    let mut out: Vec<Cand<'a>> = Vec::with_capacity(cands.len());
+    out.extend(ahead.iter().map(|&(_, _, i)| cands[i as usize].clone()));
+    let rest = order.iter().filter(|&&i| !is_ahead[i as usize]).map(|&i| &cands[i as usize]);
+    if config.quota_points == 0 {
+        out.extend(rest.cloned());
+    } else {
+        out.extend(merge_quota_bonus(rest, config.quota_points).cloned());
+    }
+    out
+}
+
+/// Mark the jobs that fit, in standing order, in what is left of their
+/// group's guarantee.
+fn mark_in_quota(cands: &mut [Cand], order: &[u32], quota: &QuotaBook) {
+    let mut room: Vec<Option<u64>> = Vec::new();
+    for &i in order {
+        let cand = &mut cands[i as usize];
+        let g = cand.group as usize;
+        if room.len() <= g {
+            room.resize(g + 1, None);
+        }
+        let left = room[g].get_or_insert_with(|| quota.room(cand.group));
+        cand.in_quota = cand.gpus() <= *left;
+        if cand.in_quota {
+            *left -= cand.gpus();
+        }
+    }
+}
+
+/// Jobs in standing order, with `bonus` points added to those inside their
+/// guarantee. The bonus is the same for all of them, so each half stays in
+/// order and one linear merge re-sorts the whole (no second sort).
+fn merge_quota_bonus<'c, 'a: 'c>(ordered: impl Iterator<Item = &'c Cand<'a>>, bonus: u64) -> impl Iterator<Item = &'c Cand<'a>> {
+    let (inside, borrowing): (Vec<&Cand>, Vec<&Cand>) = ordered.partition(|c| c.in_quota);
+    let key = move |c: &Cand, plus: u64| (std::cmp::Reverse(c.standing.saturating_add(plus)), c.job.submitted_at_ms, c.job.id);
+    let mut out = Vec::with_capacity(inside.len() + borrowing.len());
+    let (mut a, mut b) = (inside.into_iter().peekable(), borrowing.into_iter().peekable());
+    loop {
+        let take_inside = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => key(x, bonus) <= key(y, 0),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        out.push(if take_inside { a.next() } else { b.next() }.expect("peeked"));
+    }
+    out.into_iter()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shortness_counts_halvings_below_a_day() {
+        let min = 60_000;
+        assert_eq!(shortness(10 * min), 7);
+        assert_eq!(shortness(20 * min), 6);
+        assert_eq!(shortness(40 * min), 5);
+        assert_eq!(shortness(60 * min), 4);
+        assert_eq!(shortness(12 * 60 * min), 1);
+        assert_eq!(shortness(24 * 60 * min), 0);
+        assert_eq!(shortness(7 * 24 * 60 * min), 0);
+        assert_eq!(shortness(0), 16);
+    }
+
+    #[test]
+    fn aging_is_bounded() {
+        let config = PolicyConfig::default();
+        let fresh = standing(&config, 2, Priority::Medium, 0, 3_600_000);
+        let old = standing(&config, 2, Priority::Medium, 1_000 * 3_600_000, 3_600_000);
+        assert_eq!(old - fresh, config.aging_cap);
+    }
+}

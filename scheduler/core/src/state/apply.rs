@@ -1,0 +1,420 @@
+//! One function per command. Each either changes the state and says so, or
+//! returns a `Rejection` having changed nothing.
+
+use std::collections::BTreeSet;
+
+use super::command::*;
+use super::types::*;
+use super::validate::{validate_queue, validate_quota, validate_request_id, validate_spec};
+use super::ClusterState;
+
+/// MASTER_PORT is chosen from this range, unique per rank-0 node.
+const MASTER_PORT_FIRST: u16 = 29_500;
+const MASTER_PORT_COUNT: u16 = 10_000;
+
+impl ClusterState {
+    pub(super) fn apply(&mut self, index: u64, command: &Command) -> CommandResult {
+        let result = match command {
+            Command::SubmitJob { request_id, spec } => self.submit(index, request_id.as_deref(), spec),
+            Command::CancelJob { job_id } => self.cancel(index, *job_id),
+            Command::RegisterNode(registration) => self.register_node(registration),
+            Command::NodeHealth { node, unhealthy_gpus } => self.node_health(node, unhealthy_gpus),
+            Command::DrainNode { node, drain } => self.drain_node(node, *drain),
+            Command::NodeDown { node } => self.node_down(index, node),
+            Command::ApplyPlan(plan) => Ok(self.apply_plan(index, plan)),
+            Command::AllocStarted { alloc_id, rank } => self.alloc_started(index, *alloc_id, *rank),
+            Command::AllocExited { alloc_id, rank, exit_code } => self.alloc_exited(index, *alloc_id, *rank, *exit_code),
+            Command::Checkpoint { alloc_id, at_ms } => self.checkpoint(index, *alloc_id, *at_ms),
+            Command::SetQueue(queue) => self.set_queue(queue),
+            Command::SetQuota(quota) => self.set_quota(quota),
+        };
+        result.unwrap_or_else(CommandResult::Rejected)
+    }
+
+    fn submit(&mut self, index: u64, request_id: Option<&str>, spec: &JobSpec) -> Result<CommandResult, Rejection> {
+        validate_request_id(request_id)?;
+        if let Some(id) = request_id {
+            if let Some(job_id) = self.dedupe.get(id) {
+                return match self.jobs.get(&job_id) {
+                    Some(job) if job.spec != *spec => Err(Rejection::RequestIdReused { request_id: id.to_string(), job_id }),
+                    _ => Ok(CommandResult::Submitted { job_id, deduplicated: true }),
+                };
+            }
+        }
+        validate_spec(spec, &self.queues)?;
+        if self.live_jobs >= self.limits.max_live_jobs {
+            return Err(Rejection::Exhausted { what: "live jobs".into(), limit: self.limits.max_live_jobs as u64 });
+        }
+        let job_id = self.next_job_id;
+        self.next_job_id += 1;
+        let job = Job {
+            id: job_id,
+            spec: spec.clone(),
+            request_id: request_id.map(str::to_string),
+            state: JobState::Pending,
+            submitted_at_ms: self.now_ms,
+            started_at_ms: None,
+            finished_at_ms: None,
+            attempts: 0,
+            failures: 0,
+            alloc: None,
+            reason: JobReason::new(ReasonCode::New, "not yet considered by the scheduler"),
+            estimated_start_ms: None,
+            stop_reason: None,
+            exit_code: None,
+            checkpoint_at_ms: None,
+            changed_at_index: index,
+            last_nodes: Vec::new(),
+        };
+        self.jobs.insert(job_id, job);
+        self.live_jobs += 1;
+        if let Some(id) = request_id {
+            self.dedupe.insert(id.to_string(), job_id);
+        }
+        Ok(CommandResult::Submitted { job_id, deduplicated: false })
+    }
+
+    fn cancel(&mut self, index: u64, job_id: JobId) -> Result<CommandResult, Rejection> {
+        let job = self.jobs.get_mut(&job_id).ok_or(Rejection::NotFound { what: format!("job {job_id}") })?;
+        match job.state {
+            JobState::Pending => {
+                job.reason = JobReason::new(ReasonCode::Cancelled, "while pending");
+                self.finish_job(index, job_id, JobState::Cancelled);
+            }
+            JobState::Running | JobState::Stopping => {
+                let alloc_id = job.alloc.expect("running job has an allocation");
+                self.request_stop(index, alloc_id, StopReason::Cancelled);
+            }
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled => {}
+        }
+        let state = self.jobs[&job_id].state;
+        Ok(CommandResult::Cancelled { job_id, state })
+    }
+
+    fn register_node(&mut self, registration: &NodeRegistration) -> Result<CommandResult, Rejection> {
+        if registration.name.is_empty() || registration.name.len() > 253 {
+            return Err(Rejection::Invalid { field: "node.name".into(), message: "1..=253 bytes".into() });
+        }
+        let indexes: BTreeSet<u32> = registration.gpus.iter().map(|g| g.index).collect();
+        if indexes.len() != registration.gpus.len() || registration.gpus.len() > 64 {
+            return Err(Rejection::Invalid { field: "node.gpus".into(), message: "at most 64 GPUs, unique indexes".into() });
+        }
+        if !self.nodes.contains_key(&registration.name) && self.nodes.len() >= self.limits.max_nodes {
+            return Err(Rejection::Exhausted { what: "nodes".into(), limit: self.limits.max_nodes as u64 });
+        }
+        let now_ms = self.now_ms;
+        let node = self.nodes.entry(registration.name.clone()).or_insert_with(|| Node {
+            name: registration.name.clone(),
+            address: String::new(),
+            rack: String::new(),
+            leaf: String::new(),
+            gpus: Vec::new(),
+            state: NodeState::Ready,
+            registered_at_ms: now_ms,
+        });
+        node.address = registration.address.clone();
+        node.rack = registration.rack.clone();
+        node.leaf = registration.leaf.clone();
+        node.gpus = registration.gpus.clone();
+        if node.state == NodeState::Down {
+            node.state = NodeState::Ready;
+            node.registered_at_ms = now_ms;
+        }
+        Ok(CommandResult::Done)
+    }
+
+    fn node_health(&mut self, name: &str, unhealthy: &[u32]) -> Result<CommandResult, Rejection> {
+        let node = self.nodes.get_mut(name).ok_or(Rejection::NotFound { what: format!("node {name}") })?;
+        for gpu in &mut node.gpus {
+            gpu.healthy = !unhealthy.contains(&gpu.index);
+        }
+        Ok(CommandResult::Done)
+    }
+
+    fn drain_node(&mut self, name: &str, drain: bool) -> Result<CommandResult, Rejection> {
+        let node = self.nodes.get_mut(name).ok_or(Rejection::NotFound { what: format!("node {name}") })?;
+        node.state = match (node.state, drain) {
+            (NodeState::Down, _) => NodeState::Down,
+            (_, true) => NodeState::Draining,
+            (_, false) => NodeState::Ready,
+        };
+        Ok(CommandResult::Done)
+    }
+
+    /// The node is gone: every allocation with a rank there ends now (the
+    /// whole gang, on every node) and its job goes back to the queue.
+    fn node_down(&mut self, index: u64, name: &str) -> Result<CommandResult, Rejection> {
+        let node = self.nodes.get_mut(name).ok_or(Rejection::NotFound { what: format!("node {name}") })?;
+        node.state = NodeState::Down;
+        let lost: Vec<AllocId> = self.allocs.values().filter(|a| a.ranks.iter().any(|r| r.node == name)).map(|a| a.id).collect();
+        for alloc_id in lost {
+            let alloc = self.allocs.get_mut(&alloc_id).expect("listed above");
+            // A cancel already under way still ends as a cancel.
+            if alloc.stop != Some(StopReason::Cancelled) {
+                alloc.stop = Some(StopReason::NodeLost);
+            }
+            self.end_allocation(index, alloc_id);
+        }
+        Ok(CommandResult::Done)
+    }
+
+    fn apply_plan(&mut self, index: u64, plan: &Plan) -> CommandResult {
+        let mut placed = 0;
+        let mut rejected = 0;
+        for placement in &plan.placements {
+            match self.check_placement(placement) {
+                Ok(()) => {
+                    self.place(index, placement);
+                    placed += 1;
+                }
+                Err(_) => rejected += 1,
+            }
+        }
+        let mut stopped = 0;
+        for stop in &plan.stops {
+            let live = self.allocs.get(&stop.alloc_id).is_some_and(|a| a.stop.is_none());
+            if live {
+                self.request_stop(index, stop.alloc_id, stop.reason);
+                stopped += 1;
+            }
+        }
+        for note in &plan.pending {
+            if let Some(job) = self.jobs.get_mut(&note.job_id) {
+                if job.state == JobState::Pending {
+                    job.reason.clone_from(&note.reason);
+                    job.estimated_start_ms = note.estimated_start_ms;
+                }
+            }
+        }
+        CommandResult::PlanApplied { placed, rejected, stopped }
+    }
+
+    /// Re-check a placement against the state as it is now (optimistic
+    /// concurrency): the plan may have been computed from an older state.
+    pub fn check_placement(&self, placement: &Placement) -> Result<(), Rejection> {
+        let conflict = |message: String| Rejection::Conflict { message };
+        let job = self.jobs.get(&placement.job_id).ok_or(Rejection::NotFound { what: format!("job {}", placement.job_id) })?;
+        if job.state != JobState::Pending {
+            return Err(conflict(format!("job {} is {}", job.id, job.state.as_str())));
+        }
+        if placement.ranks.len() != job.spec.replicas as usize {
+            return Err(conflict(format!("job {} needs {} ranks, plan has {}", job.id, job.spec.replicas, placement.ranks.len())));
+        }
+        let mut claimed: BTreeSet<(&str, u32)> = BTreeSet::new();
+        for rank in &placement.ranks {
+            if rank.gpus.len() != job.spec.gpus_per_replica as usize {
+                return Err(conflict(format!(
+                    "rank on {} has {} GPUs, job needs {}",
+                    rank.node,
+                    rank.gpus.len(),
+                    job.spec.gpus_per_replica
+                )));
+            }
+            let node = self.nodes.get(&rank.node).ok_or(conflict(format!("node {} unknown", rank.node)))?;
+            for &index in &rank.gpus {
+                let gpu = node.gpus.iter().find(|g| g.index == index).ok_or(conflict(format!("GPU {}:{index} unknown", node.name)))?;
+                if !self.gpu_is_free(node, gpu) {
+                    return Err(conflict(format!("GPU {}:{index} is not free", node.name)));
+                }
+                if !gpu_matches(&job.spec, gpu) {
+                    return Err(conflict(format!("GPU {}:{index} does not match the job's constraints", node.name)));
+                }
+                if !claimed.insert((node.name.as_str(), index)) {
+                    return Err(conflict(format!("GPU {}:{index} named twice", node.name)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn place(&mut self, index: u64, placement: &Placement) {
+        let alloc_id = self.next_alloc_id;
+        self.next_alloc_id += 1;
+        let master_port = self.free_master_port(&placement.ranks[0].node);
+        let job = self.jobs.get_mut(&placement.job_id).expect("checked");
+        job.state = JobState::Running;
+        job.attempts += 1;
+        job.alloc = Some(alloc_id);
+        job.started_at_ms = Some(self.now_ms);
+        job.reason = JobReason::default();
+        job.estimated_start_ms = None;
+        job.stop_reason = None;
+        job.exit_code = None;
+        job.changed_at_index = index;
+        job.last_nodes = placement.ranks.iter().map(|r| r.node.clone()).collect();
+        let attempt = job.attempts;
+        let ranks: Vec<Rank> = placement
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Rank { rank: i as u32, node: r.node.clone(), gpus: r.gpus.clone(), state: RankState::Assigned, exit_code: None })
+            .collect();
+        for rank in &ranks {
+            for &gpu in &rank.gpus {
+                let previous = self.gpu_owner.insert((rank.node.clone(), gpu), alloc_id);
+                assert!(previous.is_none(), "GPU {}:{gpu} given to two allocations", rank.node);
+            }
+        }
+        let alloc =
+            Allocation { id: alloc_id, job_id: placement.job_id, attempt, ranks, master_port, created_at_ms: self.now_ms, stop: None };
+        self.allocs.insert(alloc_id, alloc);
+    }
+
+    /// Smallest port not used as MASTER_PORT by a live allocation whose rank 0
+    /// is on the same node. Bounded by the range size.
+    fn free_master_port(&self, node: &str) -> u16 {
+        let used: BTreeSet<u16> =
+            self.allocs.values().filter(|a| a.ranks.first().is_some_and(|r| r.node == node)).map(|a| a.master_port).collect();
+        (0..MASTER_PORT_COUNT)
+            .map(|offset| MASTER_PORT_FIRST + offset)
+            .find(|port| !used.contains(port))
+            .expect("fewer than 10,000 allocations start on one node")
+    }
+
+    fn request_stop(&mut self, index: u64, alloc_id: AllocId, reason: StopReason) {
+        let alloc = self.allocs.get_mut(&alloc_id).expect("stop of a live allocation");
+        // A cancel overrides any other reason; other reasons never override a cancel.
+        if alloc.stop.is_none() || reason == StopReason::Cancelled {
+            alloc.stop = Some(reason);
+        }
+        let job = self.jobs.get_mut(&alloc.job_id).expect("allocation has a job");
+        job.state = JobState::Stopping;
+        job.stop_reason = alloc.stop;
+        job.changed_at_index = index;
+        let all_exited = alloc.ranks.iter().all(|r| r.state == RankState::Exited);
+        if all_exited {
+            self.end_allocation(index, alloc_id);
+        }
+    }
+
+    fn alloc_started(&mut self, index: u64, alloc_id: AllocId, rank: u32) -> Result<CommandResult, Rejection> {
+        let rank = self.rank_mut(alloc_id, rank)?;
+        if rank.state == RankState::Assigned {
+            rank.state = RankState::Running;
+        }
+        let job_id = self.allocs[&alloc_id].job_id;
+        self.jobs.get_mut(&job_id).expect("allocation has a job").changed_at_index = index;
+        Ok(CommandResult::Done)
+    }
+
+    fn alloc_exited(&mut self, index: u64, alloc_id: AllocId, rank: u32, exit_code: i32) -> Result<CommandResult, Rejection> {
+        let rank = self.rank_mut(alloc_id, rank)?;
+        if rank.state == RankState::Exited {
+            return Ok(CommandResult::Done); // a retried report
+        }
+        rank.state = RankState::Exited;
+        rank.exit_code = Some(exit_code);
+        let alloc = self.allocs.get_mut(&alloc_id).expect("found above");
+        let job_id = alloc.job_id;
+        if exit_code != 0 && alloc.stop.is_none() {
+            // One failed rank fails the gang: the others are stopped.
+            self.jobs.get_mut(&job_id).expect("allocation has a job").exit_code = Some(exit_code);
+            self.request_stop(index, alloc_id, StopReason::Failed);
+            return Ok(CommandResult::Done);
+        }
+        self.jobs.get_mut(&job_id).expect("allocation has a job").changed_at_index = index;
+        if alloc.ranks.iter().all(|r| r.state == RankState::Exited) {
+            self.end_allocation(index, alloc_id);
+        }
+        Ok(CommandResult::Done)
+    }
+
+    fn rank_mut(&mut self, alloc_id: AllocId, rank: u32) -> Result<&mut Rank, Rejection> {
+        let alloc = self.allocs.get_mut(&alloc_id).ok_or(Rejection::NotFound { what: format!("allocation {alloc_id}") })?;
+        alloc.ranks.get_mut(rank as usize).ok_or(Rejection::NotFound { what: format!("rank {rank} of allocation {alloc_id}") })
+    }
+
+    /// Free the allocation's GPUs, account its use, and move its job on:
+    /// done, failed, retried, or back to the queue.
+    fn end_allocation(&mut self, index: u64, alloc_id: AllocId) {
+        let alloc = self.allocs.remove(&alloc_id).expect("ending a live allocation");
+        for rank in &alloc.ranks {
+            for &gpu in &rank.gpus {
+                let owner = self.gpu_owner.remove(&(rank.node.clone(), gpu));
+                assert_eq!(owner, Some(alloc_id), "GPU {}:{gpu} was not held by allocation {alloc_id}", rank.node);
+            }
+        }
+        let held_ms = self.now_ms.saturating_sub(alloc.created_at_ms);
+        let job = self.jobs.get_mut(&alloc.job_id).expect("allocation has a job");
+        assert_eq!(job.alloc, Some(alloc_id));
+        job.alloc = None;
+        let key = (job.spec.group.clone(), job.spec.queue.clone());
+        *self.usage.gpu_ms.entry(key).or_insert(0) += held_ms * alloc.gpu_count();
+        let next = match alloc.stop {
+            None => (JobState::Succeeded, JobReason::code(ReasonCode::Completed)),
+            Some(StopReason::Cancelled) => (JobState::Cancelled, JobReason::code(ReasonCode::Cancelled)),
+            Some(StopReason::RuntimeLimit) => (JobState::Failed, JobReason::new(ReasonCode::RuntimeLimit, "runtime limit exceeded")),
+            Some(StopReason::Preempted) => (JobState::Pending, JobReason::new(ReasonCode::Preempted, "requeued after preemption")),
+            Some(StopReason::NodeLost) => {
+                (JobState::Pending, JobReason::new(ReasonCode::NodeLost, "requeued: a node of the gang was lost"))
+            }
+            Some(StopReason::Failed) => {
+                job.failures += 1;
+                if job.failures <= job.spec.max_retries {
+                    (JobState::Pending, JobReason::new(ReasonCode::Retrying, "retrying after a failed attempt"))
+                } else {
+                    (JobState::Failed, JobReason::new(ReasonCode::Failed, "a rank exited non-zero"))
+                }
+            }
+        };
+        job.reason = next.1;
+        job.changed_at_index = index;
+        if next.0 == JobState::Pending {
+            job.state = JobState::Pending;
+            job.estimated_start_ms = None;
+        } else {
+            self.finish_job(index, alloc.job_id, next.0);
+        }
+    }
+
+    /// Move a job to a final state and keep the finished table bounded.
+    fn finish_job(&mut self, index: u64, job_id: JobId, state: JobState) {
+        assert!(state.is_final());
+        let job = self.jobs.get_mut(&job_id).expect("finishing a known job");
+        assert!(!job.state.is_final(), "job {job_id} finished twice");
+        assert!(job.alloc.is_none(), "job {job_id} finished while holding GPUs");
+        job.state = state;
+        job.finished_at_ms = Some(self.now_ms);
+        job.changed_at_index = index;
+        self.live_jobs -= 1;
+        self.finished.push_back(job_id);
+        while self.finished.len() > self.limits.max_finished_jobs {
+            let oldest = self.finished.pop_front().expect("non-empty");
+            let removed = self.jobs.remove(&oldest);
+            assert!(removed.is_some_and(|j| j.state.is_final()));
+        }
+    }
+
+    fn checkpoint(&mut self, index: u64, alloc_id: AllocId, at_ms: u64) -> Result<CommandResult, Rejection> {
+        let alloc = self.allocs.get(&alloc_id).ok_or(Rejection::NotFound { what: format!("allocation {alloc_id}") })?;
+        let job = self.jobs.get_mut(&alloc.job_id).expect("allocation has a job");
+        if job.checkpoint_at_ms.is_none_or(|previous| previous < at_ms) {
+            job.checkpoint_at_ms = Some(at_ms);
+            job.changed_at_index = index;
+        }
+        Ok(CommandResult::Done)
+    }
+
+    fn set_queue(&mut self, queue: &QueueConfig) -> Result<CommandResult, Rejection> {
+        validate_queue(queue)?;
+        if !self.queues.contains_key(&queue.name) && self.queues.len() >= self.limits.max_queues {
+            return Err(Rejection::Exhausted { what: "queues".into(), limit: self.limits.max_queues as u64 });
+        }
+        self.queues.insert(queue.name.clone(), queue.clone());
+        Ok(CommandResult::Done)
+    }
+
+    fn set_quota(&mut self, quota: &GroupQuota) -> Result<CommandResult, Rejection> {
+        validate_quota(quota)?;
+        if !self.quotas.contains_key(&quota.group) && self.quotas.len() >= self.limits.max_quotas {
+            return Err(Rejection::Exhausted { what: "quotas".into(), limit: self.limits.max_quotas as u64 });
+        }
+        self.quotas.insert(quota.group.clone(), quota.clone());
+        Ok(CommandResult::Done)
+    }
+}
+
+/// Does this GPU satisfy the job's model and memory constraints?
+pub fn gpu_matches(spec: &JobSpec, gpu: &GpuInfo) -> bool {
+    spec.gpu_model.as_ref().is_none_or(|m| *m == gpu.model) && gpu.memory_mib >= spec.min_gpu_memory_mib
+}

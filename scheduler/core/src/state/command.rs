@@ -1,0 +1,183 @@
+//! Every change of cluster state is a `Command` in the Raft log. A log entry
+//! holds one `Proposal`: a batch of commands and the leader's wall-clock time,
+//! so that apply itself never reads a clock.
+
+use serde::{Deserialize, Serialize};
+
+use super::types::{AllocId, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, StopReason};
+
+/// One Raft entry's payload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Proposal {
+    /// Leader's clock when it proposed the batch (Unix ms). The state's clock
+    /// only moves forward: a leader with a slower clock cannot move it back.
+    pub now_ms: u64,
+    pub commands: Vec<Command>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    SubmitJob {
+        request_id: Option<String>,
+        spec: JobSpec,
+    },
+    CancelJob {
+        job_id: JobId,
+    },
+    RegisterNode(NodeRegistration),
+    /// GPU health changed (only changes are logged, never heartbeats).
+    NodeHealth {
+        node: String,
+        unhealthy_gpus: Vec<u32>,
+    },
+    DrainNode {
+        node: String,
+        drain: bool,
+    },
+    /// Silent past its TTL: its allocations are ended and their jobs requeued.
+    NodeDown {
+        node: String,
+    },
+    ApplyPlan(Plan),
+    AllocStarted {
+        alloc_id: AllocId,
+        rank: u32,
+    },
+    AllocExited {
+        alloc_id: AllocId,
+        rank: u32,
+        exit_code: i32,
+    },
+    Checkpoint {
+        alloc_id: AllocId,
+        at_ms: u64,
+    },
+    SetQueue(QueueConfig),
+    SetQuota(GroupQuota),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRegistration {
+    pub name: String,
+    pub address: String,
+    pub rack: String,
+    pub leaf: String,
+    pub gpus: Vec<GpuInfo>,
+}
+
+/// The leader's decisions from one pass over a state, proposed as one command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Plan {
+    /// Applied index of the state the plan was computed from.
+    pub computed_at_index: u64,
+    pub placements: Vec<Placement>,
+    pub stops: Vec<Stop>,
+    /// Reasons and estimates for jobs left pending.
+    pub pending: Vec<PendingNote>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.placements.is_empty() && self.stops.is_empty() && self.pending.is_empty()
+    }
+}
+
+/// A whole gang on concrete GPUs: rank i runs on `ranks[i]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub job_id: JobId,
+    pub ranks: Vec<RankPlacement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankPlacement {
+    pub node: String,
+    pub gpus: Vec<u32>,
+}
+
+/// Stop a running allocation (preemption, runtime limit).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stop {
+    pub alloc_id: AllocId,
+    pub reason: StopReason,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingNote {
+    pub job_id: JobId,
+    pub reason: JobReason,
+    pub estimated_start_ms: Option<u64>,
+}
+
+/// What applying one command produced, returned to its proposer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandResult {
+    Submitted { job_id: JobId, deduplicated: bool },
+    Cancelled { job_id: JobId, state: super::types::JobState },
+    PlanApplied { placed: u32, rejected: u32, stopped: u32 },
+    Done,
+    Rejected(Rejection),
+}
+
+/// Why a command changed nothing. Deterministic: every replica reaches the same.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Rejection {
+    /// The command's input is invalid; `field` names the offending field.
+    Invalid {
+        field: String,
+        message: String,
+    },
+    NotFound {
+        what: String,
+    },
+    /// A bounded table is full.
+    Exhausted {
+        what: String,
+        limit: u64,
+    },
+    /// request_id was used before with a different spec.
+    RequestIdReused {
+        request_id: String,
+        job_id: JobId,
+    },
+    /// The command no longer applies to the current state.
+    Conflict {
+        message: String,
+    },
+}
+
+impl Rejection {
+    /// A stable code for programs (the API sends it beside the message).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::Invalid { .. } => "invalid",
+            Rejection::NotFound { .. } => "not_found",
+            Rejection::Exhausted { .. } => "exhausted",
+            Rejection::RequestIdReused { .. } => "request_id_reused",
+            Rejection::Conflict { .. } => "conflict",
+        }
+    }
+
+    /// The request field at fault, where there is one.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Rejection::Invalid { field, .. } => Some(field),
+            Rejection::RequestIdReused { .. } => Some("request_id"),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejection::Invalid { field, message } => write!(f, "{field}: {message}"),
+            Rejection::NotFound { what } => write!(f, "{what} not found"),
+            Rejection::Exhausted { what, limit } => write!(f, "{what} is full (limit {limit})"),
+            Rejection::RequestIdReused { request_id, job_id } => {
+                write!(f, "request_id {request_id:?} was used for job {job_id} with a different spec")
+            }
+            Rejection::Conflict { message } => write!(f, "{message}"),
+        }
+    }
+}

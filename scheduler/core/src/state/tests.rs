@@ -1,0 +1,201 @@
+use super::*;
+
+fn node(name: &str, gpus: u32) -> NodeRegistration {
+    NodeRegistration {
+        name: name.into(),
+        address: "127.0.0.1".into(),
+        rack: "r1".into(),
+        leaf: "l1".into(),
+        gpus: (0..gpus)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("GPU-{name}-{i}"),
+                model: "H100-80GB".into(),
+                memory_mib: 81_920,
+                healthy: true,
+                nvlink_domain: Some(0),
+            })
+            .collect(),
+    }
+}
+
+fn run(state: &mut ClusterState, commands: Vec<Command>) -> Vec<CommandResult> {
+    let index = state.applied_index + 1;
+    let now_ms = state.now_ms + 1_000;
+    let results = state.apply_proposal(index, &Proposal { now_ms, commands });
+    state.check_invariants().expect("invariants hold after every entry");
+    results
+}
+
+fn submit(state: &mut ClusterState, request_id: &str, spec: JobSpec) -> CommandResult {
+    run(state, vec![Command::SubmitJob { request_id: Some(request_id.into()), spec }]).remove(0)
+}
+
+fn gang(replicas: u32, gpus: u32) -> JobSpec {
+    JobSpec { replicas, gpus_per_replica: gpus, ..JobSpec::simple(&["train.py"]) }
+}
+
+fn placement(job_id: JobId, ranks: &[(&str, &[u32])]) -> Placement {
+    Placement { job_id, ranks: ranks.iter().map(|(n, g)| RankPlacement { node: n.to_string(), gpus: g.to_vec() }).collect() }
+}
+
+#[test]
+fn retried_submit_returns_the_same_job() {
+    let mut state = ClusterState::default();
+    let first = submit(&mut state, "req-1", gang(1, 1));
+    let again = submit(&mut state, "req-1", gang(1, 1));
+    assert_eq!(first, CommandResult::Submitted { job_id: 1, deduplicated: false });
+    assert_eq!(again, CommandResult::Submitted { job_id: 1, deduplicated: true });
+    assert_eq!(state.jobs.len(), 1);
+    let reused = submit(&mut state, "req-1", gang(2, 1));
+    assert!(matches!(reused, CommandResult::Rejected(Rejection::RequestIdReused { job_id: 1, .. })));
+}
+
+#[test]
+fn invalid_spec_is_rejected_naming_the_field_and_stores_nothing() {
+    let mut state = ClusterState::default();
+    let cases = [
+        (JobSpec { command: vec![], ..gang(1, 1) }, "spec.command"),
+        (gang(1, 0), "spec.gpus_per_replica"),
+        (gang(0, 1), "spec.replicas"),
+        (JobSpec { queue: "nope".into(), ..gang(1, 1) }, "spec.queue"),
+        (JobSpec { name: "x".repeat(1000), ..gang(1, 1) }, "spec.name"),
+    ];
+    for (i, (spec, field)) in cases.into_iter().enumerate() {
+        let result = submit(&mut state, &format!("r{i}"), spec);
+        match result {
+            CommandResult::Rejected(Rejection::Invalid { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("expected rejection of {field}, got {other:?}"),
+        }
+    }
+    assert!(state.jobs.is_empty());
+    assert!(state.dedupe.is_empty());
+}
+
+#[test]
+fn gang_is_placed_whole_or_not_at_all() {
+    let mut state = ClusterState::default();
+    run(&mut state, vec![Command::RegisterNode(node("a", 8)), Command::RegisterNode(node("b", 8))]);
+    submit(&mut state, "small", gang(1, 4));
+    submit(&mut state, "gang", gang(2, 8));
+    run(&mut state, vec![Command::ApplyPlan(Plan { placements: vec![placement(1, &[("a", &[0, 1, 2, 3])])], ..Plan::default() })]);
+    // The gang's first rank overlaps GPUs job 1 holds: the whole gang is refused.
+    let result = run(
+        &mut state,
+        vec![Command::ApplyPlan(Plan {
+            placements: vec![placement(2, &[("b", &[0, 1, 2, 3, 4, 5, 6, 7]), ("a", &[0, 1, 2, 3, 4, 5, 6, 7])])],
+            ..Plan::default()
+        })],
+    );
+    assert_eq!(result[0], CommandResult::PlanApplied { placed: 0, rejected: 1, stopped: 0 });
+    assert_eq!(state.jobs[&2].state, JobState::Pending);
+    assert_eq!(state.gpu_owner.len(), 4);
+}
+
+#[test]
+fn gang_success_failure_and_retry() {
+    let mut state = ClusterState::default();
+    run(&mut state, vec![Command::RegisterNode(node("a", 8)), Command::RegisterNode(node("b", 8))]);
+    submit(&mut state, "g", JobSpec { max_retries: 1, ..gang(2, 8) });
+    let all: Vec<u32> = (0..8).collect();
+    let place = |state: &mut ClusterState| {
+        run(state, vec![Command::ApplyPlan(Plan { placements: vec![placement(1, &[("a", &all), ("b", &all)])], ..Plan::default() })])
+    };
+    place(&mut state);
+    let alloc_id = state.jobs[&1].alloc.unwrap();
+    assert_eq!(state.allocs[&alloc_id].master_port, 29_500);
+    run(&mut state, vec![Command::AllocStarted { alloc_id, rank: 0 }, Command::AllocStarted { alloc_id, rank: 1 }]);
+    // Rank 1 fails: the gang stops; once rank 0 exits the job is retried.
+    run(&mut state, vec![Command::AllocExited { alloc_id, rank: 1, exit_code: 3 }]);
+    assert_eq!(state.jobs[&1].state, JobState::Stopping);
+    assert_eq!(state.gpu_owner.len(), 16, "GPUs stay held until the whole gang has exited");
+    run(&mut state, vec![Command::AllocExited { alloc_id, rank: 0, exit_code: 143 }]);
+    assert_eq!(state.jobs[&1].state, JobState::Pending);
+    assert!(state.gpu_owner.is_empty());
+    place(&mut state);
+    let alloc_id = state.jobs[&1].alloc.unwrap();
+    run(
+        &mut state,
+        vec![Command::AllocExited { alloc_id, rank: 0, exit_code: 0 }, Command::AllocExited { alloc_id, rank: 1, exit_code: 0 }],
+    );
+    assert_eq!(state.jobs[&1].state, JobState::Succeeded);
+    assert_eq!(state.jobs[&1].attempts, 2);
+    assert_eq!(state.live_jobs, 0);
+}
+
+#[test]
+fn cancel_pending_and_running_jobs() {
+    let mut state = ClusterState::default();
+    run(&mut state, vec![Command::RegisterNode(node("a", 8))]);
+    submit(&mut state, "p", gang(1, 1));
+    submit(&mut state, "r", gang(1, 2));
+    run(&mut state, vec![Command::ApplyPlan(Plan { placements: vec![placement(2, &[("a", &[0, 1])])], ..Plan::default() })]);
+    let results =
+        run(&mut state, vec![Command::CancelJob { job_id: 1 }, Command::CancelJob { job_id: 2 }, Command::CancelJob { job_id: 99 }]);
+    assert_eq!(results[0], CommandResult::Cancelled { job_id: 1, state: JobState::Cancelled });
+    assert_eq!(results[1], CommandResult::Cancelled { job_id: 2, state: JobState::Stopping });
+    assert!(matches!(results[2], CommandResult::Rejected(Rejection::NotFound { .. })));
+    let alloc_id = state.jobs[&2].alloc.unwrap();
+    run(&mut state, vec![Command::AllocExited { alloc_id, rank: 0, exit_code: 137 }]);
+    assert_eq!(state.jobs[&2].state, JobState::Cancelled);
+}
+
+#[test]
+fn node_down_requeues_the_whole_gang() {
+    let mut state = ClusterState::default();
+    run(&mut state, vec![Command::RegisterNode(node("a", 8)), Command::RegisterNode(node("b", 8))]);
+    submit(&mut state, "g", gang(2, 4));
+    run(
+        &mut state,
+        vec![Command::ApplyPlan(Plan { placements: vec![placement(1, &[("a", &[0, 1, 2, 3]), ("b", &[0, 1, 2, 3])])], ..Plan::default() })],
+    );
+    run(&mut state, vec![Command::NodeDown { node: "b".into() }]);
+    let job = &state.jobs[&1];
+    assert_eq!(job.state, JobState::Pending);
+    assert!(job.reason.to_string().contains("node"));
+    assert!(state.gpu_owner.is_empty(), "GPUs on the surviving node are freed too");
+    assert_eq!(state.nodes["b"].state, NodeState::Down);
+}
+
+#[test]
+fn snapshot_restores_exactly() {
+    let mut state = ClusterState::default();
+    run(&mut state, vec![Command::RegisterNode(node("a", 8))]);
+    for i in 0..50 {
+        submit(&mut state, &format!("req-{i}"), gang(1, 1));
+    }
+    run(&mut state, vec![Command::ApplyPlan(Plan { placements: vec![placement(3, &[("a", &[5])])], ..Plan::default() })]);
+    let bytes = state.to_snapshot();
+    let restored = ClusterState::from_snapshot(&bytes).unwrap();
+    assert_eq!(restored, state);
+    assert!(ClusterState::from_snapshot(&bytes[..bytes.len() / 2]).is_err());
+}
+
+#[test]
+fn live_jobs_are_bounded() {
+    let limits = StateLimits { max_live_jobs: 3, ..StateLimits::default() };
+    let mut state = ClusterState::new(limits);
+    for i in 0..3 {
+        assert!(matches!(submit(&mut state, &format!("{i}"), gang(1, 1)), CommandResult::Submitted { .. }));
+    }
+    assert!(matches!(submit(&mut state, "x", gang(1, 1)), CommandResult::Rejected(Rejection::Exhausted { .. })));
+}
+
+#[test]
+fn finished_jobs_are_bounded() {
+    let limits = StateLimits { max_finished_jobs: 2, ..StateLimits::default() };
+    let mut state = ClusterState::new(limits);
+    for i in 0..5 {
+        submit(&mut state, &format!("{i}"), gang(1, 1));
+        run(&mut state, vec![Command::CancelJob { job_id: i + 1 }]);
+    }
+    assert_eq!(state.jobs.keys().copied().collect::<Vec<_>>(), vec![4, 5]);
+}
+
+#[test]
+fn clock_never_moves_back() {
+    let mut state = ClusterState::default();
+    state.apply_proposal(1, &Proposal { now_ms: 5_000, commands: vec![] });
+    state.apply_proposal(2, &Proposal { now_ms: 4_000, commands: vec![] });
+    assert_eq!(state.now_ms, 5_000);
+}

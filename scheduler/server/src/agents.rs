@@ -1,0 +1,279 @@
+//! rota.v1.AgentService: node registration, heartbeats (leader only, never
+//! logged), the assignment watch (any replica, from its applied state) and
+//! rank event reports (idempotent, forwarded to the leader).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use rota_consensus::WriteError;
+use rota_proto::v1 as pb;
+use rota_proto::v1::agent_service_server::AgentService;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::forward::{serve_or_forward, Failure};
+use crate::status::{internal, rejection, write_error};
+use crate::Context;
+use rota_core::state::{ClusterState, Command, CommandResult, GpuInfo, NodeRegistration, NodeState, Rejection};
+
+/// Events in one report at most.
+const MAX_EVENTS: usize = 1_024;
+/// Assignment messages buffered per watch before the sender waits.
+const WATCH_BUFFER: usize = 4;
+/// A watch re-reads the state at most this often.
+const WATCH_MIN_INTERVAL_MS: u64 = 20;
+/// A watch resends the (unchanged) set this often, so an agent can tell a
+/// quiet stream from a dead one.
+const WATCH_REFRESH_MS: u64 = 5_000;
+
+pub struct AgentApi {
+    ctx: Arc<Context>,
+}
+
+impl AgentApi {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self { ctx }
+    }
+
+    async fn register_here(&self, message: &pb::RegisterNodeRequest) -> Result<pb::RegisterNodeResponse, Failure> {
+        let registration = registration_from_pb(message);
+        let (index, result) = self.ctx.proposer.propose(Command::RegisterNode(registration)).await?;
+        match result {
+            CommandResult::Done => {
+                self.ctx.leader.record_heartbeat(&message.name);
+                tracing::info!(node = %message.name, address = %message.address, gpus = message.gpus.len(), "node registered");
+                Ok(pb::RegisterNodeResponse { index })
+            }
+            CommandResult::Rejected(r) => Err(rejection(&r).into()),
+            other => Err(internal("register", format!("unexpected result {other:?}")).into()),
+        }
+    }
+
+    async fn report_here(&self, message: &pb::ReportRankEventsRequest) -> Result<pb::ReportRankEventsResponse, Failure> {
+        let commands = self.ctx.read(|state| events_to_commands(state, &message.node, &message.events))?;
+        let outcomes = futures::future::join_all(commands.into_iter().map(|c| self.ctx.proposer.propose(c))).await;
+        let mut last_index = 0;
+        for outcome in outcomes {
+            let (index, result) = outcome?;
+            last_index = last_index.max(index);
+            match result {
+                // A report about an allocation that ended (node lost, retried
+                // report) changes nothing and needs no retry.
+                CommandResult::Done | CommandResult::Rejected(Rejection::NotFound { .. }) => {}
+                CommandResult::Rejected(r) => {
+                    tracing::warn!(node = %message.node, rejection = %r, "rank event rejected")
+                }
+                other => {
+                    tracing::warn!(node = %message.node, ?other, "unexpected rank event result")
+                }
+            }
+        }
+        Ok(pb::ReportRankEventsResponse { index: last_index })
+    }
+
+    /// UNAVAILABLE with the leader hint: heartbeats are served by the leader only.
+    fn not_leader(&self) -> Status {
+        let status = self.ctx.replica.status();
+        let leader_addr = status.leader_id.and_then(|id| status.members.iter().find(|m| m.id == id)).map(|m| m.addr.clone());
+        write_error(&WriteError::ForwardToLeader { leader_id: status.leader_id, leader_addr })
+    }
+
+    async fn heartbeat_here(&self, message: &pb::HeartbeatRequest) -> Result<pb::HeartbeatResponse, Status> {
+        let status = self.ctx.replica.status();
+        if status.leader_id != Some(status.id) {
+            return Err(self.not_leader());
+        }
+        let unhealthy: BTreeSet<u32> = message.unhealthy_gpus.iter().copied().collect();
+        let (known, changed, index) = self.ctx.read(|state| {
+            let node = state.nodes.get(&message.node).filter(|n| n.state != NodeState::Down);
+            let current: Option<BTreeSet<u32>> = node.map(|n| n.gpus.iter().filter(|g| !g.healthy).map(|g| g.index).collect());
+            (node.is_some(), current.is_some_and(|c| c != unhealthy), state.applied_index)
+        });
+        let ttl_ms = self.ctx.leader.node_ttl_ms;
+        if !known {
+            return Ok(pb::HeartbeatResponse { must_register: true, index, ttl_ms });
+        }
+        self.ctx.leader.record_heartbeat(&message.node);
+        metrics::counter!("rota_heartbeats_total").increment(1);
+        if changed {
+            tracing::warn!(node = %message.node, unhealthy = ?unhealthy, "GPU health changed");
+            let command = Command::NodeHealth { node: message.node.clone(), unhealthy_gpus: unhealthy.into_iter().collect() };
+            self.ctx.proposer.propose(command).await.map_err(|e| write_error(&e))?;
+        }
+        Ok(pb::HeartbeatResponse { must_register: false, index, ttl_ms })
+    }
+}
+
+fn registration_from_pb(message: &pb::RegisterNodeRequest) -> NodeRegistration {
+    NodeRegistration {
+        name: message.name.clone(),
+        address: message.address.clone(),
+        rack: message.rack.clone(),
+        leaf: message.leaf.clone(),
+        gpus: message
+            .gpus
+            .iter()
+            .map(|g| GpuInfo {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                model: g.model.clone(),
+                memory_mib: g.memory_mib,
+                healthy: g.healthy,
+                // The lowest index of the GPU's NVLink clique names its domain.
+                nvlink_domain: (!g.nvlink_peers.is_empty())
+                    .then(|| g.nvlink_peers.iter().copied().chain([g.index]).min().unwrap_or(g.index)),
+            })
+            .collect(),
+    }
+}
+
+/// Turn reported events into commands. Events about ranks placed on another
+/// node are dropped: a node reports only its own ranks.
+fn events_to_commands(state: &ClusterState, node: &str, events: &[pb::RankEvent]) -> Result<Vec<Command>, Status> {
+    if events.len() > MAX_EVENTS {
+        return Err(Status::invalid_argument(format!("events: at most {MAX_EVENTS}")));
+    }
+    let mut commands = Vec::with_capacity(events.len());
+    for (i, event) in events.iter().enumerate() {
+        let on_other_node =
+            state.allocs.get(&event.alloc_id).and_then(|a| a.ranks.get(event.rank as usize)).is_some_and(|r| r.node != node);
+        if on_other_node {
+            tracing::warn!(node, alloc_id = event.alloc_id, rank = event.rank, "event about a rank of another node ignored");
+            continue;
+        }
+        let (alloc_id, rank) = (event.alloc_id, event.rank);
+        let command = match &event.kind {
+            Some(pb::rank_event::Kind::Started(_)) => Command::AllocStarted { alloc_id, rank },
+            Some(pb::rank_event::Kind::Exited(exited)) => {
+                tracing::info!(node, alloc_id, rank, exit_code = exited.exit_code, reason = %exited.reason, "rank exited");
+                Command::AllocExited { alloc_id, rank, exit_code: exited.exit_code }
+            }
+            Some(pb::rank_event::Kind::Checkpoint(c)) => Command::Checkpoint { alloc_id, at_ms: c.at_ms },
+            None => return Err(Status::invalid_argument(format!("events[{i}].kind: is required"))),
+        };
+        commands.push(command);
+    }
+    Ok(commands)
+}
+
+/// The node's full desired set: every live allocation's ranks on `node`
+/// whose exit is not yet committed.
+pub fn node_assignments(state: &ClusterState, node: &str) -> Vec<pb::AssignedRank> {
+    let mut ranks = Vec::new();
+    for alloc in state.allocs.values().filter(|a| a.ranks.iter().any(|r| r.node == node)) {
+        let Some(job) = state.jobs.get(&alloc.job_id) else {
+            continue;
+        };
+        let master_addr =
+            alloc.ranks.first().and_then(|r| state.nodes.get(&r.node)).map(|n| host_of(&n.address).to_string()).unwrap_or_default();
+        let mut node_ranks: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut local_counts: BTreeMap<&str, u32> = BTreeMap::new();
+        for rank in &alloc.ranks {
+            let next_node_rank = node_ranks.len() as u32;
+            let node_rank = *node_ranks.entry(rank.node.as_str()).or_insert(next_node_rank);
+            let local = local_counts.entry(rank.node.as_str()).or_insert(0);
+            let local_rank = *local;
+            *local += 1;
+            if rank.node != node || rank.state == rota_core::state::RankState::Exited {
+                continue;
+            }
+            ranks.push(pb::AssignedRank {
+                alloc_id: alloc.id,
+                job_id: alloc.job_id,
+                attempt: alloc.attempt,
+                rank: rank.rank,
+                world_size: alloc.ranks.len() as u32,
+                node_rank,
+                local_rank,
+                gpus: rank.gpus.clone(),
+                command: job.spec.command.clone(),
+                env: job.spec.env.clone().into_iter().collect(),
+                master_addr: master_addr.clone(),
+                master_port: u32::from(alloc.master_port),
+                grace_period_s: job.spec.grace_period_s,
+                stop_reason: alloc.stop.map(|r| r.as_str().to_string()).unwrap_or_default(),
+            });
+        }
+    }
+    ranks
+}
+
+fn host_of(address: &str) -> &str {
+    address.rsplit_once(':').map_or(address, |(host, _)| host).trim_start_matches('[').trim_end_matches(']')
+}
+
+type AssignmentStream = Pin<Box<dyn Stream<Item = Result<pb::Assignments, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentService for AgentApi {
+    async fn register_node(&self, request: Request<pb::RegisterNodeRequest>) -> Result<Response<pb::RegisterNodeResponse>, Status> {
+        let here = |message| async move { self.register_here(&message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.agents(&addr)?.register_node(request).await };
+        serve_or_forward("register_node", request, here, forward).await
+    }
+
+    async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        self.heartbeat_here(request.get_ref()).await.map(Response::new)
+    }
+
+    type WatchAssignmentsStream = AssignmentStream;
+
+    async fn watch_assignments(&self, request: Request<pb::WatchAssignmentsRequest>) -> Result<Response<AssignmentStream>, Status> {
+        let message = request.into_inner();
+        if message.node.is_empty() {
+            return Err(Status::invalid_argument("node: is required"));
+        }
+        let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
+        tokio::spawn(watch_loop(self.ctx.clone(), message, sender));
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+
+    async fn report_rank_events(
+        &self,
+        request: Request<pb::ReportRankEventsRequest>,
+    ) -> Result<Response<pb::ReportRankEventsResponse>, Status> {
+        let here = |message| async move { self.report_here(&message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.agents(&addr)?.report_rank_events(request).await };
+        serve_or_forward("report_rank_events", request, here, forward).await
+    }
+}
+
+/// Wait until this replica has applied the agent's index, then send the
+/// node's desired set, and again on every change, until the agent goes away.
+async fn watch_loop(ctx: Arc<Context>, message: pb::WatchAssignmentsRequest, sender: mpsc::Sender<Result<pb::Assignments, Status>>) {
+    let mut applied = ctx.replica.applied_watch();
+    let mut last_sent: Option<Vec<pb::AssignedRank>> = None;
+    let mut sent_at = std::time::Instant::now();
+    loop {
+        let (index, ranks) = ctx.read(|state| (state.applied_index, node_assignments(state, &message.node)));
+        let refresh_due = sent_at.elapsed().as_millis() as u64 >= WATCH_REFRESH_MS;
+        if index >= message.after_index && (last_sent.as_ref() != Some(&ranks) || refresh_due) {
+            if sender.send(Ok(pb::Assignments { index, ranks: ranks.clone() })).await.is_err() {
+                return;
+            }
+            last_sent = Some(ranks);
+            sent_at = std::time::Instant::now();
+        }
+        tokio::select! {
+            changed = applied.changed() => if changed.is_err() { return },
+            () = sender.closed() => return,
+            () = tokio::time::sleep(std::time::Duration::from_millis(WATCH_REFRESH_MS)) => {}
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(WATCH_MIN_INTERVAL_MS)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_of_strips_the_port() {
+        assert_eq!(host_of("127.0.0.1:7000"), "127.0.0.1");
+        assert_eq!(host_of("[::1]:7000"), "::1");
+        assert_eq!(host_of("node-a"), "node-a");
+    }
+}

@@ -1,0 +1,217 @@
+//! rota.v1.ClusterService: membership, leadership and nodes.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use rota_proto::v1 as pb;
+use rota_proto::v1::cluster_service_server::ClusterService;
+use tonic::{Request, Response, Status};
+
+use crate::forward::{serve_or_forward, Failure};
+use crate::proposer::wall_clock_ms;
+use crate::status::rejection;
+use crate::Context;
+use rota_client::convert::{node_to_pb, queue_from_pb, queue_to_pb, quota_from_pb, quota_to_pb};
+use rota_core::state::{Command, CommandResult, GroupQuota};
+
+/// Most replicas in one cluster; Raft gains nothing from more than 7 voters.
+const MAX_MEMBERS: usize = 7;
+
+pub struct ClusterApi {
+    ctx: Arc<Context>,
+}
+
+impl ClusterApi {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self { ctx }
+    }
+
+    fn status(&self) -> pb::ClusterStatus {
+        let status = self.ctx.replica.status();
+        let members = status
+            .members
+            .iter()
+            .map(|m| pb::Member {
+                id: m.id,
+                address: m.addr.clone(),
+                role: if Some(m.id) == status.leader_id {
+                    "leader".into()
+                } else if m.voter {
+                    "follower".into()
+                } else {
+                    "learner".into()
+                },
+                matched_index: m.matched_index.unwrap_or(0),
+            })
+            .collect();
+        let leader_address =
+            status.leader_id.and_then(|id| status.members.iter().find(|m| m.id == id)).map(|m| m.addr.clone()).unwrap_or_default();
+        pb::ClusterStatus {
+            replica_id: status.id,
+            leader_id: status.leader_id.unwrap_or(0),
+            leader_address,
+            term: status.term,
+            last_log_index: status.last_log_index.unwrap_or(0),
+            commit_index: status.committed_index.unwrap_or(0),
+            applied_index: status.applied_index.unwrap_or(0),
+            members,
+            snapshot_index: status.snapshot_index.unwrap_or(0),
+            purged_index: status.purged_index.unwrap_or(0),
+        }
+    }
+
+    async fn add_here(&self, message: &pb::AddMemberRequest) -> Result<pb::ClusterStatus, Failure> {
+        if message.id == 0 {
+            return Err(Status::invalid_argument("id: must be at least 1").into());
+        }
+        if message.address.parse::<std::net::SocketAddr>().is_err() {
+            return Err(Status::invalid_argument("address: must be host:port with a numeric host").into());
+        }
+        let status = self.ctx.replica.status();
+        let voters: BTreeSet<u64> = status.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+        if voters.contains(&message.id) {
+            return Ok(self.status());
+        }
+        if voters.len() >= MAX_MEMBERS {
+            return Err(Status::failed_precondition(format!("a cluster has at most {MAX_MEMBERS} replicas")).into());
+        }
+        self.ctx.replica.add_learner(message.id, message.address.clone()).await?;
+        let mut next = voters;
+        next.insert(message.id);
+        self.ctx.replica.change_membership(next).await?;
+        Ok(self.status())
+    }
+
+    /// Queue, quota and usage reads are served by the leader once it has
+    /// confirmed it still leads, so they see every acknowledged change.
+    async fn linearizable(&self) -> Result<(), Failure> {
+        self.ctx.leader_in_contact()?;
+        self.ctx.replica.ensure_linearizable().await?;
+        Ok(())
+    }
+
+    async fn propose_config(&self, command: Command) -> Result<(), Failure> {
+        self.ctx.leader_in_contact()?;
+        let (_, result) = self.ctx.proposer.propose(command).await?;
+        match result {
+            CommandResult::Done => Ok(()),
+            CommandResult::Rejected(r) => Err(rejection(&r).into()),
+            other => Err(Status::internal(format!("unexpected result {other:?}")).into()),
+        }
+    }
+
+    async fn remove_here(&self, message: &pb::RemoveMemberRequest) -> Result<pb::ClusterStatus, Failure> {
+        let status = self.ctx.replica.status();
+        let mut voters: BTreeSet<u64> = status.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+        if !voters.remove(&message.id) {
+            return Err(Status::not_found(format!("replica {} is not a voting member", message.id)).into());
+        }
+        if voters.is_empty() {
+            return Err(Status::failed_precondition("cannot remove the last replica").into());
+        }
+        self.ctx.replica.change_membership(voters).await?;
+        Ok(self.status())
+    }
+
+    async fn queues_here(&self) -> Result<pb::ListQueuesResponse, Failure> {
+        self.linearizable().await?;
+        let queues = self.ctx.read(|state| state.queues.values().map(queue_to_pb).collect());
+        Ok(pb::ListQueuesResponse { queues })
+    }
+
+    async fn quotas_here(&self) -> Result<pb::ListQuotasResponse, Failure> {
+        self.linearizable().await?;
+        let quotas = self.ctx.read(|state| {
+            rota_core::policy::quota_report(state)
+                .into_iter()
+                .map(|r| {
+                    let configured =
+                        state.quotas.get(&r.group).cloned().unwrap_or(GroupQuota { group: r.group.clone(), ..Default::default() });
+                    pb::QuotaStatus { quota: Some(quota_to_pb(&configured)), used: r.used, borrowed: r.borrowed, lendable: r.lendable }
+                })
+                .collect()
+        });
+        Ok(pb::ListQuotasResponse { quotas })
+    }
+
+    async fn usage_here(&self) -> Result<pb::GetUsageResponse, Failure> {
+        self.linearizable().await?;
+        let lines = self.ctx.read(|state| {
+            rota_core::policy::usage_report(state, wall_clock_ms().max(state.now_ms))
+                .into_iter()
+                .map(|l| pb::UsageLine { group: l.group, queue: l.queue, gpu_seconds: l.gpu_seconds, gpus_now: l.gpus_now })
+                .collect()
+        });
+        Ok(pb::GetUsageResponse { lines })
+    }
+}
+
+#[tonic::async_trait]
+impl ClusterService for ClusterApi {
+    async fn get_cluster_status(&self, _: Request<pb::GetClusterStatusRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
+        Ok(Response::new(self.status()))
+    }
+
+    async fn list_nodes(&self, _: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let nodes = self.ctx.read(|state| state.nodes.values().map(|n| node_to_pb(state, n)).collect());
+        Ok(Response::new(pb::ListNodesResponse { nodes }))
+    }
+
+    async fn add_member(&self, request: Request<pb::AddMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
+        let here = |message: pb::AddMemberRequest| async move { self.add_here(&message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.add_member(request).await };
+        serve_or_forward("add_member", request, here, forward).await
+    }
+
+    async fn campaign(&self, request: Request<pb::CampaignRequest>) -> Result<Response<pb::CampaignResponse>, Status> {
+        let status = self.ctx.replica.status();
+        if request.into_inner().replica_id != status.id {
+            return Err(Status::invalid_argument(format!("replica_id: this is replica {}", status.id)));
+        }
+        if status.leader_id == Some(status.id) {
+            return Err(Status::failed_precondition("this replica already leads; send the drill to a follower"));
+        }
+        self.ctx.replica.trigger_elect().await.map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(pb::CampaignResponse { leader_before: status.leader_id.unwrap_or(0), term_before: status.term }))
+    }
+
+    async fn set_queue(&self, request: Request<pb::Queue>) -> Result<Response<pb::Queue>, Status> {
+        let here = |message: pb::Queue| async move {
+            self.propose_config(Command::SetQueue(queue_from_pb(message.clone()))).await.map(|()| message)
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_queue(request).await };
+        serve_or_forward("set_queue", request, here, forward).await
+    }
+
+    async fn list_queues(&self, request: Request<pb::ListQueuesRequest>) -> Result<Response<pb::ListQueuesResponse>, Status> {
+        let here = |_| async move { self.queues_here().await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_queues(request).await };
+        serve_or_forward("list_queues", request, here, forward).await
+    }
+
+    async fn set_quota(&self, request: Request<pb::Quota>) -> Result<Response<pb::Quota>, Status> {
+        let here = |message: pb::Quota| async move {
+            self.propose_config(Command::SetQuota(quota_from_pb(message.clone()))).await.map(|()| message)
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_quota(request).await };
+        serve_or_forward("set_quota", request, here, forward).await
+    }
+
+    async fn list_quotas(&self, request: Request<pb::ListQuotasRequest>) -> Result<Response<pb::ListQuotasResponse>, Status> {
+        let here = |_| async move { self.quotas_here().await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_quotas(request).await };
+        serve_or_forward("list_quotas", request, here, forward).await
+    }
+
+    async fn get_usage(&self, request: Request<pb::GetUsageRequest>) -> Result<Response<pb::GetUsageResponse>, Status> {
+        let here = |_| async move { self.usage_here().await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.get_usage(request).await };
+        serve_or_forward("get_usage", request, here, forward).await
+    }
+
+    async fn remove_member(&self, request: Request<pb::RemoveMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
+        let here = |message: pb::RemoveMemberRequest| async move { self.remove_here(&message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.remove_member(request).await };
+        serve_or_forward("remove_member", request, here, forward).await
+    }
+}

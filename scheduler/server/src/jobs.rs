@@ -1,0 +1,185 @@
+//! rota.v1.JobService: submit, read, list, cancel and watch jobs.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use rota_proto::v1 as pb;
+use rota_proto::v1::job_service_server::JobService;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::forward::{serve_or_forward, Failure};
+use crate::status::{internal, rejection};
+use crate::Context;
+use rota_client::convert::{job_to_pb, spec_from_pb, state_from_pb, state_to_pb, validate_submit};
+use rota_core::state::{ClusterState, Command, CommandResult, JobState};
+
+const DEFAULT_LIST_LIMIT: u32 = 1_000;
+const MAX_LIST_LIMIT: u32 = 10_000;
+/// Jobs in one watch message at most.
+const WATCH_BATCH: usize = 1_000;
+/// Watch messages buffered per stream before the sender waits.
+const WATCH_BUFFER: usize = 16;
+
+pub struct JobApi {
+    ctx: Arc<Context>,
+}
+
+impl JobApi {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self { ctx }
+    }
+
+    async fn submit_here(&self, message: pb::SubmitJobRequest) -> Result<pb::SubmitJobResponse, Failure> {
+        let spec = spec_from_pb(message.spec).map_err(|r| rejection(&r))?;
+        let request_id = Some(message.request_id).filter(|id| !id.is_empty());
+        self.ctx.read(|state| validate_submit(state, request_id.as_deref(), &spec)).map_err(|r| rejection(&r))?;
+        self.ctx.leader_in_contact()?;
+        let command = Command::SubmitJob { request_id, spec };
+        if self.ctx.unsafe_ack_before_commit {
+            let proposer = self.ctx.proposer.clone();
+            tokio::spawn(async move { proposer.propose(command).await });
+            return Ok(pb::SubmitJobResponse { job_id: 0, deduplicated: false, index: 0 });
+        }
+        let (index, result) = self.ctx.proposer.propose(command).await?;
+        match result {
+            CommandResult::Submitted { job_id, deduplicated } => {
+                metrics::counter!("rota_submits_total", "result" => if deduplicated { "deduplicated" } else { "created" }).increment(1);
+                Ok(pb::SubmitJobResponse { job_id, deduplicated, index })
+            }
+            CommandResult::Rejected(r) => {
+                metrics::counter!("rota_submits_total", "result" => "rejected").increment(1);
+                Err(rejection(&r).into())
+            }
+            other => Err(internal("submit", format!("unexpected result {other:?}")).into()),
+        }
+    }
+
+    async fn get_here(&self, message: &pb::GetJobRequest) -> Result<pb::GetJobResponse, Failure> {
+        self.ctx.leader_in_contact()?;
+        self.ctx.replica.ensure_linearizable().await?;
+        let job = self.ctx.read(|state| state.jobs.get(&message.job_id).map(|job| job_to_pb(state, job)));
+        let job = job.ok_or_else(|| Status::not_found(format!("job {} not found", message.job_id)))?;
+        Ok(pb::GetJobResponse { job: Some(job) })
+    }
+
+    async fn list_here(&self, message: &pb::ListJobsRequest) -> Result<pb::ListJobsResponse, Failure> {
+        let wanted = state_from_pb(message.state).map_err(|r| rejection(&r))?;
+        let limit = match message.limit {
+            0 => DEFAULT_LIST_LIMIT,
+            n if n > MAX_LIST_LIMIT => return Err(Status::invalid_argument(format!("limit: at most {MAX_LIST_LIMIT}")).into()),
+            n => n,
+        };
+        self.ctx.leader_in_contact()?;
+        self.ctx.replica.ensure_linearizable().await?;
+        Ok(self.ctx.read(|state| list_jobs(state, wanted, &message.group, message.before_id, limit as usize)))
+    }
+
+    async fn cancel_here(&self, message: &pb::CancelJobRequest) -> Result<pb::CancelJobResponse, Failure> {
+        self.ctx.leader_in_contact()?;
+        let (_, result) = self.ctx.proposer.propose(Command::CancelJob { job_id: message.job_id }).await?;
+        match result {
+            CommandResult::Cancelled { state, .. } => Ok(pb::CancelJobResponse { state: state_to_pb(state) as i32 }),
+            CommandResult::Rejected(r) => Err(rejection(&r).into()),
+            other => Err(internal("cancel", format!("unexpected result {other:?}")).into()),
+        }
+    }
+}
+
+fn list_jobs(state: &ClusterState, wanted: Option<JobState>, group: &str, before_id: u64, limit: usize) -> pb::ListJobsResponse {
+    let below = if before_id == 0 { u64::MAX } else { before_id };
+    let matching = state
+        .jobs
+        .range(..below)
+        .map(|(_, job)| job)
+        .rev()
+        .filter(|job| wanted.is_none_or(|s| job.state == s))
+        .filter(|job| group.is_empty() || job.spec.group == group);
+    let mut jobs = Vec::new();
+    let mut total = 0u64;
+    for job in matching {
+        total += 1;
+        if jobs.len() < limit {
+            jobs.push(job_to_pb(state, job));
+        }
+    }
+    pb::ListJobsResponse { jobs, total }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchJobsResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl JobService for JobApi {
+    async fn submit_job(&self, request: Request<pb::SubmitJobRequest>) -> Result<Response<pb::SubmitJobResponse>, Status> {
+        let here = |message| async move { self.submit_here(message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.submit_job(request).await };
+        serve_or_forward("submit_job", request, here, forward).await
+    }
+
+    async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::GetJobResponse>, Status> {
+        let here = |message| async move { self.get_here(&message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.get_job(request).await };
+        serve_or_forward("get_job", request, here, forward).await
+    }
+
+    async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let here = |message| async move { self.list_here(&message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.list_jobs(request).await };
+        serve_or_forward("list_jobs", request, here, forward).await
+    }
+
+    async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::CancelJobResponse>, Status> {
+        let here = |message| async move { self.cancel_here(&message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.cancel_job(request).await };
+        serve_or_forward("cancel_job", request, here, forward).await
+    }
+
+    type WatchJobsStream = WatchStream;
+
+    async fn watch_jobs(&self, request: Request<pb::WatchJobsRequest>) -> Result<Response<WatchStream>, Status> {
+        let after_index = request.into_inner().after_index;
+        let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
+        tokio::spawn(watch_loop(self.ctx.clone(), after_index, sender));
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+}
+
+/// Send the jobs changed after `after_index`, then every later change, until
+/// the client goes away. Served from this replica's applied state. Delivery
+/// is at least once: a job changed while a long listing is sent in chunks
+/// comes again in the next round.
+async fn watch_loop(ctx: Arc<Context>, mut after_index: u64, sender: mpsc::Sender<Result<pb::WatchJobsResponse, Status>>) {
+    let mut applied = ctx.replica.applied_watch();
+    loop {
+        let mut cursor = 0; // last job id sent in this round
+        let mut round_index = None;
+        loop {
+            let (index, jobs) = ctx.read(|state| {
+                let jobs: Vec<pb::Job> = state
+                    .jobs
+                    .range(cursor + 1..)
+                    .map(|(_, job)| job)
+                    .filter(|job| job.changed_at_index > after_index || (after_index == 0 && !job.state.is_final()))
+                    .take(WATCH_BATCH)
+                    .map(|job| job_to_pb(state, job))
+                    .collect();
+                (state.applied_index, jobs)
+            });
+            round_index.get_or_insert(index);
+            let full = jobs.len() == WATCH_BATCH;
+            cursor = jobs.last().map_or(cursor, |job| job.id);
+            if !jobs.is_empty() && sender.send(Ok(pb::WatchJobsResponse { index, jobs })).await.is_err() {
+                return;
+            }
+            if !full {
+                break;
+            }
+        }
+        after_index = after_index.max(round_index.unwrap_or(after_index));
+        if applied.changed().await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! rota-server, a scheduler replica: the consensus replica, the gRPC services on one port
+//! (public API and Raft transport), the proposer, metrics, and bootstrap.
+
+mod agents;
+mod cluster;
+mod forward;
+mod jobs;
+pub mod leader;
+mod metrics_loop;
+mod proposer;
+pub mod replicated;
+pub mod status;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rota_consensus::{ConsensusConfig, NodeId, Replica};
+use rota_proto::v1::agent_service_server::AgentServiceServer;
+use rota_proto::v1::cluster_service_client::ClusterServiceClient;
+use rota_proto::v1::cluster_service_server::ClusterServiceServer;
+use rota_proto::v1::job_service_server::JobServiceServer;
+use rota_proto::v1::GetClusterStatusRequest;
+use tonic::transport::{Endpoint, Server};
+
+pub use proposer::{wall_clock_ms, Proposer};
+pub use replicated::Replicated;
+use rota_core::state::ClusterState;
+
+pub use rota_client::wire::MAX_MESSAGE_BYTES;
+
+/// Defaults of a replica's settings (Raft timing, snapshots), for the flags
+/// of `rota server`.
+pub mod defaults {
+    pub use rota_consensus::{
+        DEFAULT_ELECTION_TIMEOUT_MAX_MS, DEFAULT_ELECTION_TIMEOUT_MIN_MS, DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_KEEP_LOGS_BEHIND_SNAPSHOT,
+        DEFAULT_SNAPSHOT_EVERY_ENTRIES,
+    };
+}
+/// Streams a client may reset before being accepted, per connection.
+const MAX_PENDING_RESETS: usize = 1_024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("consensus: {0}")]
+    Consensus(#[from] rota_consensus::ConsensusError),
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("metrics exporter: {0}")]
+    Metrics(String),
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub id: NodeId,
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Initial members (id -> API address). Must include this replica unless joining.
+    pub peers: BTreeMap<NodeId, String>,
+    /// A joining replica waits to be added with `rota member add`; it never bootstraps.
+    pub join: bool,
+    pub metrics_listen: Option<SocketAddr>,
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    pub snapshot_every_entries: u64,
+    pub keep_logs_behind_snapshot: u64,
+    /// A node without a heartbeat for this long is declared down (leader only).
+    pub node_ttl_ms: u64,
+}
+
+/// What the services share.
+pub struct Context {
+    pub replica: Replica<Replicated>,
+    pub proposer: Proposer,
+    forwarder: forward::Forwarder,
+    /// The leader lease: followers may elect another leader once a leader
+    /// has gone this long without hearing from a quorum.
+    lease_ms: u64,
+    /// TEST ONLY (`ROTA_TEST_ACK_BEFORE_COMMIT=1`): acknowledge a submit as
+    /// soon as it is queued, before it commits. A deliberately broken build,
+    /// so the chaos harness can prove its checkers catch lost submits.
+    pub unsafe_ack_before_commit: bool,
+    /// The leader's in-memory heartbeat table (empty while not leading).
+    pub leader: leader::Leadership,
+    /// Applied payloads for the leader's own copy of the state.
+    pub journal: Arc<std::sync::Mutex<replicated::Journal>>,
+}
+
+impl Context {
+    /// Refuse leader work while this leader has not heard from a quorum for
+    /// a lease: it is probably cut off, and the client does better to try
+    /// another replica at once than to wait for a commit that will not come.
+    pub fn leader_in_contact(&self) -> Result<(), tonic::Status> {
+        match self.replica.quorum_contact_age_ms() {
+            Some(age_ms) if age_ms > self.lease_ms => {
+                Err(tonic::Status::unavailable(format!("this leader has not heard from a quorum for {age_ms} ms; try another replica")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Read the applied state under its lock. Keep `f` short: apply waits.
+    pub fn read<R>(&self, f: impl FnOnce(&ClusterState) -> R) -> R {
+        self.replica.read(|replicated| f(&replicated.state))
+    }
+}
+
+/// Run a replica until the process is stopped.
+pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
+    if !config.join && !config.peers.contains_key(&config.id) {
+        return Err(ServerError::Config(format!("--peers must include this replica's id {}", config.id)));
+    }
+    if let Some(addr) = config.metrics_listen {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .set_buckets(&[0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0])
+            .map_err(|e| ServerError::Metrics(e.to_string()))?
+            .install()
+            .map_err(|e| ServerError::Metrics(e.to_string()))?;
+    }
+    let journal = Arc::new(std::sync::Mutex::new(replicated::Journal::default()));
+    let replicated = Replicated { state: ClusterState::default(), journal: journal.clone() };
+    let replica = Replica::open(consensus_config(&config), replicated).await?;
+    let ctx = Arc::new(Context {
+        proposer: Proposer::start(replica.clone()),
+        replica: replica.clone(),
+        forwarder: Default::default(),
+        lease_ms: config.election_timeout_max_ms,
+        unsafe_ack_before_commit: std::env::var("ROTA_TEST_ACK_BEFORE_COMMIT").is_ok_and(|v| v == "1"),
+        leader: leader::Leadership::new(config.node_ttl_ms),
+        journal,
+    });
+    if ctx.unsafe_ack_before_commit {
+        tracing::error!("ROTA_TEST_ACK_BEFORE_COMMIT=1: submits are acknowledged before they commit; never use this outside tests");
+    }
+    tokio::spawn(metrics_loop::run(replica.clone()));
+    tokio::spawn(leader::run(ctx.clone()));
+    // Clients that give up on slow attempts during a failover reset their
+    // streams; hyper's default allowance for that (20 pending resets) is made
+    // for hostile peers and would cut off honest clients with GOAWAY.
+    let server = Server::builder()
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
+        .add_service(replica.raft_service())
+        .add_service(
+            JobServiceServer::new(jobs::JobApi::new(ctx.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(ClusterServiceServer::new(cluster::ClusterApi::new(ctx.clone())))
+        .add_service(
+            AgentServiceServer::new(agents::AgentApi::new(ctx.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .serve(config.listen);
+    tokio::spawn(bootstrap(config.clone(), replica.clone()));
+    tracing::info!(id = config.id, listen = %config.listen, "replica serving");
+    server.await?;
+    Ok(())
+}
+
+fn consensus_config(config: &ServerConfig) -> ConsensusConfig {
+    let mut consensus = ConsensusConfig::new(config.id, config.data_dir.clone());
+    consensus.peer_addrs = config.peers.clone();
+    consensus.heartbeat_interval_ms = config.heartbeat_interval_ms;
+    consensus.election_timeout_min_ms = config.election_timeout_min_ms;
+    consensus.election_timeout_max_ms = config.election_timeout_max_ms;
+    consensus.snapshot_every_entries = staggered_snapshot_interval(config.snapshot_every_entries, config.id);
+    consensus.keep_logs_behind_snapshot = config.keep_logs_behind_snapshot;
+    consensus
+}
+
+/// Replicas apply the same entries at about the same time; with one interval
+/// they would all serialize the whole state at once, and on a busy host the
+/// quorum can then miss heartbeats together. Each replica adds an eighth of
+/// the interval per id step (ids mod 5), so at most one snapshots at a time.
+fn staggered_snapshot_interval(every_entries: u64, id: NodeId) -> u64 {
+    every_entries.saturating_add(every_entries / 8 * (id % 5))
+}
+
+/// The lowest id initializes a new cluster, once. It first asks the other
+/// peers whether a cluster already exists, so a replica whose data dir was
+/// lost does not found a second cluster beside the first.
+async fn bootstrap(config: ServerConfig, replica: Replica<Replicated>) {
+    let lowest = config.peers.keys().next().copied();
+    if config.join || lowest != Some(config.id) || replica.is_initialized().await {
+        return;
+    }
+    for (id, addr) in config.peers.iter().filter(|(id, _)| **id != config.id) {
+        if peer_has_cluster(addr).await {
+            tracing::warn!(peer = id, "a peer already belongs to a cluster; not initializing a new one");
+            return;
+        }
+    }
+    match replica.initialize(config.peers.clone()).await {
+        Ok(()) => tracing::info!(members = ?config.peers.keys().collect::<Vec<_>>(), "initialized a new cluster"),
+        Err(error) => tracing::error!(%error, "initializing the cluster failed"),
+    }
+}
+
+async fn peer_has_cluster(addr: &str) -> bool {
+    let Ok(endpoint) = Endpoint::from_shared(format!("http://{addr}")) else { return false };
+    let endpoint = endpoint.connect_timeout(Duration::from_millis(500)).timeout(Duration::from_millis(1_000));
+    let Ok(channel) = endpoint.connect().await else { return false };
+    let Ok(status) = ClusterServiceClient::new(channel).get_cluster_status(GetClusterStatusRequest {}).await else {
+        return false;
+    };
+    !status.into_inner().members.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn replicas_snapshot_at_different_intervals() {
+        let intervals: Vec<u64> = (1..=5).map(|id| super::staggered_snapshot_interval(20_000, id)).collect();
+        assert_eq!(intervals, vec![22_500, 25_000, 27_500, 30_000, 20_000]);
+        assert_eq!(super::staggered_snapshot_interval(u64::MAX, 3), u64::MAX);
+    }
+}

@@ -1,0 +1,98 @@
+//! Batches commands into Raft entries: many concurrent submits share one
+//! entry and one fsync. The loop takes whatever is queued (up to
+//! `MAX_BATCH`) as soon as a write slot is free, so batches grow with load
+//! and a lone request waits for no timer.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rota_consensus::{Replica, WriteError};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::replicated::Replicated;
+use rota_core::state::{Command, CommandResult, Proposal};
+
+/// Commands in one Raft entry at most.
+const MAX_BATCH: usize = 4096;
+/// Entries being written at once; more would only queue inside openraft.
+const MAX_IN_FLIGHT: usize = 4;
+/// Commands waiting for a batch; a full queue pushes back on callers.
+const QUEUE_CAPACITY: usize = 65_536;
+
+/// The outcome of one command: the log index it committed at and its result.
+pub type Outcome = Result<(u64, CommandResult), WriteError>;
+
+struct Pending {
+    command: Command,
+    reply: oneshot::Sender<Outcome>,
+}
+
+#[derive(Clone)]
+pub struct Proposer {
+    queue: mpsc::Sender<Pending>,
+}
+
+impl Proposer {
+    pub fn start(replica: Replica<Replicated>) -> Proposer {
+        let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
+        tokio::spawn(batch_loop(replica, receiver));
+        Proposer { queue }
+    }
+
+    /// Propose one command and wait until it is committed and applied.
+    pub async fn propose(&self, command: Command) -> Outcome {
+        let (reply, outcome) = oneshot::channel();
+        self.queue.send(Pending { command, reply }).await.map_err(|_| WriteError::Unavailable("proposer stopped".into()))?;
+        outcome.await.map_err(|_| WriteError::Unavailable("proposal dropped".into()))?
+    }
+}
+
+pub fn wall_clock_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+async fn batch_loop(replica: Replica<Replicated>, mut receiver: mpsc::Receiver<Pending>) {
+    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let Some(first) = receiver.recv().await else { return };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match receiver.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        metrics::histogram!("rota_proposal_batch_size").record(batch.len() as f64);
+        let replica = replica.clone();
+        tokio::spawn(async move {
+            write_batch(&replica, batch).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn write_batch(replica: &Replica<Replicated>, batch: Vec<Pending>) {
+    let (commands, replies): (Vec<Command>, Vec<oneshot::Sender<Outcome>>) = batch.into_iter().map(|p| (p.command, p.reply)).unzip();
+    let proposal = Proposal { now_ms: wall_clock_ms(), commands };
+    let payload = bincode::serialize(&proposal).expect("proposal serializes");
+    let written = replica.write(payload).await;
+    let results: Result<(u64, Vec<CommandResult>), WriteError> = written.and_then(|w| {
+        let results: Vec<CommandResult> =
+            bincode::deserialize(&w.response).map_err(|e| WriteError::Unavailable(format!("undecodable apply result: {e}")))?;
+        Ok((w.index, results))
+    });
+    match results {
+        Ok((index, results)) => {
+            assert_eq!(results.len(), replies.len(), "one result per command");
+            for (reply, result) in replies.into_iter().zip(results) {
+                let _ = reply.send(Ok((index, result)));
+            }
+        }
+        Err(error) => {
+            for reply in replies {
+                let _ = reply.send(Err(error.clone()));
+            }
+        }
+    }
+}

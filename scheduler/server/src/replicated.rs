@@ -1,0 +1,231 @@
+//! The bridge between rota-consensus and the cluster state: a log entry's
+//! payload is a bincode `Proposal`, its response a bincode `Vec<CommandResult>`.
+//!
+//! While this replica leads, every applied payload is also copied into a
+//! bounded [`Journal`], from which the leader brings its own copy of the state
+//! up to date ([`PlannerCopy`]). The planner then reads that copy without the
+//! state lock, so a scheduling pass over a long queue never holds up apply
+//! (and with it every acknowledged submit).
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use rota_consensus::StateMachine;
+
+use rota_core::state::{ClusterState, CommandResult, Proposal, Rejection};
+
+/// Most payloads the journal holds before the planner must copy the state anew.
+const JOURNAL_MAX_ENTRIES: usize = 100_000;
+/// Most payload bytes the journal holds (the same fallback past it).
+const JOURNAL_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+#[derive(Debug, Default)]
+pub struct Replicated {
+    pub state: ClusterState,
+    pub journal: Arc<Mutex<Journal>>,
+}
+
+/// Apply one payload to a state, exactly as the replicated state machine does.
+fn apply_payload(state: &mut ClusterState, index: u64, payload: &[u8]) -> Vec<CommandResult> {
+    match bincode::deserialize::<Proposal>(payload) {
+        Ok(proposal) => state.apply_proposal(index, &proposal),
+        Err(error) => {
+            // Every replica fails to decode the same bytes the same way.
+            state.applied_index = index;
+            vec![CommandResult::Rejected(Rejection::Invalid { field: "proposal".into(), message: error.to_string() })]
+        }
+    }
+}
+
+impl StateMachine for Replicated {
+    fn apply(&mut self, index: u64, payload: &[u8]) -> Vec<u8> {
+        let results = apply_payload(&mut self.state, index, payload);
+        self.journal.lock().unwrap_or_else(PoisonError::into_inner).record(index, payload);
+        bincode::serialize(&results).expect("results serialize")
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        self.state.to_snapshot()
+    }
+
+    fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let state = ClusterState::from_snapshot(bytes)?;
+        state.check_invariants()?;
+        self.state = state;
+        self.journal.lock().unwrap_or_else(PoisonError::into_inner).break_off();
+        Ok(())
+    }
+}
+
+/// Payloads applied since the planner's copy was last brought up to date.
+/// Records only while a planner follows it (`enabled`).
+#[derive(Debug, Default)]
+pub struct Journal {
+    enabled: bool,
+    entries: Vec<(u64, Vec<u8>)>,
+    bytes: usize,
+    /// The copy cannot be brought up to date from the entries (a snapshot
+    /// replaced the state, or the journal hit its bounds): copy anew.
+    broken: bool,
+}
+
+impl Journal {
+    fn record(&mut self, index: u64, payload: &[u8]) {
+        if !self.enabled || self.broken {
+            return;
+        }
+        if self.entries.len() >= JOURNAL_MAX_ENTRIES || self.bytes + payload.len() > JOURNAL_MAX_BYTES {
+            self.break_off();
+            return;
+        }
+        self.bytes += payload.len();
+        self.entries.push((index, payload.to_vec()));
+    }
+
+    fn break_off(&mut self) {
+        self.broken = true;
+        self.entries = Vec::new();
+        self.bytes = 0;
+    }
+
+    /// Start over from a copy taken now (called under the state lock).
+    fn restart(&mut self) {
+        self.enabled = true;
+        self.broken = false;
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
+    fn stop(&mut self) {
+        self.enabled = false;
+        self.break_off();
+    }
+}
+
+/// The leader's own copy of the state, brought up to date from the journal.
+pub struct PlannerCopy {
+    journal: Arc<Mutex<Journal>>,
+    state: Option<ClusterState>,
+    /// Full copies taken (on the first catch-up of a term and after a break).
+    pub copies: u64,
+}
+
+impl PlannerCopy {
+    pub fn new(journal: Arc<Mutex<Journal>>) -> PlannerCopy {
+        PlannerCopy { journal, state: None, copies: 0 }
+    }
+
+    /// Bring the copy up to what `read` would show. `read` runs a closure on
+    /// the applied state under its lock; it is used only for a full copy.
+    pub fn catch_up(&mut self, read: impl FnOnce(&mut dyn FnMut(&ClusterState))) -> &ClusterState {
+        let (entries, broken) = {
+            let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
+            journal.bytes = 0;
+            (std::mem::take(&mut journal.entries), journal.broken || !journal.enabled)
+        };
+        if broken || self.state.is_none() {
+            let journal = &self.journal;
+            let mut copy = None;
+            // Under the state lock, so no entry applies between the copy and
+            // the journal's restart.
+            read(&mut |state: &ClusterState| {
+                journal.lock().unwrap_or_else(PoisonError::into_inner).restart();
+                copy = Some(state.clone());
+            });
+            self.copies += 1;
+            return self.state.insert(copy.expect("read runs the closure"));
+        }
+        let state = self.state.as_mut().expect("copied above");
+        for (index, payload) in entries {
+            if index > state.applied_index {
+                apply_payload(state, index, &payload);
+            }
+        }
+        state
+    }
+
+    /// Hand the copy to another thread for a pass, and take it back after.
+    pub fn take(&mut self) -> Option<ClusterState> {
+        self.state.take()
+    }
+
+    pub fn put_back(&mut self, state: ClusterState) {
+        self.state = Some(state);
+    }
+}
+
+impl Drop for PlannerCopy {
+    fn drop(&mut self) {
+        self.journal.lock().unwrap_or_else(PoisonError::into_inner).stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rota_core::state::{Command, JobSpec};
+
+    fn payload(now_ms: u64, request: &str) -> Vec<u8> {
+        let spec = JobSpec::simple(&["train.py"]);
+        let commands = vec![Command::SubmitJob { request_id: Some(request.into()), spec }];
+        bincode::serialize(&Proposal { now_ms, commands }).expect("serialize")
+    }
+
+    fn replicated() -> Replicated {
+        Replicated { state: ClusterState::default(), journal: Arc::new(Mutex::new(Journal::default())) }
+    }
+
+    /// What `Context::read` does: run the closure on the state.
+    fn read_of(sm: &Replicated) -> impl FnOnce(&mut dyn FnMut(&ClusterState)) + '_ {
+        move |f| f(&sm.state)
+    }
+
+    #[test]
+    fn the_copy_follows_the_applied_state_entry_by_entry() {
+        let mut sm = replicated();
+        sm.apply(1, &payload(1_000, "a"));
+        let mut copy = PlannerCopy::new(sm.journal.clone());
+        assert_eq!(copy.catch_up(read_of(&sm)), &sm.state);
+        assert_eq!(copy.copies, 1);
+        for index in 2..50 {
+            sm.apply(index, &payload(index * 1_000, &format!("r{index}")));
+        }
+        sm.apply(50, b"not a proposal");
+        assert_eq!(copy.catch_up(read_of(&sm)), &sm.state);
+        assert_eq!(copy.copies, 1, "brought up to date from the journal, not copied");
+        assert_eq!(sm.state.jobs.len(), 49);
+    }
+
+    #[test]
+    fn a_restored_snapshot_or_a_full_journal_makes_a_fresh_copy() {
+        let mut sm = replicated();
+        let mut copy = PlannerCopy::new(sm.journal.clone());
+        copy.catch_up(read_of(&sm));
+        sm.apply(1, &payload(1_000, "a"));
+        let snapshot = sm.snapshot();
+        sm.restore(&snapshot).expect("restore");
+        sm.apply(2, &payload(2_000, "b"));
+        assert_eq!(copy.catch_up(read_of(&sm)), &sm.state);
+        assert_eq!(copy.copies, 2);
+        for index in 3..(3 + JOURNAL_MAX_ENTRIES as u64 + 1) {
+            sm.journal.lock().unwrap().record(index, b"x");
+        }
+        assert!(sm.journal.lock().unwrap().broken);
+        assert!(sm.journal.lock().unwrap().entries.is_empty(), "a broken journal holds nothing");
+        copy.catch_up(read_of(&sm));
+        assert_eq!(copy.copies, 3);
+    }
+
+    #[test]
+    fn nothing_is_recorded_without_a_planner() {
+        let mut sm = replicated();
+        sm.apply(1, &payload(1_000, "a"));
+        assert!(sm.journal.lock().unwrap().entries.is_empty());
+        let mut copy = PlannerCopy::new(sm.journal.clone());
+        copy.catch_up(read_of(&sm));
+        sm.apply(2, &payload(2_000, "b"));
+        assert_eq!(sm.journal.lock().unwrap().entries.len(), 1);
+        drop(copy);
+        sm.apply(3, &payload(3_000, "c"));
+        assert!(sm.journal.lock().unwrap().entries.is_empty(), "recording stops with the planner");
+    }
+}

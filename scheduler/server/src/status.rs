@@ -1,0 +1,43 @@
+//! Every error a client can see is mapped to a gRPC status here, and only here.
+
+use rota_consensus::WriteError;
+use tonic::{Code, Status};
+
+use rota_core::state::Rejection;
+
+pub use rota_client::wire::{FIELD_METADATA, FORWARDED_METADATA, LEADER_METADATA, REASON_CODE_METADATA};
+use tonic::metadata::MetadataValue;
+
+pub fn rejection(rejection: &Rejection) -> Status {
+    let code = match rejection {
+        Rejection::Invalid { .. } => Code::InvalidArgument,
+        Rejection::NotFound { .. } => Code::NotFound,
+        Rejection::Exhausted { .. } => Code::ResourceExhausted,
+        Rejection::RequestIdReused { .. } => Code::AlreadyExists,
+        Rejection::Conflict { .. } => Code::FailedPrecondition,
+    };
+    let mut status = Status::new(code, rejection.to_string());
+    let metadata = status.metadata_mut();
+    metadata.insert(REASON_CODE_METADATA, MetadataValue::from_static(rejection.code()));
+    if let Some(value) = rejection.field().and_then(|f| MetadataValue::try_from(f).ok()) {
+        metadata.insert(FIELD_METADATA, value);
+    }
+    status
+}
+
+pub fn write_error(error: &WriteError) -> Status {
+    match error {
+        WriteError::ForwardToLeader { leader_id, leader_addr } => {
+            let mut status = Status::unavailable(format!("not the leader; leader is {leader_id:?} at {leader_addr:?}"));
+            if let Some(addr) = leader_addr.as_deref().and_then(|a| a.parse().ok()) {
+                status.metadata_mut().insert(LEADER_METADATA, addr);
+            }
+            status
+        }
+        other => Status::unavailable(other.to_string()),
+    }
+}
+
+pub fn internal(context: &str, error: impl std::fmt::Display) -> Status {
+    Status::internal(format!("{context}: {error}"))
+}
