@@ -26,6 +26,9 @@ use crate::NodeId;
 
 /// Largest Raft message accepted or sent (tonic encode/decode limit).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Bytes of entries one AppendEntries should carry at most; a larger batch
+/// is split (openraft retries with fewer entries on `PayloadTooLarge`).
+pub const APPEND_TARGET_BYTES: usize = 4 * 1024 * 1024;
 
 type RpcErr<E> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
 
@@ -173,8 +176,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     ) -> Result<AppendEntriesResponse<NodeId>, RpcErr<openraft::error::Infallible>> {
         let n = rpc.entries.len() as u64;
         let payload = encode(&rpc)?;
-        // Leave headroom for gRPC framing.
-        if payload.len() > MAX_MESSAGE_BYTES - 64 * 1024 && n > 1 {
+        // One AppendEntries must reach a follower well within its timeout,
+        // so it carries at most APPEND_TARGET_BYTES (one entry may be larger,
+        // up to the message limit less headroom for gRPC framing).
+        if payload.len() > APPEND_TARGET_BYTES && n > 1 {
             return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(n / 2)));
         }
         let timeout = self.timeout(&option);

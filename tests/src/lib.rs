@@ -27,7 +27,19 @@ impl AnyReplica {
 
     /// Call one replica after another until one answers, or the answer is
     /// one a retry cannot change, or the deadline passes.
-    pub async fn call<T, F, Fut>(&self, what: &str, mut f: F) -> Result<T>
+    pub async fn call<T, F, Fut>(&self, what: &str, f: F) -> Result<T>
+    where
+        F: FnMut(JobServiceClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        match self.call_status(f).await {
+            Ok(value) => Ok(value),
+            Err(status) => bail!("{what}: {status}"),
+        }
+    }
+
+    /// As `call`, with the final answer's status kept whole.
+    pub async fn call_status<T, F, Fut>(&self, mut f: F) -> Result<T, Status>
     where
         F: FnMut(JobServiceClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
@@ -41,10 +53,19 @@ impl AnyReplica {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }
-                Err(status) => bail!("{what}: {status}"),
+                Err(status) => return Err(status),
             }
         }
         unreachable!("the loop returns")
+    }
+
+    /// Submit, keeping the final refusal's status (code, message, metadata).
+    pub async fn submit_status(&self, request: pb::SubmitJobRequest) -> Result<pb::SubmitJobResponse, Status> {
+        self.call_status(|mut c| {
+            let request = request.clone();
+            async move { c.submit_job(request).await }
+        })
+        .await
     }
 
     pub async fn submit(&self, request: pb::SubmitJobRequest) -> Result<pb::SubmitJobResponse> {

@@ -19,6 +19,9 @@ use rota_client::convert::priority_to_pb;
 use rota_client::Client;
 use rota_core::state::{JobState, Priority};
 
+/// Pages `rota jobs` follows at most (each is at most a few MiB).
+const MAX_LIST_PAGES: usize = 1_000;
+
 /// Arguments of `rota submit`.
 #[derive(Debug, clap::Args)]
 pub struct SubmitArgs {
@@ -172,14 +175,28 @@ pub async fn jobs(client: &Client, state: Option<&str>, group: Option<&str>, lim
             rota_client::convert::state_to_pb(parsed)
         }
     };
-    let request = pb::ListJobsRequest { state: state as i32, limit, group: group.unwrap_or_default().to_string(), before_id: 0 };
-    let response = client
-        .retrying(|i| {
-            let mut jobs = client.jobs_at(i);
-            let request = request.clone();
-            async move { jobs.list_jobs(request).await.map(|r| r.into_inner()) }
-        })
-        .await?;
+    let mut request = pb::ListJobsRequest { state: state as i32, limit, group: group.unwrap_or_default().to_string(), before_id: 0 };
+    let mut response = pb::ListJobsResponse::default();
+    // A page may hold fewer jobs than asked for (responses are bounded in
+    // bytes); follow the pages until the limit or the last job.
+    for _page in 0..MAX_LIST_PAGES {
+        let page = client
+            .retrying(|i| {
+                let mut jobs = client.jobs_at(i);
+                let request = request.clone();
+                async move { jobs.list_jobs(request).await.map(|r| r.into_inner()) }
+            })
+            .await?;
+        response.total = response.total.max(page.total);
+        response.jobs.extend(page.jobs);
+        let Some(last) = response.jobs.last() else { break };
+        let wanted = request.limit.saturating_sub(response.jobs.len() as u32);
+        if !page.truncated || wanted == 0 {
+            break;
+        }
+        request.before_id = last.id;
+        request.limit = wanted;
+    }
     match format {
         Format::Json => {
             let jobs: Vec<_> = response.jobs.iter().map(job_json).collect();

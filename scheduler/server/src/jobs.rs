@@ -18,8 +18,11 @@ use rota_core::state::{ClusterState, Command, CommandResult, JobState};
 
 const DEFAULT_LIST_LIMIT: u32 = 1_000;
 const MAX_LIST_LIMIT: u32 = 10_000;
-/// Jobs in one watch message at most.
+/// Jobs in one watch message at most ...
 const WATCH_BATCH: usize = 1_000;
+/// ... and bytes of jobs in one list page or watch message at most (well
+/// under the message limit, whatever the jobs' specs hold).
+const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 /// Watch messages buffered per stream before the sender waits.
 const WATCH_BUFFER: usize = 16;
 
@@ -98,14 +101,25 @@ fn list_jobs(state: &ClusterState, wanted: Option<JobState>, group: &str, before
         .filter(|job| wanted.is_none_or(|s| job.state == s))
         .filter(|job| group.is_empty() || job.spec.group == group);
     let mut jobs = Vec::new();
+    let mut bytes = 0usize;
     let mut total = 0u64;
+    let mut truncated = false;
     for job in matching {
         total += 1;
-        if jobs.len() < limit {
-            jobs.push(job_to_pb(state, job));
+        if jobs.len() >= limit || truncated {
+            truncated = true;
+            continue;
         }
+        let job = job_to_pb(state, job);
+        let job_bytes = prost::Message::encoded_len(&job);
+        if !jobs.is_empty() && bytes + job_bytes > MAX_RESPONSE_BYTES {
+            truncated = true;
+            continue;
+        }
+        bytes += job_bytes;
+        jobs.push(job);
     }
-    pb::ListJobsResponse { jobs, total }
+    pb::ListJobsResponse { jobs, total, truncated }
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchJobsResponse, Status>> + Send>>;
@@ -156,19 +170,27 @@ async fn watch_loop(ctx: Arc<Context>, mut after_index: u64, sender: mpsc::Sende
         let mut cursor = 0; // last job id sent in this round
         let mut round_index = None;
         loop {
-            let (index, jobs) = ctx.read(|state| {
-                let jobs: Vec<pb::Job> = state
+            let (index, jobs, full) = ctx.read(|state| {
+                let mut bytes = 0usize;
+                let mut jobs: Vec<pb::Job> = Vec::new();
+                let changed = state
                     .jobs
                     .range(cursor + 1..)
                     .map(|(_, job)| job)
-                    .filter(|job| job.changed_at_index > after_index || (after_index == 0 && !job.state.is_final()))
-                    .take(WATCH_BATCH)
-                    .map(|job| job_to_pb(state, job))
-                    .collect();
-                (state.applied_index, jobs)
+                    .filter(|job| job.changed_at_index > after_index || (after_index == 0 && !job.state.is_final()));
+                let mut full = false;
+                for job in changed {
+                    let job = job_to_pb(state, job);
+                    bytes += prost::Message::encoded_len(&job);
+                    jobs.push(job);
+                    if jobs.len() == WATCH_BATCH || bytes > MAX_RESPONSE_BYTES {
+                        full = true;
+                        break;
+                    }
+                }
+                (state.applied_index, jobs, full)
             });
             round_index.get_or_insert(index);
-            let full = jobs.len() == WATCH_BATCH;
             cursor = jobs.last().map_or(cursor, |job| job.id);
             if !jobs.is_empty() && sender.send(Ok(pb::WatchJobsResponse { index, jobs })).await.is_err() {
                 return;

@@ -1,7 +1,11 @@
 //! Batches commands into Raft entries: many concurrent submits share one
 //! entry and one fsync. The loop takes whatever is queued (up to
-//! `MAX_BATCH`) as soon as a write slot is free, so batches grow with load
-//! and a lone request waits for no timer.
+//! `MAX_BATCH` commands and `MAX_ENTRY_BYTES`) as soon as a write slot is
+//! free, so batches grow with load and a lone request waits for no timer.
+//!
+//! The byte bound matters as much as the count: an entry must reach every
+//! follower within one append timeout, or the leader retries it forever and
+//! nothing after it commits.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -14,6 +18,9 @@ use rota_core::state::{Command, CommandResult, Proposal};
 
 /// Commands in one Raft entry at most.
 const MAX_BATCH: usize = 4096;
+/// Encoded bytes of one Raft entry at most (a single command is far smaller:
+/// a job spec is bounded by `MAX_SPEC_BYTES`).
+pub const MAX_ENTRY_BYTES: u64 = 1024 * 1024;
 /// Entries being written at once; more would only queue inside openraft.
 const MAX_IN_FLIGHT: usize = 4;
 /// Commands waiting for a batch; a full queue pushes back on callers.
@@ -24,6 +31,8 @@ pub type Outcome = Result<(u64, CommandResult), WriteError>;
 
 struct Pending {
     command: Command,
+    /// Encoded size of `command`, measured once when it is queued.
+    bytes: u64,
     reply: oneshot::Sender<Outcome>,
 }
 
@@ -42,7 +51,8 @@ impl Proposer {
     /// Propose one command and wait until it is committed and applied.
     pub async fn propose(&self, command: Command) -> Outcome {
         let (reply, outcome) = oneshot::channel();
-        self.queue.send(Pending { command, reply }).await.map_err(|_| WriteError::Unavailable("proposer stopped".into()))?;
+        let bytes = bincode::serialized_size(&command).map_err(|e| WriteError::Unavailable(format!("unencodable command: {e}")))?;
+        self.queue.send(Pending { command, bytes, reply }).await.map_err(|_| WriteError::Unavailable("proposer stopped".into()))?;
         outcome.await.map_err(|_| WriteError::Unavailable("proposal dropped".into()))?
     }
 }
@@ -53,16 +63,29 @@ pub fn wall_clock_ms() -> u64 {
 
 async fn batch_loop(replica: Replica<Replicated>, mut receiver: mpsc::Receiver<Pending>) {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    // A command taken from the queue that did not fit the previous batch.
+    let mut carried: Option<Pending> = None;
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else { return };
-        let Some(first) = receiver.recv().await else { return };
+        let first = match carried.take() {
+            Some(first) => first,
+            None => match receiver.recv().await {
+                Some(first) => first,
+                None => return,
+            },
+        };
+        let mut batch_bytes = first.bytes;
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
-            match receiver.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
+            let Ok(next) = receiver.try_recv() else { break };
+            if batch_bytes + next.bytes > MAX_ENTRY_BYTES {
+                carried = Some(next);
+                break;
             }
+            batch_bytes += next.bytes;
+            batch.push(next);
         }
+        metrics::histogram!("rota_proposal_bytes").record(batch_bytes as f64);
         metrics::histogram!("rota_proposal_batch_size").record(batch.len() as f64);
         let replica = replica.clone();
         tokio::spawn(async move {
@@ -74,6 +97,7 @@ async fn batch_loop(replica: Replica<Replicated>, mut receiver: mpsc::Receiver<P
 
 async fn write_batch(replica: &Replica<Replicated>, batch: Vec<Pending>) {
     let (commands, replies): (Vec<Command>, Vec<oneshot::Sender<Outcome>>) = batch.into_iter().map(|p| (p.command, p.reply)).unzip();
+    debug_assert!(!commands.is_empty());
     let proposal = Proposal { now_ms: wall_clock_ms(), commands };
     let payload = bincode::serialize(&proposal).expect("proposal serializes");
     let written = replica.write(payload).await;

@@ -45,6 +45,10 @@ impl ClusterState {
         if self.live_jobs >= self.limits.max_live_jobs {
             return Err(Rejection::Exhausted { what: "live jobs".into(), limit: self.limits.max_live_jobs as u64 });
         }
+        let bytes = spec.payload_bytes() as u64;
+        if self.spec_bytes.saturating_add(bytes) > self.limits.max_spec_bytes {
+            return Err(Rejection::Exhausted { what: "job spec bytes held by the cluster".into(), limit: self.limits.max_spec_bytes });
+        }
         let job_id = self.next_job_id;
         self.next_job_id += 1;
         let job = Job {
@@ -68,6 +72,7 @@ impl ClusterState {
         };
         self.jobs.insert(job_id, job);
         self.live_jobs += 1;
+        self.spec_bytes += bytes;
         if let Some(id) = request_id {
             self.dedupe.insert(id.to_string(), job_id);
         }
@@ -380,8 +385,11 @@ impl ClusterState {
         self.finished.push_back(job_id);
         while self.finished.len() > self.limits.max_finished_jobs {
             let oldest = self.finished.pop_front().expect("non-empty");
-            let removed = self.jobs.remove(&oldest);
-            assert!(removed.is_some_and(|j| j.state.is_final()));
+            let removed = self.jobs.remove(&oldest).expect("a finished job is held until dropped here");
+            assert!(removed.state.is_final());
+            let bytes = removed.spec.payload_bytes() as u64;
+            assert!(self.spec_bytes >= bytes, "spec bytes {} below a held job's {bytes}", self.spec_bytes);
+            self.spec_bytes -= bytes;
         }
     }
 

@@ -31,6 +31,9 @@ pub struct StateLimits {
     pub max_nodes: usize,
     pub max_queues: usize,
     pub max_quotas: usize,
+    /// Bytes of specs (`JobSpec::payload_bytes`) of every job held, live or
+    /// finished: the state's memory budget for what users send.
+    pub max_spec_bytes: u64,
 }
 
 impl Default for StateLimits {
@@ -42,6 +45,7 @@ impl Default for StateLimits {
             max_nodes: 10_000,
             max_queues: 64,
             max_quotas: 4_096,
+            max_spec_bytes: 1 << 30,
         }
     }
 }
@@ -73,6 +77,8 @@ pub struct ClusterState {
     pub finished: VecDeque<JobId>,
     /// Jobs not in a final state.
     pub live_jobs: usize,
+    /// Sum of `payload_bytes` over every job in `jobs`.
+    pub spec_bytes: u64,
     pub usage: Usage,
 }
 
@@ -99,6 +105,7 @@ impl ClusterState {
             gpu_owner: BTreeMap::new(),
             finished: VecDeque::new(),
             live_jobs: 0,
+            spec_bytes: 0,
             usage: Usage::default(),
         }
     }
@@ -163,6 +170,10 @@ impl ClusterState {
         let live = self.jobs.values().filter(|j| !j.state.is_final()).count();
         if live != self.live_jobs {
             return Err(format!("live job count {} but {} live jobs", self.live_jobs, live));
+        }
+        let spec_bytes: u64 = self.jobs.values().map(|j| j.spec.payload_bytes() as u64).sum();
+        if spec_bytes != self.spec_bytes {
+            return Err(format!("spec bytes counted {} but the jobs hold {spec_bytes}", self.spec_bytes));
         }
         Ok(())
     }

@@ -199,3 +199,47 @@ fn clock_never_moves_back() {
     state.apply_proposal(2, &Proposal { now_ms: 4_000, commands: vec![] });
     assert_eq!(state.now_ms, 5_000);
 }
+
+/// Every field within its own limit, but together far over the spec bound:
+/// 256 arguments of 4,000 bytes (about 1 MiB).
+fn fat_spec() -> JobSpec {
+    JobSpec { command: vec!["x".repeat(4_000); 256], ..gang(1, 1) }
+}
+
+#[test]
+fn a_spec_over_the_byte_bound_is_refused_naming_the_spec() {
+    let mut state = ClusterState::default();
+    let result = submit(&mut state, "fat", fat_spec());
+    match result {
+        CommandResult::Rejected(Rejection::Invalid { field, message }) => {
+            assert_eq!(field, "spec");
+            assert!(message.contains(&validate::MAX_SPEC_BYTES.to_string()), "{message}");
+        }
+        other => panic!("a 1 MiB spec was not refused: {other:?}"),
+    }
+    assert!(state.jobs.is_empty() && state.spec_bytes == 0);
+}
+
+#[test]
+fn the_spec_memory_budget_refuses_submits_when_full_and_frees_with_retention() {
+    let limits = StateLimits { max_spec_bytes: 100_000, max_finished_jobs: 1, ..StateLimits::default() };
+    let mut state = ClusterState::new(limits);
+    let spec = JobSpec { command: vec!["y".repeat(4_000); 10], ..gang(1, 1) };
+    let per_job = spec.payload_bytes() as u64;
+    let fits = (100_000 / per_job) as usize;
+    for i in 0..fits {
+        assert!(matches!(submit(&mut state, &format!("r{i}"), spec.clone()), CommandResult::Submitted { .. }));
+    }
+    let full = submit(&mut state, "over", spec.clone());
+    assert!(
+        matches!(&full, CommandResult::Rejected(Rejection::Exhausted { what, limit: 100_000 }) if what.contains("spec bytes")),
+        "{full:?}"
+    );
+    assert_eq!(state.spec_bytes, per_job * fits as u64);
+    // Cancelled pending jobs are final; all but the newest are dropped by
+    // retention, and their bytes come back to the budget.
+    let cancels = (1..=fits as u64).map(|job_id| Command::CancelJob { job_id }).collect();
+    run(&mut state, cancels);
+    assert_eq!(state.spec_bytes, per_job, "one finished job is kept");
+    assert!(matches!(submit(&mut state, "after", spec), CommandResult::Submitted { .. }));
+}

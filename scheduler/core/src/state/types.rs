@@ -67,6 +67,15 @@ impl JobSpec {
         u64::from(self.replicas) * u64::from(self.gpus_per_replica)
     }
 
+    /// Bytes of the spec's variable-length parts (names, command, environment):
+    /// what a job costs in the log, in every replica's memory and on the wire.
+    pub fn payload_bytes(&self) -> usize {
+        let names = self.name.len() + self.group.len() + self.queue.len() + self.gpu_model.as_ref().map_or(0, String::len);
+        let command: usize = self.command.iter().map(String::len).sum();
+        let env: usize = self.env.iter().map(|(name, value)| name.len() + value.len()).sum();
+        names + command + env
+    }
+
     /// A spec with the defaults a user of the CLI gets: one rank, one GPU.
     pub fn simple(command: &[&str]) -> JobSpec {
         JobSpec {

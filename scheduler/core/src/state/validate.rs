@@ -21,6 +21,10 @@ pub const MAX_ENV_NAME_BYTES: usize = 256;
 pub const MAX_ENV_VALUE_BYTES: usize = 4096;
 pub const MAX_GRACE_PERIOD_S: u64 = 3600;
 pub const MAX_RETRIES: u32 = 10;
+/// All of a spec's names, arguments and environment together. Every field
+/// has its own limit too, but their sum would be megabytes: this bound keeps
+/// any one job small in the log, in memory and in every response.
+pub const MAX_SPEC_BYTES: usize = 128 * 1024;
 
 /// Variables the agent sets for every rank; a job may not override them.
 pub const RESERVED_ENV: [&str; 7] = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"];
@@ -56,6 +60,10 @@ pub fn validate_spec(spec: &JobSpec, queues: &BTreeMap<String, QueueConfig>) -> 
     validate_shape(spec, queue)?;
     validate_command(spec)?;
     validate_env(spec)?;
+    let bytes = spec.payload_bytes();
+    if bytes > MAX_SPEC_BYTES {
+        return Err(invalid("spec", format!("{bytes} bytes of names, command and environment; at most {MAX_SPEC_BYTES}")));
+    }
     if spec.runtime_limit_s > queue.max_runtime_s {
         return Err(invalid(
             "spec.runtime_limit_s",
