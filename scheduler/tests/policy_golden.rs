@@ -368,7 +368,7 @@ fn golden_scenarios() {
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .expect("tests/golden exists")
         .map(|e| e.expect("dir entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
         .collect();
     files.sort();
     assert!(files.len() >= 15, "expected the golden scenarios, found {}", files.len());
