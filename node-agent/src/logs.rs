@@ -13,8 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::agent::rank_dirs;
-use crate::rankdir::{self, RankDir};
+use crate::rankdir::{self, rank_dirs, RankDir};
 use crate::shim::RotatingLog;
 
 const CHUNK_BYTES: usize = 64 * 1024;

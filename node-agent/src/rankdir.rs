@@ -85,6 +85,9 @@ pub const EXITED_ACK: &str = "exited.ack";
 pub const CHECKPOINT_ACK: &str = "checkpoint.ack";
 pub const CHECKPOINT: &str = "checkpoint";
 
+/// Exit code the agent records when a shim vanished without recording one.
+pub const EXIT_LOST: i32 = -1;
+
 /// One rank's directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RankDir {
@@ -149,6 +152,21 @@ impl RankDir {
         let modified = std::fs::metadata(self.file(CHECKPOINT)).ok()?.modified().ok()?;
         Some(modified.duration_since(UNIX_EPOCH).ok()?.as_millis() as u64)
     }
+}
+
+/// Every `<alloc>-<rank>` directory under `root`, in key order.
+pub fn rank_dirs(root: &Path) -> BTreeMap<(u64, u32), RankDir> {
+    let mut dirs = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return dirs;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if let Some(key) = name.to_str().and_then(RankDir::parse_name) {
+            dirs.insert(key, RankDir { path: entry.path() });
+        }
+    }
+    dirs
 }
 
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, RankDirError> {

@@ -1,0 +1,12 @@
+//! Executors: each carries out one kind of reconcile action on the host.
+//! They decide nothing; the only checks they make are the last-moment ones
+//! that guard against a shim recording an exit while the pass runs.
+//!
+//! - `spawn`: write a rank's spec and start its shim (or record it as ended).
+//! - `signal`: SIGTERM / SIGKILL to a rank's process group.
+//! - `record`: the agent's own records in a rank directory (stop requests,
+//!   lost exits) and the removal of collected ranks.
+
+pub mod record;
+pub mod signal;
+pub mod spawn;

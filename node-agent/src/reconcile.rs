@@ -1,0 +1,510 @@
+//! The agent's core decision: given the latest assignment set and what the
+//! agent knows of its local ranks, which actions bring the node in line.
+//!
+//! Everything here is plain data in, plain data out: no files, processes,
+//! sockets or clocks (time is the `now_ms` input), so every rule is checked
+//! by unit tests. The rules:
+//!
+//! - an update older than the highest index seen is ignored (`is_stale`);
+//! - a rank in the set that the node does not know yet is started once; one
+//!   the set already asks to stop is recorded as ended without running;
+//! - a live rank the set asks to stop is stopped: the stop is recorded with
+//!   its SIGKILL deadline (now + the job's grace period) and its process
+//!   group gets SIGTERM, then SIGKILL on every pass once the deadline is
+//!   reached, until its exit is recorded;
+//! - a live rank absent from the set is stopped only when the set is newer
+//!   than the rank's own assignment (the node was declared lost);
+//! - with no set received yet nothing is started or stopped: losing the
+//!   control plane never stops a rank;
+//! - a shim that vanished without recording an exit is declared lost;
+//! - finished ranks whose exit is committed and which the set no longer
+//!   holds are collected, oldest first, beyond the number the node keeps.
+
+use std::collections::BTreeMap;
+
+/// An adopted rank whose shim never recorded its PIDs is lost after this long.
+pub const SHIM_START_TIMEOUT_MS: u64 = 10_000;
+/// Stop reason of a rank no longer assigned to this node.
+pub const REASON_UNASSIGNED: &str = "node_lost";
+
+/// One rank of one allocation: the name of its directory on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RankKey {
+    pub alloc_id: u64,
+    pub rank: u32,
+}
+
+/// The assignment set of this node at some index of the control plane.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// Applied index of the replica that read the set.
+    pub index: u64,
+    pub ranks: BTreeMap<RankKey, DesiredRank>,
+}
+
+/// One assigned rank: what to run, or why it must stop.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DesiredRank {
+    pub job_id: u64,
+    pub attempt: u32,
+    pub world_size: u32,
+    pub node_rank: u32,
+    pub local_rank: u32,
+    /// Physical GPU indexes granted.
+    pub gpus: Vec<u32>,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub master_addr: String,
+    pub master_port: u32,
+    pub grace_period_s: u64,
+    /// `None`: run it. `Some(reason)`: stop it.
+    pub stop_reason: Option<String>,
+}
+
+/// What the agent knows of its local ranks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OnDisk {
+    pub ranks: BTreeMap<RankKey, LocalRank>,
+    /// Finished rank directories kept once their exit is committed.
+    pub keep_finished_ranks: usize,
+}
+
+/// One rank the agent knows about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalRank {
+    /// No exit recorded yet: starting, running or stopping.
+    Live(LiveRank),
+    /// Its exit is recorded; `acked` once the control plane committed it.
+    Exited { acked: bool },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveRank {
+    /// Index of the assignment update in which the rank first appeared.
+    pub assigned_index: u64,
+    /// SIGTERM -> SIGKILL delay of the rank's job.
+    pub grace_ms: u64,
+    /// Process group of the rank's command, once its shim recorded it.
+    pub pgid: Option<u32>,
+    pub shim: ShimState,
+    pub stop: StopState,
+    /// SIGTERM already sent by this agent process.
+    pub term_sent: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShimState {
+    /// The shim runs.
+    Running,
+    /// The shim's process is gone.
+    Gone,
+    /// The shim recorded no PIDs and this agent process did not start it
+    /// (adopted after a restart): judged by the age of the rank's spec.
+    Unrecorded { spec_written_ms: Option<u64> },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopState {
+    NotRequested,
+    Requested {
+        kill_at_ms: u64,
+    },
+    /// A stop record exists but cannot be read: the stop is not requested
+    /// again, and without a deadline no signal is sent.
+    Unreadable,
+}
+
+/// Why a rank is stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopCause {
+    /// The assignment set asks for it, for this reason.
+    Requested(String),
+    /// A newer assignment set no longer holds the rank.
+    Unassigned,
+}
+
+impl StopCause {
+    /// The reason recorded on disk and reported with the rank's exit.
+    pub fn reason(&self) -> &str {
+        match self {
+            StopCause::Requested(reason) => reason,
+            StopCause::Unassigned => REASON_UNASSIGNED,
+        }
+    }
+}
+
+/// One step towards the desired state, carried out by an executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Write the rank's spec and start its shim.
+    Start { key: RankKey, index: u64, rank: DesiredRank },
+    /// Write the rank's spec, stop request and exit (code 0) without running
+    /// it: it was assigned already stopped.
+    EndUnstarted { key: RankKey, index: u64, rank: DesiredRank, reason: String, now_ms: u64 },
+    /// Record the stop request (so a restarted agent continues it).
+    Stop { key: RankKey, cause: StopCause, requested_at_ms: u64, kill_at_ms: u64, grace_ms: u64 },
+    /// SIGTERM to the rank's process group.
+    Terminate { key: RankKey, pgid: u32 },
+    /// SIGKILL to the rank's process group: the grace period is over.
+    Kill { key: RankKey, pgid: u32 },
+    /// The shim vanished without recording an exit: record one as lost.
+    DeclareLost { key: RankKey, now_ms: u64 },
+    /// Remove a finished rank's directory.
+    CollectGarbage { key: RankKey },
+}
+
+/// Is an update at `update_index` older than the highest index seen? Such
+/// an update is ignored: it may predate a stop or a start already acted on.
+pub fn is_stale(update_index: u64, highest_index: u64) -> bool {
+    update_index < highest_index
+}
+
+/// The actions that bring `on_disk` in line with `desired`, the latest
+/// accepted assignment set (`None` until one arrives).
+pub fn reconcile(desired: Option<&Desired>, on_disk: &OnDisk, now_ms: u64) -> Vec<Action> {
+    let mut actions = Vec::new();
+    if let Some(desired) = desired {
+        start_new_ranks(desired, on_disk, now_ms, &mut actions);
+    }
+    for (&key, local) in &on_disk.ranks {
+        if let LocalRank::Live(live) = local {
+            let cause = desired.and_then(|d| stop_cause(d, key, live));
+            tend_live_rank(key, live, cause, now_ms, &mut actions);
+        }
+    }
+    collect_garbage(desired, on_disk, &mut actions);
+    debug_assert!(starts_only_unknown_ranks(&actions, on_disk));
+    actions
+}
+
+/// Ranks of the set the node does not know yet.
+fn start_new_ranks(desired: &Desired, on_disk: &OnDisk, now_ms: u64, actions: &mut Vec<Action>) {
+    for (&key, rank) in desired.ranks.iter().filter(|(key, _)| !on_disk.ranks.contains_key(key)) {
+        let index = desired.index;
+        actions.push(match &rank.stop_reason {
+            Some(reason) => Action::EndUnstarted { key, index, rank: rank.clone(), reason: reason.clone(), now_ms },
+            None => Action::Start { key, index, rank: rank.clone() },
+        });
+    }
+}
+
+/// Why the set wants a live rank stopped, if it does and no stop is
+/// recorded yet.
+fn stop_cause(desired: &Desired, key: RankKey, live: &LiveRank) -> Option<StopCause> {
+    if live.stop != StopState::NotRequested {
+        return None;
+    }
+    match desired.ranks.get(&key) {
+        Some(rank) => rank.stop_reason.clone().map(StopCause::Requested),
+        // Absent from a set no newer than the rank's own assignment: that set
+        // was read before the rank was assigned, so it says nothing about it.
+        None if desired.index > live.assigned_index => Some(StopCause::Unassigned),
+        None => None,
+    }
+}
+
+/// Begin a stop, declare a vanished shim lost, and signal a stopping rank:
+/// SIGTERM once, SIGKILL on every pass from the deadline on.
+fn tend_live_rank(key: RankKey, live: &LiveRank, cause: Option<StopCause>, now_ms: u64, actions: &mut Vec<Action>) {
+    let mut stop = live.stop;
+    let mut terminated = live.term_sent;
+    if let Some(cause) = cause {
+        let kill_at_ms = now_ms.saturating_add(live.grace_ms);
+        actions.push(Action::Stop { key, cause, requested_at_ms: now_ms, kill_at_ms, grace_ms: live.grace_ms });
+        stop = StopState::Requested { kill_at_ms };
+        if let Some(pgid) = live.pgid {
+            actions.push(Action::Terminate { key, pgid });
+            terminated = true;
+        }
+    }
+    let lost = shim_vanished(live.shim, now_ms);
+    if lost {
+        actions.push(Action::DeclareLost { key, now_ms });
+    }
+    if let (StopState::Requested { kill_at_ms }, Some(pgid)) = (stop, live.pgid) {
+        if !terminated {
+            actions.push(Action::Terminate { key, pgid });
+        }
+        if now_ms >= kill_at_ms && !lost {
+            actions.push(Action::Kill { key, pgid });
+        }
+    }
+}
+
+/// Is the rank's shim gone without having recorded an exit?
+fn shim_vanished(shim: ShimState, now_ms: u64) -> bool {
+    match shim {
+        ShimState::Running => false,
+        ShimState::Gone => true,
+        ShimState::Unrecorded { spec_written_ms } => {
+            // An unknown or future write time counts as long ago.
+            let age_ms = spec_written_ms.and_then(|written| now_ms.checked_sub(written)).unwrap_or(u64::MAX);
+            age_ms > SHIM_START_TIMEOUT_MS
+        }
+    }
+}
+
+/// Keep at most `keep_finished_ranks` finished ranks whose exit is committed
+/// and which the set no longer holds; the oldest allocations go first.
+fn collect_garbage(desired: Option<&Desired>, on_disk: &OnDisk, actions: &mut Vec<Action>) {
+    let assigned = |key: &RankKey| desired.is_some_and(|d| d.ranks.contains_key(key));
+    let finished: Vec<RankKey> = on_disk
+        .ranks
+        .iter()
+        .filter(|(key, local)| matches!(local, LocalRank::Exited { acked: true }) && !assigned(key))
+        .map(|(key, _)| *key)
+        .collect();
+    let excess = finished.len().saturating_sub(on_disk.keep_finished_ranks);
+    actions.extend(finished.into_iter().take(excess).map(|key| Action::CollectGarbage { key }));
+}
+
+fn starts_only_unknown_ranks(actions: &[Action], on_disk: &OnDisk) -> bool {
+    actions.iter().all(|action| match action {
+        Action::Start { key, .. } | Action::EndUnstarted { key, .. } => !on_disk.ranks.contains_key(key),
+        _ => true,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW_MS: u64 = 1_000_000;
+    const GRACE_MS: u64 = 30_000;
+    const PGID: u32 = 4_242;
+
+    fn key(alloc_id: u64) -> RankKey {
+        RankKey { alloc_id, rank: 0 }
+    }
+
+    fn run_rank() -> DesiredRank {
+        DesiredRank { job_id: 7, command: vec!["train".into()], grace_period_s: GRACE_MS / 1000, ..DesiredRank::default() }
+    }
+
+    fn stop_rank(reason: &str) -> DesiredRank {
+        DesiredRank { stop_reason: Some(reason.into()), ..run_rank() }
+    }
+
+    fn set(index: u64, ranks: &[(RankKey, DesiredRank)]) -> Desired {
+        Desired { index, ranks: ranks.iter().cloned().collect() }
+    }
+
+    fn live(assigned_index: u64) -> LiveRank {
+        LiveRank {
+            assigned_index,
+            grace_ms: GRACE_MS,
+            pgid: Some(PGID),
+            shim: ShimState::Running,
+            stop: StopState::NotRequested,
+            term_sent: false,
+        }
+    }
+
+    fn disk(ranks: &[(RankKey, LocalRank)]) -> OnDisk {
+        OnDisk { ranks: ranks.iter().cloned().collect(), keep_finished_ranks: 0 }
+    }
+
+    fn stopping(kill_at_ms: u64) -> LiveRank {
+        LiveRank { stop: StopState::Requested { kill_at_ms }, term_sent: true, ..live(5) }
+    }
+
+    #[test]
+    fn a_new_assignment_is_started() {
+        let desired = set(10, &[(key(1), run_rank())]);
+        let actions = reconcile(Some(&desired), &disk(&[]), NOW_MS);
+        assert_eq!(actions, vec![Action::Start { key: key(1), index: 10, rank: run_rank() }]);
+    }
+
+    #[test]
+    fn a_new_assignment_already_stopped_is_ended_without_running() {
+        let desired = set(10, &[(key(1), stop_rank("cancelled"))]);
+        let actions = reconcile(Some(&desired), &disk(&[]), NOW_MS);
+        let ended =
+            Action::EndUnstarted { key: key(1), index: 10, rank: stop_rank("cancelled"), reason: "cancelled".into(), now_ms: NOW_MS };
+        assert_eq!(actions, vec![ended]);
+    }
+
+    #[test]
+    fn a_stale_update_is_ignored() {
+        assert!(is_stale(9, 10));
+        assert!(!is_stale(10, 10), "an update at the highest index seen is applied");
+        assert!(!is_stale(11, 10));
+    }
+
+    #[test]
+    fn a_rank_already_on_disk_is_never_started_twice() {
+        let desired = set(10, &[(key(1), run_rank()), (key(2), run_rank()), (key(3), run_rank())]);
+        let starting = LiveRank { pgid: None, shim: ShimState::Running, ..live(10) };
+        let on_disk =
+            disk(&[(key(1), LocalRank::Live(live(10))), (key(2), LocalRank::Live(starting)), (key(3), LocalRank::Exited { acked: true })]);
+        assert_eq!(reconcile(Some(&desired), &on_disk, NOW_MS), vec![]);
+    }
+
+    #[test]
+    fn a_rank_missing_from_a_newer_update_is_stopped() {
+        let on_disk = disk(&[(key(1), LocalRank::Live(live(5)))]);
+        let actions = reconcile(Some(&set(6, &[])), &on_disk, NOW_MS);
+        let stop = Action::Stop {
+            key: key(1),
+            cause: StopCause::Unassigned,
+            requested_at_ms: NOW_MS,
+            kill_at_ms: NOW_MS + GRACE_MS,
+            grace_ms: GRACE_MS,
+        };
+        assert_eq!(actions, vec![stop, Action::Terminate { key: key(1), pgid: PGID }]);
+        assert_eq!(StopCause::Unassigned.reason(), "node_lost");
+    }
+
+    #[test]
+    fn a_rank_missing_from_an_update_not_newer_than_its_assignment_is_kept() {
+        let on_disk = disk(&[(key(1), LocalRank::Live(live(5)))]);
+        assert_eq!(reconcile(Some(&set(5, &[])), &on_disk, NOW_MS), vec![]);
+        assert_eq!(reconcile(Some(&set(4, &[])), &on_disk, NOW_MS), vec![]);
+    }
+
+    #[test]
+    fn a_rank_the_set_asks_to_stop_is_stopped_once() {
+        let desired = set(10, &[(key(1), stop_rank("preempted"))]);
+        let first = reconcile(Some(&desired), &disk(&[(key(1), LocalRank::Live(live(5)))]), NOW_MS);
+        let stop = Action::Stop {
+            key: key(1),
+            cause: StopCause::Requested("preempted".into()),
+            requested_at_ms: NOW_MS,
+            kill_at_ms: NOW_MS + GRACE_MS,
+            grace_ms: GRACE_MS,
+        };
+        assert_eq!(first, vec![stop, Action::Terminate { key: key(1), pgid: PGID }]);
+        let recorded = disk(&[(key(1), LocalRank::Live(stopping(NOW_MS + GRACE_MS)))]);
+        assert_eq!(reconcile(Some(&desired), &recorded, NOW_MS + 1), vec![], "the stop is recorded: nothing more until the deadline");
+    }
+
+    #[test]
+    fn sigkill_comes_only_once_the_grace_period_is_over() {
+        let deadline_ms = NOW_MS + GRACE_MS;
+        let on_disk = disk(&[(key(1), LocalRank::Live(stopping(deadline_ms)))]);
+        assert_eq!(reconcile(None, &on_disk, deadline_ms - 1), vec![]);
+        assert_eq!(reconcile(None, &on_disk, deadline_ms), vec![Action::Kill { key: key(1), pgid: PGID }]);
+        assert_eq!(reconcile(None, &on_disk, deadline_ms + 1), vec![Action::Kill { key: key(1), pgid: PGID }], "repeated until the exit");
+    }
+
+    #[test]
+    fn a_zero_grace_period_kills_in_the_same_pass() {
+        let on_disk = disk(&[(key(1), LocalRank::Live(LiveRank { grace_ms: 0, ..live(5) }))]);
+        let actions = reconcile(Some(&set(6, &[])), &on_disk, NOW_MS);
+        assert!(matches!(actions[0], Action::Stop { kill_at_ms: NOW_MS, .. }));
+        assert_eq!(actions[1..], [Action::Terminate { key: key(1), pgid: PGID }, Action::Kill { key: key(1), pgid: PGID }]);
+    }
+
+    #[test]
+    fn a_stop_recorded_by_a_previous_agent_gets_its_sigterm() {
+        let adopted = LiveRank { term_sent: false, ..stopping(NOW_MS + GRACE_MS) };
+        let actions = reconcile(None, &disk(&[(key(1), LocalRank::Live(adopted))]), NOW_MS);
+        assert_eq!(actions, vec![Action::Terminate { key: key(1), pgid: PGID }]);
+    }
+
+    #[test]
+    fn a_stop_before_the_shim_recorded_pids_signals_once_they_are_known() {
+        let desired = set(10, &[(key(1), stop_rank("cancelled"))]);
+        let unknown_group = LiveRank { pgid: None, ..live(5) };
+        let actions = reconcile(Some(&desired), &disk(&[(key(1), LocalRank::Live(unknown_group))]), NOW_MS);
+        assert!(matches!(actions.as_slice(), [Action::Stop { .. }]), "{actions:?}");
+        let known_group = LiveRank { term_sent: false, ..stopping(NOW_MS + GRACE_MS) };
+        let actions = reconcile(Some(&desired), &disk(&[(key(1), LocalRank::Live(known_group))]), NOW_MS + 200);
+        assert_eq!(actions, vec![Action::Terminate { key: key(1), pgid: PGID }]);
+    }
+
+    #[test]
+    fn an_unreadable_stop_record_is_neither_repeated_nor_signalled() {
+        let unreadable = LiveRank { stop: StopState::Unreadable, ..live(5) };
+        let on_disk = disk(&[(key(1), LocalRank::Live(unreadable))]);
+        assert_eq!(reconcile(Some(&set(9, &[(key(1), stop_rank("cancelled"))])), &on_disk, NOW_MS), vec![]);
+        assert_eq!(reconcile(Some(&set(9, &[])), &on_disk, NOW_MS), vec![]);
+    }
+
+    #[test]
+    fn exited_ranks_are_neither_stopped_nor_signalled() {
+        let on_disk = disk(&[(key(1), LocalRank::Exited { acked: false }), (key(2), LocalRank::Exited { acked: false })]);
+        let desired = set(10, &[(key(1), stop_rank("cancelled"))]);
+        assert_eq!(reconcile(Some(&desired), &on_disk, NOW_MS), vec![]);
+    }
+
+    #[test]
+    fn no_set_received_stops_nothing() {
+        // The control plane is unreachable (or was never reached): the agent
+        // keeps every rank it has, whatever their assignment index.
+        let on_disk = disk(&[(key(1), LocalRank::Live(live(1))), (key(2), LocalRank::Live(live(90)))]);
+        assert_eq!(reconcile(None, &on_disk, NOW_MS), vec![]);
+        assert_eq!(reconcile(None, &on_disk, NOW_MS + 3_600_000), vec![]);
+    }
+
+    #[test]
+    fn the_last_set_still_holds_after_losing_the_control_plane() {
+        // The watch broke after set 10: no empty set is made up, the last one
+        // stays in force and keeps both ranks running.
+        let desired = set(10, &[(key(1), run_rank())]);
+        let on_disk = disk(&[(key(1), LocalRank::Live(live(10))), (key(2), LocalRank::Live(live(10)))]);
+        assert_eq!(reconcile(Some(&desired), &on_disk, NOW_MS + 60_000), vec![]);
+    }
+
+    #[test]
+    fn an_empty_set_at_the_highest_index_stops_only_older_assignments() {
+        // An empty set only stops what it is newer than: a rank assigned at
+        // that very index is kept.
+        let on_disk = disk(&[(key(1), LocalRank::Live(live(10))), (key(2), LocalRank::Live(live(9)))]);
+        let actions = reconcile(Some(&set(10, &[])), &on_disk, NOW_MS);
+        assert!(
+            matches!(actions.as_slice(), [Action::Stop { key: k, cause: StopCause::Unassigned, .. }, Action::Terminate { .. }] if *k == key(2))
+        );
+    }
+
+    #[test]
+    fn a_vanished_shim_is_declared_lost_and_never_killed() {
+        let gone = LiveRank { shim: ShimState::Gone, ..stopping(NOW_MS) };
+        let actions = reconcile(None, &disk(&[(key(1), LocalRank::Live(gone))]), NOW_MS);
+        assert_eq!(actions, vec![Action::DeclareLost { key: key(1), now_ms: NOW_MS }]);
+    }
+
+    #[test]
+    fn an_adopted_rank_without_pids_is_lost_only_after_the_start_timeout() {
+        let written_ms = NOW_MS - SHIM_START_TIMEOUT_MS;
+        let adopted =
+            |spec_written_ms| LocalRank::Live(LiveRank { pgid: None, shim: ShimState::Unrecorded { spec_written_ms }, ..live(5) });
+        let on_disk = disk(&[(key(1), adopted(Some(written_ms)))]);
+        assert_eq!(reconcile(None, &on_disk, NOW_MS), vec![]);
+        assert_eq!(reconcile(None, &on_disk, NOW_MS + 1), vec![Action::DeclareLost { key: key(1), now_ms: NOW_MS + 1 }]);
+        let unknown = disk(&[(key(1), adopted(None)), (key(2), adopted(Some(NOW_MS + 5)))]);
+        let lost = vec![Action::DeclareLost { key: key(1), now_ms: NOW_MS }, Action::DeclareLost { key: key(2), now_ms: NOW_MS }];
+        assert_eq!(reconcile(None, &unknown, NOW_MS), lost, "an unknown or future write time counts as long ago");
+    }
+
+    #[test]
+    fn committed_exits_no_longer_assigned_are_collected_beyond_the_kept_number() {
+        let mut on_disk = disk(&[
+            (key(1), LocalRank::Exited { acked: true }),
+            (key(2), LocalRank::Exited { acked: false }),
+            (key(3), LocalRank::Exited { acked: true }),
+            (key(4), LocalRank::Exited { acked: true }),
+            (key(5), LocalRank::Live(live(5))),
+            (key(6), LocalRank::Exited { acked: true }),
+        ]);
+        on_disk.keep_finished_ranks = 1;
+        // Rank 4 is still in the set: its exit is committed but not yet seen
+        // by the replica that read the set.
+        let desired = set(10, &[(key(4), run_rank()), (key(5), run_rank())]);
+        let actions = reconcile(Some(&desired), &on_disk, NOW_MS);
+        assert_eq!(actions, vec![Action::CollectGarbage { key: key(1) }, Action::CollectGarbage { key: key(3) }]);
+    }
+
+    #[test]
+    fn an_exit_not_yet_committed_is_kept_for_the_report() {
+        let on_disk = disk(&[(key(1), LocalRank::Exited { acked: false })]);
+        assert_eq!(reconcile(Some(&set(10, &[])), &on_disk, NOW_MS), vec![]);
+        assert_eq!(reconcile(None, &on_disk, NOW_MS), vec![]);
+    }
+
+    #[test]
+    fn before_any_set_committed_exits_are_collected() {
+        let on_disk = disk(&[(key(1), LocalRank::Exited { acked: true })]);
+        assert_eq!(reconcile(None, &on_disk, NOW_MS), vec![Action::CollectGarbage { key: key(1) }]);
+    }
+}
