@@ -2,26 +2,26 @@
 //! Calls follow the `rota-leader` hint of an UNAVAILABLE answer, otherwise
 //! move to the next endpoint, and back off with jitter between rounds. A
 //! call retries until it succeeds: an agent never gives up on the control
-//! plane, and never acts against its jobs because it cannot reach it.
+//! plane, and never acts against its jobs because it cannot reach it. What
+//! is worth retrying is rota-client's one retry policy (a background loop
+//! retries every answer but a final one).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::Rng;
+use rota_client::retry::{self, Backoff};
+pub use rota_client::wire::LEADER_METADATA;
+use rota_client::wire::{CONNECT_TIMEOUT_MS, MAX_MESSAGE_BYTES};
 use rota_proto::v1::agent_service_client::AgentServiceClient;
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Status};
+use tonic::Status;
 
-/// Metadata key of the leader hint (see rota.proto).
-pub const LEADER_METADATA: &str = "rota-leader";
-const CONNECT_TIMEOUT_MS: u64 = 1_000;
 const CALL_TIMEOUT_MS: u64 = 5_000;
 const FIRST_BACKOFF_MS: u64 = 50;
 const MAX_BACKOFF_MS: u64 = 2_000;
 const MAX_ENDPOINTS: usize = 16;
-const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -72,7 +72,7 @@ impl ControlPlane {
         F: FnMut(AgentServiceClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let mut backoff_ms = FIRST_BACKOFF_MS;
+        let mut backoff = Backoff::new(FIRST_BACKOFF_MS, MAX_BACKOFF_MS);
         let mut failures = 0u64;
         loop {
             let target = self.current.load(Ordering::Relaxed) % self.endpoints.len();
@@ -82,7 +82,7 @@ impl ControlPlane {
                 Ok(Err(status)) => status,
                 Err(_) => Status::deadline_exceeded("call timed out"),
             };
-            if !retryable(status.code()) {
+            if !retry::worth_retrying_later(status.code()) {
                 return Err(ControlError::Refused(status));
             }
             failures += 1;
@@ -93,8 +93,7 @@ impl ControlPlane {
                 Some(leader) if leader != target => self.current.store(leader, Ordering::Relaxed),
                 _ => {
                     self.current.store((target + 1) % self.endpoints.len(), Ordering::Relaxed);
-                    sleep_with_jitter(backoff_ms).await;
-                    backoff_ms = (backoff_ms * 2).min(MAX_BACKOFF_MS);
+                    tokio::time::sleep(retry::jittered(backoff.next_delay())).await;
                 }
             }
         }
@@ -106,17 +105,9 @@ impl ControlPlane {
     }
 }
 
-/// Sleep between half and all of `ms` (full jitter would retry too eagerly).
+/// Sleep between half and all of `ms` (rota-client's jitter).
 pub async fn sleep_with_jitter(ms: u64) {
-    let ms = rand::thread_rng().gen_range(ms / 2..=ms.max(1));
-    tokio::time::sleep(Duration::from_millis(ms)).await;
-}
-
-fn retryable(code: Code) -> bool {
-    !matches!(
-        code,
-        Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::PermissionDenied | Code::Unauthenticated | Code::Unimplemented
-    )
+    tokio::time::sleep(retry::jittered(Duration::from_millis(ms.max(1)))).await;
 }
 
 fn channel(endpoint: &str) -> Result<Channel, ControlError> {

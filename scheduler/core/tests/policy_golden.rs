@@ -439,7 +439,7 @@ mod args {
 
     /// A time in ms, in seconds where it is whole seconds.
     pub fn render_millis(ms: u64) -> String {
-        if ms % 1000 == 0 {
+        if ms.is_multiple_of(1000) {
             format!("{}s", ms / 1000)
         } else {
             format!("{ms}ms")
