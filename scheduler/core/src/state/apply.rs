@@ -17,7 +17,7 @@ impl ClusterState {
         let result = match command {
             Command::SubmitJob { request_id, spec } => self.submit(index, request_id.as_deref(), spec),
             Command::CancelJob { job_id } => self.cancel(index, *job_id),
-            Command::RegisterNode(registration) => self.register_node(registration),
+            Command::RegisterNode(registration) => self.register_node(index, registration),
             Command::NodeHealth { node, unhealthy_gpus } => self.node_health(node, unhealthy_gpus),
             Command::DrainNode { node, drain } => self.drain_node(node, *drain),
             Command::NodeDown { node } => self.node_down(index, node),
@@ -96,7 +96,7 @@ impl ClusterState {
         Ok(CommandResult::Cancelled { job_id, state })
     }
 
-    fn register_node(&mut self, registration: &NodeRegistration) -> Result<CommandResult, Rejection> {
+    fn register_node(&mut self, index: u64, registration: &NodeRegistration) -> Result<CommandResult, Rejection> {
         if registration.name.is_empty() || registration.name.len() > 253 {
             return Err(Rejection::Invalid { field: "node.name".into(), message: "1..=253 bytes".into() });
         }
@@ -107,6 +107,7 @@ impl ClusterState {
         if !self.nodes.contains_key(&registration.name) && self.nodes.len() >= self.limits.max_nodes {
             return Err(Rejection::Exhausted { what: "nodes".into(), limit: self.limits.max_nodes as u64 });
         }
+        self.end_allocations_on_vanished_gpus(index, registration);
         let now_ms = self.now_ms;
         let node = self.nodes.entry(registration.name.clone()).or_insert_with(|| Node {
             name: registration.name.clone(),
@@ -126,6 +127,28 @@ impl ClusterState {
             node.registered_at_ms = now_ms;
         }
         Ok(CommandResult::Done)
+    }
+
+    /// A node that registers again may bring a different set of GPUs (one
+    /// fell off the bus, a board was swapped). An allocation holding a GPU
+    /// that is gone, or whose UUID changed, ends now (the whole gang) and its
+    /// job is requeued; otherwise it would hold a GPU that no longer exists.
+    fn end_allocations_on_vanished_gpus(&mut self, index: u64, registration: &NodeRegistration) {
+        let Some(node) = self.nodes.get(&registration.name) else { return };
+        let kept = |gpu: &GpuInfo| registration.gpus.iter().any(|g| g.index == gpu.index && g.uuid == gpu.uuid);
+        let vanished: BTreeSet<u32> = node.gpus.iter().filter(|g| !kept(g)).map(|g| g.index).collect();
+        if vanished.is_empty() {
+            return;
+        }
+        let name = registration.name.as_str();
+        let lost: BTreeSet<AllocId> = vanished.iter().filter_map(|&gpu| self.gpu_owner.get(&(name.to_string(), gpu)).copied()).collect();
+        for alloc_id in lost {
+            let alloc = self.allocs.get_mut(&alloc_id).expect("gpu_owner names live allocations");
+            if alloc.stop != Some(StopReason::Cancelled) {
+                alloc.stop = Some(StopReason::GpuLost);
+            }
+            self.end_allocation(index, alloc_id);
+        }
     }
 
     fn node_health(&mut self, name: &str, unhealthy: &[u32]) -> Result<CommandResult, Rejection> {
@@ -352,6 +375,9 @@ impl ClusterState {
             Some(StopReason::Preempted) => (JobState::Pending, JobReason::new(ReasonCode::Preempted, "requeued after preemption")),
             Some(StopReason::NodeLost) => {
                 (JobState::Pending, JobReason::new(ReasonCode::NodeLost, "requeued: a node of the gang was lost"))
+            }
+            Some(StopReason::GpuLost) => {
+                (JobState::Pending, JobReason::new(ReasonCode::GpuLost, "requeued: a GPU of the gang left its node"))
             }
             Some(StopReason::Failed) => {
                 job.failures += 1;

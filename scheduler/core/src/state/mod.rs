@@ -167,6 +167,12 @@ impl ClusterState {
         if owners != self.gpu_owner {
             return Err("gpu_owner index disagrees with allocations".into());
         }
+        for (node, gpu) in self.gpu_owner.keys() {
+            let exists = self.nodes.get(node).is_some_and(|n| n.gpus.iter().any(|g| g.index == *gpu));
+            if !exists {
+                return Err(format!("GPU {node}:{gpu} is held but its node has no such GPU"));
+            }
+        }
         let live = self.jobs.values().filter(|j| !j.state.is_final()).count();
         if live != self.live_jobs {
             return Err(format!("live job count {} but {} live jobs", self.live_jobs, live));

@@ -243,3 +243,37 @@ fn the_spec_memory_budget_refuses_submits_when_full_and_frees_with_retention() {
     assert_eq!(state.spec_bytes, per_job, "one finished job is kept");
     assert!(matches!(submit(&mut state, "after", spec), CommandResult::Submitted { .. }));
 }
+
+#[test]
+fn a_node_registering_with_fewer_gpus_ends_the_allocations_on_the_vanished_ones() {
+    let mut state = ClusterState::default();
+    run(&mut state, vec![Command::RegisterNode(node("n1", 8))]);
+    submit(&mut state, "big", gang(1, 4));
+    submit(&mut state, "small", gang(1, 2));
+    let plan = Plan { placements: vec![placement(1, &[("n1", &[4, 5, 6, 7])]), placement(2, &[("n1", &[0, 1])])], ..Plan::default() };
+    run(&mut state, vec![Command::ApplyPlan(plan)]);
+    assert_eq!(state.jobs[&1].state, JobState::Running);
+    // The same GPUs again: nothing changes.
+    run(&mut state, vec![Command::RegisterNode(node("n1", 8))]);
+    assert_eq!(state.allocs.len(), 2);
+    // GPUs 4-7 are gone: the allocation on them ends and its job is
+    // requeued; the one on GPUs 0-1 runs on.
+    run(&mut state, vec![Command::RegisterNode(node("n1", 4))]);
+    let big = &state.jobs[&1];
+    assert_eq!((big.state, big.reason.code), (JobState::Pending, ReasonCode::GpuLost), "{big:?}");
+    assert_eq!(state.jobs[&2].state, JobState::Running);
+    assert!(state.gpu_owner.keys().all(|(_, gpu)| *gpu < 4), "no GPU above 3 is held: {:?}", state.gpu_owner);
+}
+
+#[test]
+fn a_gpu_swapped_under_the_same_index_ends_its_allocation() {
+    let mut state = ClusterState::default();
+    run(&mut state, vec![Command::RegisterNode(node("n1", 2))]);
+    submit(&mut state, "job", gang(1, 1));
+    run(&mut state, vec![Command::ApplyPlan(Plan { placements: vec![placement(1, &[("n1", &[1])])], ..Plan::default() })]);
+    let mut swapped = node("n1", 2);
+    swapped.gpus[1].uuid = "GPU-replacement".into();
+    run(&mut state, vec![Command::RegisterNode(swapped)]);
+    assert_eq!(state.jobs[&1].reason.code, ReasonCode::GpuLost);
+    assert!(state.allocs.is_empty());
+}

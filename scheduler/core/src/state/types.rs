@@ -140,6 +140,9 @@ pub enum StopReason {
     NodeLost,
     /// A rank exited non-zero; the rest of the gang is stopped.
     Failed,
+    /// A GPU of the allocation is no longer on its node (the node registered
+    /// again with a different set of GPUs).
+    GpuLost,
 }
 
 impl StopReason {
@@ -149,6 +152,7 @@ impl StopReason {
             StopReason::Preempted => "preempted",
             StopReason::RuntimeLimit => "runtime_limit",
             StopReason::NodeLost => "node_lost",
+            StopReason::GpuLost => "gpu_lost",
             StopReason::Failed => "failed",
         }
     }
@@ -363,6 +367,7 @@ pub enum ReasonCode {
     RuntimeLimit,
     Preempted,
     NodeLost,
+    GpuLost,
     Retrying,
     Failed,
 }
@@ -387,6 +392,7 @@ impl ReasonCode {
             ReasonCode::RuntimeLimit => "runtime_limit",
             ReasonCode::Preempted => "preempted",
             ReasonCode::NodeLost => "node_lost",
+            ReasonCode::GpuLost => "gpu_lost",
             ReasonCode::Retrying => "retrying",
             ReasonCode::Failed => "failed",
         }
