@@ -4,16 +4,13 @@
 //! executors do it. Disk (see `rankdir`) is the source of truth for ranks,
 //! so a restarted agent carries on exactly where the previous one stopped.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::control::ControlPlane;
 use crate::exec::{record, signal, spawn};
-use crate::inventory::{Gpu, GpuSource};
 use crate::local::{Known, LocalRanks};
 use crate::rankdir::{self, RankDir};
 use crate::reconcile::{self, Action, Desired, DesiredRank, RankKey, StopCause};
@@ -21,74 +18,11 @@ use crate::{outbox, session};
 
 pub use crate::outbox::exit_reason;
 pub use crate::rankdir::{rank_dirs, EXIT_LOST};
+pub use crate::shared::{AgentConfig, Shared};
 
 /// How often the reconcile loop runs without a new assignment set, to
 /// notice exits and SIGKILL deadlines.
 const TICK_MS: u64 = 200;
-const INDEX_FILE: &str = "assignments.index";
-
-#[derive(Debug, Clone)]
-pub struct AgentConfig {
-    pub endpoints: Vec<String>,
-    pub node_name: String,
-    pub data_dir: PathBuf,
-    /// host:port of this agent's gRPC server as the scheduler and CLI reach it.
-    pub address: String,
-    pub rack: String,
-    pub leaf: String,
-    pub heartbeat_ms: u64,
-    /// Prepended to every rank's command (e.g. a container runtime); empty = plain processes.
-    pub runtime_prefix: Vec<String>,
-    pub log_cap_bytes: u64,
-    /// Finished rank directories (logs) kept once their exit is committed.
-    pub keep_finished_ranks: usize,
-}
-
-/// What the agent's tasks share.
-pub struct Shared {
-    pub config: AgentConfig,
-    pub control: ControlPlane,
-    pub ranks_root: PathBuf,
-    /// Highest assignment/commit index seen; never act on anything older.
-    highest_index: AtomicU64,
-    pub(crate) running_ranks: AtomicU32,
-    pub(crate) gpus: Mutex<GpuSource>,
-    pub(crate) inventory: Vec<Gpu>,
-}
-
-impl Shared {
-    pub fn new(config: AgentConfig, source: GpuSource, inventory: Vec<Gpu>) -> anyhow::Result<Arc<Shared>> {
-        let control = ControlPlane::new(&config.endpoints)?;
-        let ranks_root = config.data_dir.join("ranks");
-        std::fs::create_dir_all(&ranks_root)?;
-        let highest = std::fs::read_to_string(config.data_dir.join(INDEX_FILE)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
-        Ok(Arc::new(Shared {
-            config,
-            control,
-            ranks_root,
-            highest_index: AtomicU64::new(highest),
-            running_ranks: AtomicU32::new(0),
-            gpus: Mutex::new(source),
-            inventory,
-        }))
-    }
-
-    pub fn highest_index(&self) -> u64 {
-        self.highest_index.load(Ordering::SeqCst)
-    }
-
-    /// Raise the highest index seen (persisted, so a restart keeps the guard).
-    pub(crate) fn raise_index(&self, index: u64) {
-        let previous = self.highest_index.fetch_max(index, Ordering::SeqCst);
-        if index > previous {
-            let path = self.config.data_dir.join(INDEX_FILE);
-            if let Err(error) = rankdir::write_atomic(&path, index.to_string().as_bytes()) {
-                tracing::warn!(%error, "cannot persist the assignment index");
-            }
-        }
-    }
-}
-
 /// Run every task of the agent until the process is stopped.
 pub async fn run(shared: Arc<Shared>) -> anyhow::Result<()> {
     let (assignments_tx, assignments_rx) = watch::channel(None);

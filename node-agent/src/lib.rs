@@ -7,6 +7,7 @@
 //! - `local`: what the agent knows of its ranks, read from their directories.
 //! - `exec`: the executors: `spawn` starts a rank's shim, `signal` signals a
 //!   rank's process group, `record` writes the agent's records on disk.
+//! - `shared`: what the tasks share (configuration, control plane, index guard).
 //! - `session`: registration and heartbeats (telemetry, never logged).
 //! - `watch`: the assignment watch (resumable on any replica).
 //! - `outbox`: the reporter that commits rank events found on disk.
@@ -33,5 +34,6 @@ pub mod outbox;
 pub mod rankdir;
 pub mod reconcile;
 pub mod session;
+pub mod shared;
 pub mod shim;
 pub mod watch;

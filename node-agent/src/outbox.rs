@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use rota_proto::v1 as pb;
 
-use crate::agent::Shared;
 use crate::rankdir::{self, rank_dirs, RankDir, StopRequest, EXIT_LOST};
+use crate::shared::Shared;
 
 /// How often the reporter looks for events to commit.
 const REPORT_EVERY_MS: u64 = 250;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use rota_proto::v1 as pb;
 
-use crate::agent::Shared;
 use crate::control::sleep_with_jitter;
+use crate::shared::Shared;
 
 /// The shortest heartbeat period, whatever the leader's TTL.
 const MIN_HEARTBEAT_MS: u64 = 50;

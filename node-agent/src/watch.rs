@@ -10,9 +10,9 @@ use std::time::Duration;
 use rota_proto::v1 as pb;
 use tokio::sync::watch;
 
-use crate::agent::Shared;
 use crate::control::sleep_with_jitter;
 use crate::reconcile::{Desired, DesiredRank, RankKey};
+use crate::shared::Shared;
 
 /// A watch with no message for this long is reconnected (the server resends
 /// the set at least every 5 s).

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
-use crate::agent::AgentConfig;
 use crate::rankdir::{self, ExitStatus, RankDir, RankSpec, StopRequest};
 use crate::reconcile::{DesiredRank, RankKey};
+use crate::shared::AgentConfig;
 use crate::shim::EXIT_NOT_STARTED;
 
 /// How a start went.

@@ -1,0 +1,76 @@
+//! What the agent's tasks share: its configuration, the control-plane
+//! connection, and the highest assignment index seen (persisted). Every
+//! task module (session, watch, outbox, executors, the reconcile loop)
+//! reads it from here, so none of them imports the loop that wires them.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::control::ControlPlane;
+use crate::inventory::{Gpu, GpuSource};
+use crate::rankdir;
+
+const INDEX_FILE: &str = "assignments.index";
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub endpoints: Vec<String>,
+    pub node_name: String,
+    pub data_dir: PathBuf,
+    /// host:port of this agent's gRPC server as the scheduler and CLI reach it.
+    pub address: String,
+    pub rack: String,
+    pub leaf: String,
+    pub heartbeat_ms: u64,
+    /// Prepended to every rank's command (e.g. a container runtime); empty = plain processes.
+    pub runtime_prefix: Vec<String>,
+    pub log_cap_bytes: u64,
+    /// Finished rank directories (logs) kept once their exit is committed.
+    pub keep_finished_ranks: usize,
+}
+
+/// What the agent's tasks share.
+pub struct Shared {
+    pub config: AgentConfig,
+    pub control: ControlPlane,
+    pub ranks_root: PathBuf,
+    /// Highest assignment/commit index seen; never act on anything older.
+    highest_index: AtomicU64,
+    pub(crate) running_ranks: AtomicU32,
+    pub(crate) gpus: Mutex<GpuSource>,
+    pub(crate) inventory: Vec<Gpu>,
+}
+
+impl Shared {
+    pub fn new(config: AgentConfig, source: GpuSource, inventory: Vec<Gpu>) -> anyhow::Result<Arc<Shared>> {
+        let control = ControlPlane::new(&config.endpoints)?;
+        let ranks_root = config.data_dir.join("ranks");
+        std::fs::create_dir_all(&ranks_root)?;
+        let highest = std::fs::read_to_string(config.data_dir.join(INDEX_FILE)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        Ok(Arc::new(Shared {
+            config,
+            control,
+            ranks_root,
+            highest_index: AtomicU64::new(highest),
+            running_ranks: AtomicU32::new(0),
+            gpus: Mutex::new(source),
+            inventory,
+        }))
+    }
+
+    pub fn highest_index(&self) -> u64 {
+        self.highest_index.load(Ordering::SeqCst)
+    }
+
+    /// Raise the highest index seen (persisted, so a restart keeps the guard).
+    pub(crate) fn raise_index(&self, index: u64) {
+        let previous = self.highest_index.fetch_max(index, Ordering::SeqCst);
+        if index > previous {
+            let path = self.config.data_dir.join(INDEX_FILE);
+            if let Err(error) = rankdir::write_atomic(&path, index.to_string().as_bytes()) {
+                tracing::warn!(%error, "cannot persist the assignment index");
+            }
+        }
+    }
+}
