@@ -86,6 +86,11 @@ impl AgentApi {
         if status.leader_id != Some(status.id) {
             return Err(self.not_leader());
         }
+        // A leader cut off from its quorum must not absorb heartbeats: the
+        // replicas that can still commit elect another leader, which would
+        // hear nothing and declare every node down. Refusing sends the agent
+        // on to the next replica, and so to the new leader.
+        self.ctx.leader_in_contact()?;
         let unhealthy: BTreeSet<u32> = message.unhealthy_gpus.iter().copied().collect();
         let (known, changed, index) = self.ctx.read(|state| {
             let node = state.nodes.get(&message.node).filter(|n| n.state != NodeState::Down);
