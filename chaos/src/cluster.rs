@@ -53,6 +53,8 @@ pub struct ClusterOptions {
     pub node_ttl_ms: u64,
     /// Extra environment for every replica (test switches).
     pub env: Vec<(String, String)>,
+    /// Extra environment for one replica (by id), after `env`.
+    pub env_of: BTreeMap<u64, Vec<(String, String)>>,
 }
 
 impl Default for ClusterOptions {
@@ -65,6 +67,7 @@ impl Default for ClusterOptions {
             keep_logs: 5_000,
             node_ttl_ms: 30_000,
             env: vec![],
+            env_of: BTreeMap::new(),
         }
     }
 }
@@ -178,7 +181,7 @@ impl LocalCluster {
         } else {
             command.args(["--peers", self.peers_of.get(&id).unwrap_or(&self.founding_peers)]);
         }
-        for (key, value) in &self.options.env {
+        for (key, value) in self.options.env.iter().chain(self.options.env_of.get(&id).into_iter().flatten()) {
             command.env(key, value);
         }
         replica.child = Some(command.spawn().with_context(|| format!("starting {}", self.bin.display()))?);

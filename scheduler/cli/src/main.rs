@@ -158,6 +158,10 @@ struct ServerArgs {
     /// A node silent this long is declared down and its jobs requeued.
     #[arg(long, default_value_t = 30_000)]
     node_ttl_ms: u64,
+    /// A replica whose clock is further than this from a majority of its
+    /// peers' refuses to lead (and hands leadership to a peer).
+    #[arg(long, default_value_t = rota_server::clock::DEFAULT_MAX_CLOCK_SKEW_MS)]
+    max_clock_skew_ms: u64,
 }
 
 fn parse_peers(peers: &[String]) -> Result<BTreeMap<u64, String>> {
@@ -198,6 +202,7 @@ async fn run_server(args: ServerArgs) -> Result<()> {
         snapshot_every_entries: args.snapshot_every,
         keep_logs_behind_snapshot: args.keep_logs,
         node_ttl_ms: args.node_ttl_ms,
+        max_clock_skew_ms: args.max_clock_skew_ms,
     };
     server::run(config).await?;
     Ok(())

@@ -7,8 +7,8 @@ use rota_proto::v1 as pb;
 use rota_proto::v1::cluster_service_server::ClusterService;
 use tonic::{Request, Response, Status};
 
+use crate::clock::wall_clock_ms;
 use crate::forward::{serve_or_forward, Failure};
-use crate::proposer::wall_clock_ms;
 use crate::status::rejection;
 use crate::Context;
 use rota_client::convert::{node_to_pb, queue_from_pb, queue_to_pb, quota_from_pb, quota_to_pb};
@@ -47,6 +47,7 @@ impl ClusterApi {
         let leader_address =
             status.leader_id.and_then(|id| status.members.iter().find(|m| m.id == id)).map(|m| m.addr.clone()).unwrap_or_default();
         pb::ClusterStatus {
+            wall_clock_ms: wall_clock_ms(),
             replica_id: status.id,
             leader_id: status.leader_id.unwrap_or(0),
             leader_address,

@@ -2,6 +2,7 @@
 //! (public API and Raft transport), the proposer, metrics, and bootstrap.
 
 mod agents;
+pub mod clock;
 mod cluster;
 mod forward;
 mod jobs;
@@ -25,7 +26,8 @@ use rota_proto::v1::job_service_server::JobServiceServer;
 use rota_proto::v1::GetClusterStatusRequest;
 use tonic::transport::{Endpoint, Server};
 
-pub use proposer::{wall_clock_ms, Proposer};
+pub use clock::wall_clock_ms;
+pub use proposer::Proposer;
 pub use replicated::Replicated;
 use rota_core::state::ClusterState;
 
@@ -71,6 +73,9 @@ pub struct ServerConfig {
     pub keep_logs_behind_snapshot: u64,
     /// A node without a heartbeat for this long is declared down (leader only).
     pub node_ttl_ms: u64,
+    /// A replica whose clock is further than this from a majority of its
+    /// peers' refuses to lead.
+    pub max_clock_skew_ms: u64,
 }
 
 /// What the services share.
@@ -96,12 +101,17 @@ impl Context {
     /// a lease: it is probably cut off, and the client does better to try
     /// another replica at once than to wait for a commit that will not come.
     pub fn leader_in_contact(&self) -> Result<(), tonic::Status> {
-        match self.replica.quorum_contact_age_ms() {
-            Some(age_ms) if age_ms > self.lease_ms => {
-                Err(tonic::Status::unavailable(format!("this leader has not heard from a quorum for {age_ms} ms; try another replica")))
-            }
-            _ => Ok(()),
+        if let Some(age_ms) = self.replica.quorum_contact_age_ms().filter(|age_ms| *age_ms > self.lease_ms) {
+            return Err(tonic::Status::unavailable(format!(
+                "this leader has not heard from a quorum for {age_ms} ms; try another replica"
+            )));
         }
+        // A leader takes work only once its clock agrees with its peers'.
+        let status = self.replica.status();
+        if status.leader_id == Some(status.id) && !self.leader.clock_verified(status.term) {
+            return Err(tonic::Status::unavailable("this leader has not yet checked its clock against its peers'; try again"));
+        }
+        Ok(())
     }
 
     /// Read the applied state under its lock. Keep `f` short: apply waits.
@@ -132,7 +142,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         forwarder: Default::default(),
         lease_ms: config.election_timeout_max_ms,
         unsafe_ack_before_commit: std::env::var("ROTA_TEST_ACK_BEFORE_COMMIT").is_ok_and(|v| v == "1"),
-        leader: leader::Leadership::new(config.node_ttl_ms),
+        leader: leader::Leadership::new(config.node_ttl_ms, config.max_clock_skew_ms),
         journal,
     });
     if ctx.unsafe_ack_before_commit {

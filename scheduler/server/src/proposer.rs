@@ -8,11 +8,11 @@
 //! nothing after it commits.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use rota_consensus::{Replica, WriteError};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use crate::clock::{proposal_time_ms, wall_clock_ms};
 use crate::replicated::Replicated;
 use rota_core::state::{Command, CommandResult, Proposal};
 
@@ -55,10 +55,15 @@ impl Proposer {
         self.queue.send(Pending { command, bytes, reply }).await.map_err(|_| WriteError::Unavailable("proposer stopped".into()))?;
         outcome.await.map_err(|_| WriteError::Unavailable("proposal dropped".into()))?
     }
-}
 
-pub fn wall_clock_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    /// Commit an entry with no command, only a time: keeps the committed
+    /// time close to the leader's clock while nothing else is proposed.
+    pub async fn tick(&self, replica: &Replica<Replicated>) -> Result<u64, WriteError> {
+        let committed_ms = replica.read(|replicated| replicated.state.now_ms);
+        let proposal = Proposal { now_ms: proposal_time_ms(wall_clock_ms(), committed_ms), commands: Vec::new() };
+        let payload = bincode::serialize(&proposal).map_err(|e| WriteError::Unavailable(format!("unencodable tick: {e}")))?;
+        replica.write(payload).await.map(|written| written.index)
+    }
 }
 
 async fn batch_loop(replica: Replica<Replicated>, mut receiver: mpsc::Receiver<Pending>) {
@@ -98,7 +103,8 @@ async fn batch_loop(replica: Replica<Replicated>, mut receiver: mpsc::Receiver<P
 async fn write_batch(replica: &Replica<Replicated>, batch: Vec<Pending>) {
     let (commands, replies): (Vec<Command>, Vec<oneshot::Sender<Outcome>>) = batch.into_iter().map(|p| (p.command, p.reply)).unzip();
     debug_assert!(!commands.is_empty());
-    let proposal = Proposal { now_ms: wall_clock_ms(), commands };
+    let committed_ms = replica.read(|replicated| replicated.state.now_ms);
+    let proposal = Proposal { now_ms: proposal_time_ms(wall_clock_ms(), committed_ms), commands };
     let payload = bincode::serialize(&proposal).expect("proposal serializes");
     let written = replica.write(payload).await;
     let results: Result<(u64, Vec<CommandResult>), WriteError> = written.and_then(|w| {

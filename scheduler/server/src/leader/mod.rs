@@ -17,12 +17,14 @@
 mod heartbeats;
 mod planner;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::stream::{FuturesUnordered, StreamExt};
 use rota_consensus::{Role, WriteError};
 
-use crate::proposer::wall_clock_ms;
+use crate::clock::{self, wall_clock_ms};
 use crate::replicated::PlannerCopy;
 use crate::Context;
 use heartbeats::HeartbeatTable;
@@ -35,19 +37,36 @@ const PLAN_MIN_INTERVAL_MS: u64 = 50;
 const TICK_MS: u64 = 200;
 /// How often a replica that does not lead checks whether it now does.
 const FOLLOWER_POLL_MS: u64 = 100;
+/// How long a leader waits for a peer's clock reading or campaign answer.
+const CLOCK_PROBE_TIMEOUT_MS: u64 = 1_000;
 
 /// Shared between the leader loop and the AgentService: the heartbeat table
 /// of the current term (none while not leading) and the monotonic clock its
 /// times are read from.
 pub struct Leadership {
     pub node_ttl_ms: u64,
+    pub max_clock_skew_ms: u64,
     epoch: Instant,
     table: Mutex<Option<HeartbeatTable>>,
+    /// The term in which this leader last found its clock in agreement with
+    /// a majority of its peers (0: not yet / not any more).
+    clock_verified_term: AtomicU64,
 }
 
 impl Leadership {
-    pub fn new(node_ttl_ms: u64) -> Leadership {
-        Leadership { node_ttl_ms, epoch: Instant::now(), table: Mutex::new(None) }
+    pub fn new(node_ttl_ms: u64, max_clock_skew_ms: u64) -> Leadership {
+        Leadership {
+            node_ttl_ms,
+            max_clock_skew_ms,
+            epoch: Instant::now(),
+            table: Mutex::new(None),
+            clock_verified_term: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether this leader's clock was found in agreement with its peers' in `term`.
+    pub fn clock_verified(&self, term: u64) -> bool {
+        term != 0 && self.clock_verified_term.load(Ordering::SeqCst) == term
     }
 
     /// Monotonic ms since this replica started (never goes back).
@@ -123,7 +142,20 @@ async fn lead(ctx: &Context, term: u64) {
             return;
         }
     };
+    let mut clock_checked_at: Option<Instant> = None;
     while still_leader(ctx, term) {
+        if clock_checked_at.is_none_or(|at| at.elapsed() >= Duration::from_millis(clock::CHECK_EVERY_MS)) {
+            clock_checked_at = Some(Instant::now());
+            if !check_clock(ctx, term).await {
+                // Refuse to lead: no plans, no writes; a peer was asked to take over.
+                tokio::time::sleep(Duration::from_millis(TICK_MS)).await;
+                clock_checked_at = None;
+                continue;
+            }
+        }
+        if !keep_time(ctx).await {
+            break;
+        }
         let index = ctx.read(|state| state.applied_index);
         if planned_at != Some(index) {
             planned_at = Some(index);
@@ -137,6 +169,7 @@ async fn lead(ctx: &Context, term: u64) {
         let _ = tokio::time::timeout(Duration::from_millis(TICK_MS), applied.changed()).await;
         tokio::time::sleep(Duration::from_millis(PLAN_MIN_INTERVAL_MS)).await;
     }
+    ctx.leader.clock_verified_term.store(0, Ordering::SeqCst);
     ctx.leader.end_term();
     tracing::info!(term, "leader loop stopped");
 }
@@ -148,7 +181,10 @@ async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy, planner: &PlannerTh
     let started = Instant::now();
     copy.catch_up(|f| ctx.read(|state| f(state)));
     let Some(state) = copy.take() else { return true };
-    let Some((state, plan)) = planner.pass(state, wall_clock_ms()).await else {
+    // Decisions that depend on time read the committed time, never this
+    // replica's clock (see `clock`).
+    let committed_ms = state.now_ms;
+    let Some((state, plan)) = planner.pass(state, committed_ms).await else {
         // The copy is gone with the thread; the next pass copies anew.
         tracing::error!("planner thread stopped");
         return true;
@@ -165,6 +201,81 @@ async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy, planner: &PlannerTh
             true
         }
         Err(error) => proposal_failed("plan", &error),
+    }
+}
+
+/// Compare this leader's clock with its peers'. In agreement with a
+/// majority, the leader may take work in this term; otherwise it refuses to
+/// lead and asks a peer to campaign. Returns whether it may lead.
+async fn check_clock(ctx: &Context, term: u64) -> bool {
+    let status = ctx.replica.status();
+    let voters = status.members.iter().filter(|m| m.voter).count().max(1);
+    let max_skew_ms = ctx.leader.max_clock_skew_ms;
+    // Ask every peer at once and stop as soon as a majority agrees: a paused
+    // or dead peer must not delay a new leader.
+    let mut probes: FuturesUnordered<_> =
+        status.members.iter().filter(|m| m.voter && m.id != status.id).map(|peer| probe_clock(ctx, peer.id, peer.addr.clone())).collect();
+    let mut answered: Vec<(u64, i64)> = Vec::new();
+    while let Some(answer) = probes.next().await {
+        answered.extend(answer);
+        let offsets: Vec<i64> = answered.iter().map(|(_, offset)| *offset).collect();
+        if clock::agrees_with_majority(&offsets, voters, max_skew_ms) {
+            break;
+        }
+    }
+    drop(probes);
+    let offsets: Vec<i64> = answered.iter().map(|(_, offset)| *offset).collect();
+    if clock::agrees_with_majority(&offsets, voters, max_skew_ms) {
+        ctx.leader.clock_verified_term.store(term, Ordering::SeqCst);
+        return true;
+    }
+    ctx.leader.clock_verified_term.store(0, Ordering::SeqCst);
+    metrics::counter!("rota_clock_skew_refusals_total").increment(1);
+    tracing::error!(term, max_skew_ms, offsets = ?answered, "this replica's clock disagrees with its peers'; refusing to lead");
+    hand_off(ctx, &answered).await;
+    false
+}
+
+/// One peer's clock offset from ours, if it answers in time.
+async fn probe_clock(ctx: &Context, peer_id: u64, addr: String) -> Option<(u64, i64)> {
+    let mut client = ctx.forwarder.cluster(&addr).ok()?;
+    let sent_ms = wall_clock_ms();
+    let call = client.get_cluster_status(rota_proto::v1::GetClusterStatusRequest {});
+    let reply = tokio::time::timeout(Duration::from_millis(CLOCK_PROBE_TIMEOUT_MS), call).await.ok()?.ok()?;
+    Some((peer_id, clock::offset_ms(sent_ms, reply.into_inner().wall_clock_ms, wall_clock_ms())))
+}
+
+/// Ask the peer whose clock is closest to the others' to campaign.
+async fn hand_off(ctx: &Context, offsets: &[(u64, i64)]) {
+    let status = ctx.replica.status();
+    // Peers that answered, furthest from this replica's clock first: when
+    // this clock is the odd one out, they all are far, and any will do.
+    let mut peers: Vec<&(u64, i64)> = offsets.iter().collect();
+    peers.sort_by_key(|(_, offset)| std::cmp::Reverse(offset.unsigned_abs()));
+    for (peer_id, _) in peers {
+        let Some(peer) = status.members.iter().find(|m| m.id == *peer_id) else { continue };
+        let Ok(mut client) = ctx.forwarder.cluster(&peer.addr) else { continue };
+        let request = rota_proto::v1::CampaignRequest { replica_id: *peer_id };
+        match tokio::time::timeout(Duration::from_millis(CLOCK_PROBE_TIMEOUT_MS), client.campaign(request)).await {
+            Ok(Ok(_)) => {
+                tracing::warn!(peer = peer_id, "asked a peer to take over leadership");
+                return;
+            }
+            other => tracing::debug!(peer = peer_id, ?other, "peer did not take the campaign request"),
+        }
+    }
+}
+
+/// Keep the committed time close to the leader's clock: while nothing else
+/// is proposed, commit an empty entry once it lags. False when leadership is lost.
+async fn keep_time(ctx: &Context) -> bool {
+    let committed_ms = ctx.read(|state| state.now_ms);
+    if committed_ms == 0 || wall_clock_ms().saturating_sub(committed_ms) < clock::TICK_AFTER_LAG_MS {
+        return true;
+    }
+    match ctx.proposer.tick(&ctx.replica).await {
+        Ok(_) => true,
+        Err(error) => proposal_failed("time tick", &error),
     }
 }
 
@@ -269,7 +380,7 @@ mod tests {
     fn a_new_term_gives_every_node_a_grace_period() {
         let mut state = ClusterState::default();
         apply(&mut state, vec![node("a", 1, "H100-80GB")]);
-        let leadership = Leadership::new(0);
+        let leadership = Leadership::new(0, 1_000);
         assert!(leadership.silent_nodes(&state).is_empty(), "not leading: nothing is silent");
         leadership.start_term(3);
         assert_eq!(leadership.term(), Some(3));
