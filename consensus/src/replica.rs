@@ -221,6 +221,7 @@ impl<S: StateMachine> Replica<S> {
     /// Run `f` on the current application state under the read lock.
     pub fn read<R>(&self, f: impl FnOnce(&S) -> R) -> R {
         let g = self.inner.state.read().unwrap_or_else(PoisonError::into_inner);
+        let _hold = crate::state_machine::LockHold::new("read");
         f(&g.app)
     }
 

@@ -164,7 +164,10 @@ impl<S: StateMachine> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<S> {
         let state = self.state.clone();
         let (data, last_applied, last_membership) = blocking(ErrorSubject::Snapshot(None), move || {
             let g = state.read().map_err(|_| poisoned())?;
-            Ok((g.app.snapshot(), g.last_applied, g.last_membership.clone()))
+            let held = std::time::Instant::now();
+            let copy = (g.app.snapshot(), g.last_applied, g.last_membership.clone());
+            record_lock_hold("snapshot_build", held);
+            Ok(copy)
         })
         .await?;
         let meta = SnapshotMeta { snapshot_id: snapshot_id(&last_applied), last_log_id: last_applied, last_membership };
@@ -198,6 +201,7 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
         let mut last = None;
         for entry in entries {
             let mut guard = self.state.write().map_err(|_| poisoned())?;
+            let held = std::time::Instant::now();
             let data = &mut *guard;
             data.last_applied = Some(entry.log_id);
             let resp = match entry.payload {
@@ -209,6 +213,7 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
                 }
             };
             drop(guard);
+            record_lock_hold("apply", held);
             last = Some(entry.log_id.index);
             responses.push(resp);
         }
@@ -235,6 +240,7 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
         blocking(ErrorSubject::Snapshot(Some(signature.clone())), move || {
             {
                 let mut g = state.write().map_err(|_| poisoned())?;
+                let _hold = LockHold::new("snapshot_install");
                 g.app.restore(&stored.data).map_err(|e| sto_msg(ErrorSubject::Snapshot(Some(signature)), ErrorVerb::Read, e))?;
                 g.last_applied = stored.meta.last_log_id;
                 g.last_membership = stored.meta.last_membership.clone();
@@ -267,4 +273,29 @@ pub fn open_storage<S: StateMachine>(
     let log = crate::LogStore::new(db.clone())?;
     let sm = StateMachineStore::new(db, initial)?;
     Ok((log, sm))
+}
+
+/// How long the state lock was held, by what (`rota_state_lock_hold_seconds`).
+/// Every reader and apply wait while it is held, so a long hold shows up as
+/// latency everywhere; this histogram says which holder it was.
+pub(crate) fn record_lock_hold(kind: &'static str, since: std::time::Instant) {
+    metrics::histogram!("rota_state_lock_hold_seconds", "kind" => kind).record(since.elapsed().as_secs_f64());
+}
+
+/// Records the hold time when dropped (for holds with early returns).
+pub(crate) struct LockHold {
+    kind: &'static str,
+    since: std::time::Instant,
+}
+
+impl LockHold {
+    pub(crate) fn new(kind: &'static str) -> LockHold {
+        LockHold { kind, since: std::time::Instant::now() }
+    }
+}
+
+impl Drop for LockHold {
+    fn drop(&mut self) {
+        record_lock_hold(self.kind, self.since);
+    }
 }

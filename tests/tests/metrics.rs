@@ -37,6 +37,8 @@ async fn replicas_serve_prometheus_metrics() -> Result<()> {
         "rota_leader_changes_total",
         "rota_submits_total{result=\"created\"} 1",
         "rota_request_duration_seconds_bucket{method=\"submit_job\"",
+        "rota_state_lock_hold_seconds_bucket{kind=\"apply\"",
+        "rota_state_lock_hold_seconds_bucket{kind=\"read\"",
     ] {
         ensure!(text.contains(name), "metrics lack {name}:\n{text}");
     }

@@ -90,7 +90,7 @@ mod tests {
     #[test]
     fn offsets_are_measured_from_the_midpoint_of_the_exchange() {
         assert_eq!(offset_ms(1_000, 1_050, 1_100), 0);
-        assert_eq!(offset_ms(1_000, 87_401_050, 1_100), 86_400_000);
+        assert_eq!(offset_ms(1_000, 86_401_050, 1_100), 86_400_000);
         assert_eq!(offset_ms(1_000, 50, 1_100), -1_000);
         assert_eq!(offset_ms(1, 2, 2), 1, "odd halves round down, never overflow");
     }

@@ -135,7 +135,7 @@ async fn lead(ctx: &Context, term: u64) {
     let mut applied = ctx.replica.applied_watch();
     let mut planned_at: Option<u64> = None;
     let mut copy = PlannerCopy::new(ctx.journal.clone());
-    let planner = match PlannerThread::start() {
+    let mut planner = match PlannerThread::start() {
         Ok(planner) => planner,
         Err(error) => {
             tracing::error!(%error, "cannot start the planner thread; not leading");
@@ -159,7 +159,7 @@ async fn lead(ctx: &Context, term: u64) {
         let index = ctx.read(|state| state.applied_index);
         if planned_at != Some(index) {
             planned_at = Some(index);
-            if !propose_plan(ctx, &mut copy, &planner).await {
+            if !propose_plan(ctx, &mut copy, &mut planner).await {
                 break;
             }
         }
@@ -177,7 +177,7 @@ async fn lead(ctx: &Context, term: u64) {
 /// Propose the plan for the current state; false when leadership is lost.
 /// The pass runs on the leader's own copy of the state, on the planner
 /// thread: neither apply nor the async runtime waits for it.
-async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy, planner: &PlannerThread) -> bool {
+async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy, planner: &mut PlannerThread) -> bool {
     let started = Instant::now();
     copy.catch_up(|f| ctx.read(|state| f(state)));
     let Some(state) = copy.take() else { return true };
@@ -185,11 +185,24 @@ async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy, planner: &PlannerTh
     // replica's clock (see `clock`).
     let committed_ms = state.now_ms;
     let Some((state, plan)) = planner.pass(state, committed_ms).await else {
-        // The copy is gone with the thread; the next pass copies anew.
-        tracing::error!("planner thread stopped");
+        // The copy is gone with the thread; the next pass copies anew on a new thread.
+        tracing::error!("planner thread stopped; starting a new one");
+        metrics::counter!("rota_planner_restarts_total").increment(1);
+        match PlannerThread::start() {
+            Ok(fresh) => *planner = fresh,
+            Err(error) => tracing::error!(%error, "cannot start a planner thread; retrying on the next pass"),
+        }
         return true;
     };
     copy.put_back(state);
+    let plan = match plan {
+        Ok(plan) => plan,
+        Err(panic) => {
+            tracing::error!(%panic, "a scheduling pass panicked; the next pass runs as usual");
+            metrics::counter!("rota_planner_panics_total").increment(1);
+            return true;
+        }
+    };
     metrics::histogram!("rota_plan_pass_seconds").record(started.elapsed().as_secs_f64());
     if plan.is_empty() {
         return true;

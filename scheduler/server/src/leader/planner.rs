@@ -1,10 +1,20 @@
 //! The planner thread: scheduling passes run off the async runtime, on the
 //! leader's own copy of the state, at a lower CPU priority than the rest of
 //! the replica. The decisions themselves are `rota_core::policy::plan`.
+//!
+//! A pass that panics is caught, logged and counted
+//! (`rota_planner_panics_total`); the thread lives on and the next pass runs
+//! as usual. Should the thread die all the same, the leader loop starts a
+//! new one (`rota_planner_restarts_total`).
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rota_core::state::{ClusterState, Plan};
 
-type PassRequest = (ClusterState, u64, tokio::sync::oneshot::Sender<(ClusterState, Plan)>);
+/// The state back, and the plan or why the pass failed.
+pub type PassOutcome = (ClusterState, Result<Plan, String>);
+type PassRequest = (ClusterState, u64, tokio::sync::oneshot::Sender<PassOutcome>);
 
 /// A thread of its own for scheduling passes, at a lower CPU priority than
 /// the replica's other threads: on a busy host, heartbeats, appends and
@@ -22,14 +32,16 @@ impl PlannerThread {
         std::thread::Builder::new().name("rota-planner".into()).spawn(move || {
             lower_priority();
             for (state, now_ms, reply) in inbox {
-                let plan = rota_core::policy::plan(&state, now_ms);
+                let plan =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| plan_once(&state, now_ms))).map_err(|payload| panic_text(&*payload));
                 let _ = reply.send((state, plan));
             }
         })?;
         Ok(PlannerThread { requests })
     }
 
-    pub async fn pass(&self, state: ClusterState, now_ms: u64) -> Option<(ClusterState, Plan)> {
+    /// Run one pass; None when the thread is gone.
+    pub async fn pass(&self, state: ClusterState, now_ms: u64) -> Option<PassOutcome> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.requests.send((state, now_ms, reply)).ok()?;
         answer.await.ok()
@@ -45,5 +57,38 @@ fn lower_priority() {
     };
     if result != 0 {
         tracing::debug!(error = %std::io::Error::last_os_error(), "planner thread keeps the default priority");
+    }
+}
+
+/// One pass; under the test-only switch `ROTA_TEST_PANIC_PLANNER_ONCE=1`
+/// the first pass of the process panics, to show that scheduling resumes.
+fn plan_once(state: &ClusterState, now_ms: u64) -> Plan {
+    static PANICKED: AtomicBool = AtomicBool::new(false);
+    if std::env::var("ROTA_TEST_PANIC_PLANNER_ONCE").is_ok_and(|v| v == "1") && !PANICKED.swap(true, Ordering::SeqCst) {
+        panic!("ROTA_TEST_PANIC_PLANNER_ONCE: a planner panic on purpose");
+    }
+    rota_core::policy::plan(state, now_ms)
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        return (*text).to_string();
+    }
+    payload.downcast_ref::<String>().cloned().unwrap_or_else(|| "a panic without a message".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_pass_is_reported_and_the_thread_lives_on() {
+        let planner = PlannerThread::start().expect("a thread");
+        let (state, outcome) = planner.pass(ClusterState::default(), 1).await.expect("the thread answers");
+        assert!(outcome.is_ok(), "{outcome:?}");
+        let text = std::panic::catch_unwind(|| panic!("boom {}", 7)).map_err(|p| panic_text(&*p)).unwrap_err();
+        assert_eq!(text, "boom 7");
+        let (_, again) = planner.pass(state, 2).await.expect("still answering");
+        assert!(again.is_ok());
     }
 }
