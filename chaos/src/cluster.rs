@@ -212,6 +212,18 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// The exit status of a replica that stopped by itself (None while it
+    /// runs). A stopped replica counts as not running afterwards.
+    pub fn exit_status(&mut self, id: u64) -> Result<Option<std::process::ExitStatus>> {
+        let replica = self.replicas.get_mut(&id).context("unknown replica")?;
+        let Some(child) = replica.child.as_mut() else { return Ok(None) };
+        let status = child.try_wait()?;
+        if status.is_some() {
+            replica.child = None;
+        }
+        Ok(status)
+    }
+
     /// Restart a killed replica from its data directory.
     pub fn restart(&mut self, id: u64) -> Result<()> {
         if self.replicas.get(&id).context("unknown replica")?.is_running() {

@@ -60,6 +60,10 @@ pub(crate) fn open_db(path: &Path) -> Result<(Arc<Db>, DbClosed), ConsensusError
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
+    // Every write is synced before it is acknowledged, so a torn or corrupt
+    // WAL record means the disk lost or damaged acknowledged data: refuse to
+    // open rather than silently drop what follows it.
+    opts.set_wal_recovery_mode(rocksdb::DBRecoveryMode::AbsoluteConsistency);
     let cfs = [CF_LOG, CF_META, CF_SM].into_iter().map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
     let db = DB::open_cf_descriptors(&opts, path, cfs)
         .map_err(|e| ConsensusError::Storage(format!("open rocksdb at {}: {e}", path.display())))?;
@@ -256,6 +260,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         let db = self.db.clone();
         let res = blocking(ErrorSubject::Logs, move || {
+            test_failure_switch()?;
             let cf = cf(&db, CF_LOG)?;
             let mut batch = WriteBatch::default();
             for (k, v) in rows {
@@ -302,4 +307,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         })
         .await
     }
+}
+
+/// TEST ONLY: `ROTA_TEST_FAIL_APPEND_AFTER=N` makes every log append after
+/// the first N fail as a disk error would, to show that a replica with a
+/// failed disk exits instead of lingering.
+fn test_failure_switch() -> Result<(), StorageError> {
+    use std::sync::OnceLock;
+    static LIMIT: OnceLock<Option<u64>> = OnceLock::new();
+    static APPENDS: AtomicU64 = AtomicU64::new(0);
+    let Some(limit) = *LIMIT.get_or_init(|| std::env::var("ROTA_TEST_FAIL_APPEND_AFTER").ok().and_then(|v| v.parse().ok())) else {
+        return Ok(());
+    };
+    if APPENDS.fetch_add(1, Ordering::SeqCst) >= limit {
+        let error = AnyError::error("ROTA_TEST_FAIL_APPEND_AFTER: a log append fails on purpose");
+        return Err(StorageIOError::new(ErrorSubject::Logs, ErrorVerb::Write, error).into());
+    }
+    Ok(())
 }

@@ -218,6 +218,22 @@ impl<S: StateMachine> Replica<S> {
         self.inner.state.clone()
     }
 
+    /// Wait until the Raft node stops for good (a storage error, a panic in
+    /// its core) and say why. A replica that cannot write its log must not
+    /// linger as a member that answers but never acknowledges: the caller
+    /// exits, and the service manager restarts it or an operator looks.
+    pub async fn fatal(&self) -> String {
+        let mut metrics = self.inner.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow().running_state {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "the Raft node stopped".into();
+            }
+        }
+    }
+
     /// Run `f` on the current application state under the read lock.
     pub fn read<R>(&self, f: impl FnOnce(&S) -> R) -> R {
         let g = self.inner.state.read().unwrap_or_else(PoisonError::into_inner);

@@ -74,6 +74,15 @@ pub fn agrees_with_majority(offsets: &[i64], voters: usize, max_skew_ms: u64) ->
     within > voters / 2
 }
 
+/// Whether the answers prove this replica's clock wrong: the peers further
+/// than `max_skew_ms` from it are a majority of the voters on their own.
+/// Silence proves nothing (a slow or cut-off peer), so a leader that can
+/// neither agree nor be proven wrong waits and asks again.
+pub fn proven_skewed(offsets: &[i64], voters: usize, max_skew_ms: u64) -> bool {
+    let beyond = offsets.iter().filter(|o| o.unsigned_abs() > max_skew_ms).count();
+    beyond > voters / 2
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,5 +112,14 @@ mod tests {
         assert!(!agrees_with_majority(&[], 3, 100), "no peer answered: no majority");
         assert!(agrees_with_majority(&[-50, 60, 90_000, 90_000], 5, 100), "3 of 5");
         assert!(!agrees_with_majority(&[-50, 90_000, 90_000, 90_000], 5, 100), "2 of 5");
+    }
+
+    #[test]
+    fn only_a_majority_of_distant_peers_proves_the_clock_wrong() {
+        assert!(proven_skewed(&[86_400_000, 86_400_000], 3, 100), "both peers far: this clock is the odd one");
+        assert!(!proven_skewed(&[86_400_000], 3, 100), "one far peer, one silent: perhaps the peer is wrong");
+        assert!(!proven_skewed(&[], 3, 100), "silence proves nothing");
+        assert!(proven_skewed(&[500, 500, 500], 5, 100));
+        assert!(!proven_skewed(&[500, 500, 50], 5, 100));
     }
 }

@@ -5,6 +5,7 @@ mod agents;
 pub mod clock;
 mod cluster;
 mod forward;
+pub mod identity;
 mod jobs;
 pub mod leader;
 mod metrics_loop;
@@ -54,6 +55,8 @@ pub enum ServerError {
     Metrics(String),
     #[error("configuration: {0}")]
     Config(String),
+    #[error("data directory: {0}")]
+    DataDir(String),
 }
 
 #[derive(Debug, Clone)]
@@ -133,6 +136,8 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
             .install()
             .map_err(|e| ServerError::Metrics(e.to_string()))?;
     }
+    let peer_addrs: Vec<String> = config.peers.iter().filter(|(id, _)| **id != config.id).map(|(_, addr)| addr.clone()).collect();
+    identity::check(config.id, &config.data_dir, config.join, &peer_addrs).await.map_err(ServerError::DataDir)?;
     let journal = Arc::new(std::sync::Mutex::new(replicated::Journal::default()));
     let replicated = Replicated { state: ClusterState::default(), journal: journal.clone() };
     let replica = Replica::open(consensus_config(&config), replicated).await?;
@@ -149,6 +154,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         tracing::error!("ROTA_TEST_ACK_BEFORE_COMMIT=1: submits are acknowledged before they commit; never use this outside tests");
     }
     tokio::spawn(metrics_loop::run(replica.clone()));
+    tokio::spawn(exit_on_fatal(replica.clone()));
     tokio::spawn(leader::run(ctx.clone()));
     // Clients that give up on slow attempts during a failover reset their
     // streams; hyper's default allowance for that (20 pending resets) is made
@@ -172,6 +178,23 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     tracing::info!(id = config.id, listen = %config.listen, "replica serving");
     server.await?;
     Ok(())
+}
+
+/// Exit code of a replica whose storage failed (EX_IOERR).
+const EXIT_STORAGE_FAILED: i32 = 74;
+
+/// A replica whose Raft node failed for good (its disk refused a write, say)
+/// exits non-zero, so systemd or Kubernetes restarts it and an operator sees
+/// it, instead of lingering as a member that never acknowledges.
+async fn exit_on_fatal(replica: Replica<Replicated>) {
+    let why = replica.fatal().await;
+    tracing::error!(%why, "the replica's storage or Raft core failed; exiting");
+    eprintln!("rota server: fatal: {why}");
+    // _exit, not exit: RocksDB's background threads are still running, and
+    // the C++ static destructors that exit() runs would pull the store from
+    // under them (an abort instead of the exit code).
+    // SAFETY: ends the process at once; nothing after it runs.
+    unsafe { libc::_exit(EXIT_STORAGE_FAILED) }
 }
 
 fn consensus_config(config: &ServerConfig) -> ConsensusConfig {

@@ -218,8 +218,9 @@ async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy, planner: &mut Plann
 }
 
 /// Compare this leader's clock with its peers'. In agreement with a
-/// majority, the leader may take work in this term; otherwise it refuses to
-/// lead and asks a peer to campaign. Returns whether it may lead.
+/// majority, the leader may take work in this term. Proven wrong by a
+/// majority, it refuses to lead and asks a peer to campaign; with too few
+/// answers to tell, it takes no work and asks again. Returns whether it may lead.
 async fn check_clock(ctx: &Context, term: u64) -> bool {
     let status = ctx.replica.status();
     let voters = status.members.iter().filter(|m| m.voter).count().max(1);
@@ -243,6 +244,10 @@ async fn check_clock(ctx: &Context, term: u64) -> bool {
         return true;
     }
     ctx.leader.clock_verified_term.store(0, Ordering::SeqCst);
+    if !clock::proven_skewed(&offsets, voters, max_skew_ms) {
+        tracing::warn!(term, offsets = ?answered, "too few peers answered to check this leader's clock; asking again");
+        return false;
+    }
     metrics::counter!("rota_clock_skew_refusals_total").increment(1);
     tracing::error!(term, max_skew_ms, offsets = ?answered, "this replica's clock disagrees with its peers'; refusing to lead");
     hand_off(ctx, &answered).await;
