@@ -9,7 +9,8 @@
 //!   rank's process group, `record` writes the agent's records on disk.
 //! - `shared`: what the tasks share (configuration, control plane, index guard).
 //! - `session`: registration and heartbeats (telemetry, never logged).
-//! - `watch`: the assignment watch (resumable on any replica).
+//! - `watch`: the assignment watch (resumable on any replica), moved on when
+//!   its replica lags the leader (`freshness`).
 //! - `outbox`: the reporter that commits rank events found on disk.
 //! - `control`: the leader-following client of the replicas (AgentService).
 //! - `inventory`: GPUs from NVML, or declared with `--fake-gpus 8xH100-80GB`.
@@ -27,6 +28,7 @@
 pub mod agent;
 pub mod control;
 pub mod exec;
+pub mod freshness;
 pub mod inventory;
 pub mod local;
 pub mod logs;

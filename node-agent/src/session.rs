@@ -30,6 +30,7 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
             .await
         {
             Ok(response) => {
+                shared.note_leader_index(response.index);
                 if response.ttl_ms > 0 {
                     interval_ms = shared.config.heartbeat_ms.min(response.ttl_ms / 4).max(MIN_HEARTBEAT_MS);
                 }

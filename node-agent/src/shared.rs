@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use std::time::Instant;
+
 use crate::control::ControlPlane;
+use crate::freshness::LeaderIndexes;
 use crate::inventory::{Gpu, GpuSource};
 use crate::rankdir;
 
@@ -40,6 +43,11 @@ pub struct Shared {
     pub(crate) running_ranks: AtomicU32,
     pub(crate) gpus: Mutex<GpuSource>,
     pub(crate) inventory: Vec<Gpu>,
+    /// The leader's applied index from each heartbeat answer, to tell
+    /// whether the assignment watch keeps up (see `freshness`).
+    leader_indexes: Mutex<LeaderIndexes>,
+    /// Start of this agent's monotonic clock.
+    epoch: Instant,
 }
 
 impl Shared {
@@ -56,7 +64,27 @@ impl Shared {
             running_ranks: AtomicU32::new(0),
             gpus: Mutex::new(source),
             inventory,
+            leader_indexes: Mutex::new(LeaderIndexes::default()),
+            epoch: Instant::now(),
         }))
+    }
+
+    /// Monotonic ms since the agent started.
+    pub fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// A heartbeat answer: the leader had applied `index`.
+    pub(crate) fn note_leader_index(&self, index: u64) {
+        let now_ms = self.now_ms();
+        self.leader_indexes.lock().expect("leader index lock").record(index, now_ms);
+    }
+
+    /// Whether a watch that has reached `watch_index` lags behind what the
+    /// leader applied `stale_after_ms` ago.
+    pub(crate) fn watch_lags(&self, watch_index: u64, stale_after_ms: u64) -> bool {
+        let now_ms = self.now_ms();
+        self.leader_indexes.lock().expect("leader index lock").watch_lags(watch_index, now_ms, stale_after_ms)
     }
 
     pub fn highest_index(&self) -> u64 {

@@ -15,8 +15,14 @@ use crate::reconcile::{Desired, DesiredRank, RankKey};
 use crate::shared::Shared;
 
 /// A watch with no message for this long is reconnected (the server resends
-/// the set at least every 5 s).
+/// the set at least every 2 s).
 const WATCH_SILENCE_MS: u64 = 15_000;
+/// A watch that has not reached an index the leader reported this long ago
+/// is served by a replica that lags (cut off from its quorum, say): move on.
+/// Longer than the server's refresh period, so a quiet healthy stream passes.
+pub const WATCH_STALE_AFTER_MS: u64 = 5_000;
+/// How often an open watch checks its freshness while no update comes.
+const FRESHNESS_CHECK_MS: u64 = 500;
 const FIRST_BACKOFF_MS: u64 = 50;
 const MAX_BACKOFF_MS: u64 = 2_000;
 /// Set to "1" only by the chaos harness: see `watch_loop`.
@@ -40,10 +46,25 @@ pub async fn watch_loop(shared: Arc<Shared>, sender: watch::Sender<Option<Desire
         let opened = tokio::time::timeout(Duration::from_millis(WATCH_SILENCE_MS), client.watch_assignments(request)).await;
         if let Ok(Ok(response)) = opened {
             let mut stream = response.into_inner();
-            while let Ok(Ok(Some(update))) = tokio::time::timeout(Duration::from_millis(WATCH_SILENCE_MS), stream.message()).await {
-                backoff_ms = FIRST_BACKOFF_MS;
-                if sender.send(Some(desired_from(&update))).is_err() {
-                    return;
+            let mut watch_index = 0u64;
+            let mut heard_ms = shared.now_ms();
+            loop {
+                match tokio::time::timeout(Duration::from_millis(FRESHNESS_CHECK_MS), stream.message()).await {
+                    Ok(Ok(Some(update))) => {
+                        backoff_ms = FIRST_BACKOFF_MS;
+                        watch_index = watch_index.max(update.index);
+                        heard_ms = shared.now_ms();
+                        if sender.send(Some(desired_from(&update))).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => break, // closed or failed
+                    Err(_) if shared.now_ms().saturating_sub(heard_ms) > WATCH_SILENCE_MS => break,
+                    Err(_) => {}
+                }
+                if shared.watch_lags(watch_index, WATCH_STALE_AFTER_MS) {
+                    tracing::warn!(endpoint = target, watch_index, "the assignment watch lags the leader; moving it to another replica");
+                    break;
                 }
             }
             if unsafe_kill_on_loss {

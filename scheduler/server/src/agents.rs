@@ -27,7 +27,7 @@ const WATCH_BUFFER: usize = 4;
 const WATCH_MIN_INTERVAL_MS: u64 = 20;
 /// A watch resends the (unchanged) set this often, so an agent can tell a
 /// quiet stream from a dead one.
-const WATCH_REFRESH_MS: u64 = 5_000;
+const WATCH_REFRESH_MS: u64 = 2_000;
 
 pub struct AgentApi {
     ctx: Arc<Context>,
