@@ -155,8 +155,10 @@ pub fn gpus_exclusive(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>) -> Check
     Check::new("no_gpu_held_by_two_running_ranks", violations)
 }
 
-/// No running rank was killed or restarted by a fault: every rank of a job
-/// that was not cancelled started once and finished its work itself.
+/// No running rank was killed or restarted by a fault shorter than the node
+/// TTL (every fault this harness injects into the control plane is): every
+/// rank of a job that was not cancelled started once and finished its work
+/// itself. Beyond the TTL an agent stops its ranks by rule (its lease ran out).
 pub fn no_rank_killed(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, cancelled: &BTreeSet<u64>) -> Check {
     let mut by_rank: BTreeMap<(u64, u32), Vec<&RankRun>> = BTreeMap::new();
     for run in runs {

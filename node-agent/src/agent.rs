@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use crate::exec::{record, signal, spawn};
 use crate::local::{Known, LocalRanks};
 use crate::rankdir::{self, RankDir};
-use crate::reconcile::{self, Action, Desired, DesiredRank, RankKey, StopCause};
+use crate::reconcile::{self, Action, Desired, DesiredRank, Lease, RankKey, StopCause};
 use crate::{outbox, session};
 
 pub use crate::outbox::exit_reason;
@@ -40,6 +40,8 @@ pub struct Reconciler {
     shared: Arc<Shared>,
     local: LocalRanks,
     desired: Option<Desired>,
+    /// The lease as of the last pass (to log its changes once).
+    lease: Lease,
 }
 
 impl Reconciler {
@@ -47,7 +49,7 @@ impl Reconciler {
     /// until the first assignment set arrives.
     pub fn adopt(shared: Arc<Shared>) -> Reconciler {
         let local = LocalRanks::adopt(&shared.ranks_root);
-        Reconciler { shared, local, desired: None }
+        Reconciler { shared, local, desired: None, lease: Lease::Held }
     }
 
     async fn run(&mut self, mut updates: watch::Receiver<Option<Desired>>) {
@@ -78,7 +80,17 @@ impl Reconciler {
     /// One reconcile pass: read the disk, decide, act.
     fn pass(&mut self, now_ms: u64) {
         let on_disk = self.local.observe(self.shared.config.keep_finished_ranks);
-        for action in reconcile::reconcile(self.desired.as_ref(), &on_disk, now_ms) {
+        let lease = if self.shared.lease_held() { Lease::Held } else { Lease::Expired };
+        if lease != self.lease {
+            match lease {
+                Lease::Expired => {
+                    tracing::error!("no heartbeat acknowledged for a node TTL: the lease on this node ran out; stopping every rank")
+                }
+                Lease::Held => tracing::warn!("heartbeats acknowledged again: the lease on this node is back"),
+            }
+            self.lease = lease;
+        }
+        for action in reconcile::reconcile_in_lease(self.desired.as_ref(), &on_disk, lease, now_ms) {
             self.execute(action);
         }
         let running = u32::try_from(self.local.running()).unwrap_or(u32::MAX);

@@ -2,7 +2,8 @@
 //! Calls follow the `rota-leader` hint of an UNAVAILABLE answer, otherwise
 //! move to the next endpoint, and back off with jitter between rounds. A
 //! call retries until it succeeds: an agent never gives up on the control
-//! plane, and never acts against its jobs because it cannot reach it. What
+//! plane; what happens to its jobs when it cannot is the lease rule of
+//! `reconcile`, not this module's business. What
 //! is worth retrying is rota-client's one retry policy (a background loop
 //! retries every answer but a final one).
 

@@ -22,8 +22,10 @@
 //! Safety rules (see `reconcile`): an update older than the highest index
 //! seen is ignored; a running rank absent from the desired set is stopped
 //! only when the update is newer than the rank's assignment; losing the
-//! control plane never stops a rank. Stopping is SIGTERM to the rank's
-//! process group, the job's grace period, then SIGKILL.
+//! control plane for less than the node TTL never stops a rank, and for
+//! longer (the lease ran out) stops them all, so a job never runs on two
+//! sets of nodes at once. Stopping is SIGTERM to the rank's process group,
+//! the job's grace period, then SIGKILL.
 
 pub mod agent;
 pub mod control;

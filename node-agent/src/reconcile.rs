@@ -15,7 +15,10 @@
 //! - a live rank absent from the set is stopped only when the set is newer
 //!   than the rank's own assignment (the node was declared lost);
 //! - with no set received yet nothing is started or stopped: losing the
-//!   control plane never stops a rank;
+//!   control plane for less than the node TTL never stops a rank;
+//! - once the lease has expired (no heartbeat acknowledged for a TTL,
+//!   counted from its sending) nothing starts and every rank is stopped
+//!   (`reconcile_in_lease`), before the scheduler may run its job elsewhere;
 //! - a shim that vanished without recording an exit is declared lost;
 //! - finished ranks whose exit is committed and which the set no longer
 //!   holds are collected, oldest first, beyond the number the node keeps.
@@ -121,6 +124,9 @@ pub enum StopCause {
     Requested(String),
     /// A newer assignment set no longer holds the rank.
     Unassigned,
+    /// The agent's lease ran out: no heartbeat acknowledged for a node TTL,
+    /// so the scheduler may soon place the job elsewhere.
+    LeaseExpired,
 }
 
 impl StopCause {
@@ -129,6 +135,7 @@ impl StopCause {
         match self {
             StopCause::Requested(reason) => reason,
             StopCause::Unassigned => REASON_UNASSIGNED,
+            StopCause::LeaseExpired => rota_client::wire::LEASE_EXPIRED_REASON,
         }
     }
 }
@@ -162,13 +169,34 @@ pub fn is_stale(update_index: u64, highest_index: u64) -> bool {
 /// The actions that bring `on_disk` in line with `desired`, the latest
 /// accepted assignment set (`None` until one arrives).
 pub fn reconcile(desired: Option<&Desired>, on_disk: &OnDisk, now_ms: u64) -> Vec<Action> {
+    reconcile_in_lease(desired, on_disk, Lease::Held, now_ms)
+}
+
+/// Whether the agent holds its lease on the node: a heartbeat was
+/// acknowledged less than a node TTL ago (counted from when it was sent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    Held,
+    Expired,
+}
+
+/// `reconcile`, under the lease rule: once the lease has expired the agent
+/// starts nothing and stops every rank it runs (SIGTERM, grace, SIGKILL).
+/// The scheduler declares the node down only after the TTL plus the jobs'
+/// grace, so the ranks are gone before any job of theirs runs elsewhere.
+/// An outage shorter than the TTL stops nothing.
+pub fn reconcile_in_lease(desired: Option<&Desired>, on_disk: &OnDisk, lease: Lease, now_ms: u64) -> Vec<Action> {
     let mut actions = Vec::new();
-    if let Some(desired) = desired {
+    let acting_set = desired.filter(|_| lease == Lease::Held);
+    if let Some(desired) = acting_set {
         start_new_ranks(desired, on_disk, now_ms, &mut actions);
     }
     for (&key, local) in &on_disk.ranks {
         if let LocalRank::Live(live) = local {
-            let cause = desired.and_then(|d| stop_cause(d, key, live));
+            let cause = match lease {
+                Lease::Expired if live.stop == StopState::NotRequested => Some(StopCause::LeaseExpired),
+                _ => acting_set.and_then(|d| stop_cause(d, key, live)),
+            };
             tend_live_rank(key, live, cause, now_ms, &mut actions);
         }
     }
@@ -506,5 +534,26 @@ mod tests {
     fn before_any_set_committed_exits_are_collected() {
         let on_disk = disk(&[(key(1), LocalRank::Exited { acked: true })]);
         assert_eq!(reconcile(None, &on_disk, NOW_MS), vec![Action::CollectGarbage { key: key(1) }]);
+    }
+
+    #[test]
+    fn an_expired_lease_stops_every_rank_and_starts_none() {
+        let on_disk = disk(&[(key(1), LocalRank::Live(live(5)))]);
+        let desired = set(6, &[(key(1), run_rank()), (key(2), run_rank())]);
+        let actions = reconcile_in_lease(Some(&desired), &on_disk, Lease::Expired, NOW_MS);
+        assert!(!actions.iter().any(|a| matches!(a, Action::Start { .. })), "nothing starts without a lease: {actions:?}");
+        assert!(
+            actions.iter().any(|a| matches!(a, Action::Stop { key: k, cause: StopCause::LeaseExpired, .. } if *k == key(1))),
+            "the running rank is stopped: {actions:?}"
+        );
+        assert!(actions.contains(&Action::Terminate { key: key(1), pgid: PGID }));
+    }
+
+    #[test]
+    fn a_held_lease_changes_nothing() {
+        let on_disk = disk(&[(key(1), LocalRank::Live(live(5)))]);
+        let desired = set(6, &[(key(1), run_rank())]);
+        assert_eq!(reconcile_in_lease(Some(&desired), &on_disk, Lease::Held, NOW_MS), reconcile(Some(&desired), &on_disk, NOW_MS));
+        assert_eq!(reconcile_in_lease(Some(&desired), &on_disk, Lease::Held, NOW_MS), vec![]);
     }
 }

@@ -21,6 +21,7 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
     loop {
         sleep_with_jitter(interval_ms).await;
         let request = heartbeat_request(&shared);
+        let sent_ms = shared.now_ms();
         match shared
             .control
             .call("heartbeat", |mut c| {
@@ -30,6 +31,7 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
             .await
         {
             Ok(response) => {
+                shared.renew_lease(sent_ms, response.ttl_ms);
                 shared.note_leader_index(response.index);
                 if response.ttl_ms > 0 {
                     interval_ms = shared.config.heartbeat_ms.min(response.ttl_ms / 4).max(MIN_HEARTBEAT_MS);

@@ -15,6 +15,9 @@ use crate::inventory::{Gpu, GpuSource};
 use crate::rankdir;
 
 const INDEX_FILE: &str = "assignments.index";
+const TTL_FILE: &str = "node_ttl_ms";
+/// The node TTL assumed until a leader announces one (the server's default).
+const DEFAULT_TTL_MS: u64 = 30_000;
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -48,6 +51,12 @@ pub struct Shared {
     leader_indexes: Mutex<LeaderIndexes>,
     /// Start of this agent's monotonic clock.
     epoch: Instant,
+    /// Monotonic ms until which the agent holds its lease on the node: the
+    /// send time of the last acknowledged heartbeat plus the node TTL.
+    lease_until_ms: AtomicU64,
+    /// The node TTL the leader last announced (persisted: a restarted agent
+    /// cut off from the start still knows when its lease ends).
+    ttl_ms: AtomicU64,
 }
 
 impl Shared {
@@ -56,6 +65,8 @@ impl Shared {
         let ranks_root = config.data_dir.join("ranks");
         std::fs::create_dir_all(&ranks_root)?;
         let highest = std::fs::read_to_string(config.data_dir.join(INDEX_FILE)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        let ttl_ms =
+            std::fs::read_to_string(config.data_dir.join(TTL_FILE)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(DEFAULT_TTL_MS);
         Ok(Arc::new(Shared {
             config,
             control,
@@ -66,12 +77,34 @@ impl Shared {
             inventory,
             leader_indexes: Mutex::new(LeaderIndexes::default()),
             epoch: Instant::now(),
+            // A starting agent gets one TTL to reach the control plane.
+            lease_until_ms: AtomicU64::new(ttl_ms),
+            ttl_ms: AtomicU64::new(ttl_ms),
         }))
     }
 
     /// Monotonic ms since the agent started.
     pub fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// A heartbeat sent at `sent_ms` was acknowledged with the node TTL
+    /// `ttl_ms` (0: unchanged): the lease runs until `sent_ms` + TTL.
+    pub(crate) fn renew_lease(&self, sent_ms: u64, ttl_ms: u64) {
+        if ttl_ms > 0 && self.ttl_ms.swap(ttl_ms, Ordering::SeqCst) != ttl_ms {
+            if let Err(error) = rankdir::write_atomic(&self.config.data_dir.join(TTL_FILE), ttl_ms.to_string().as_bytes()) {
+                tracing::warn!(%error, "cannot persist the node TTL");
+            }
+        }
+        // Heartbeats go one at a time, so the newest acknowledged one sets
+        // the lease (replacing the start-up guess, longer or shorter).
+        let until_ms = sent_ms.saturating_add(self.ttl_ms.load(Ordering::SeqCst));
+        self.lease_until_ms.store(until_ms, Ordering::SeqCst);
+    }
+
+    /// Whether the agent still holds its lease on the node now.
+    pub fn lease_held(&self) -> bool {
+        self.now_ms() < self.lease_until_ms.load(Ordering::SeqCst)
     }
 
     /// A heartbeat answer: the leader had applied `index`.

@@ -1,6 +1,7 @@
-//! Stop an agent for longer than the TTL: its node is declared down, the
-//! whole gang is requeued (the rank on the healthy node is stopped too), and
-//! when the agent comes back its stale rank is stopped and the job runs again.
+//! Stop an agent for longer than the TTL: its node is declared down (after
+//! the TTL plus the job's grace), the rank on the healthy node is stopped and
+//! the whole gang requeued once it has, and when the agent comes back its
+//! stale rank is stopped and the job runs again.
 
 use std::time::Duration;
 
@@ -28,7 +29,11 @@ async fn a_silent_node_is_declared_down_and_its_gang_requeued() -> Result<()> {
     let any = AnyReplica::new(&cluster)?;
     let script = r#"f="$MARK_DIR/pid-$ROTA_NODE-$ROTA_ATTEMPT"; echo $$ > "$f.tmp"; mv "$f.tmp" "$f"
 while [ ! -e "$MARK_DIR/go" ]; do sleep 0.05; done"#;
-    let job_id = any.submit(shell_job(2, 8, &marks, script)).await?.job_id;
+    // A short grace period: the leader waits the TTL plus the jobs' grace
+    // before it declares a silent node down.
+    let mut request = shell_job(2, 8, &marks, script);
+    request.spec.as_mut().expect("a spec").grace_period_s = 2;
+    let job_id = any.submit(request).await?.job_id;
     let pid_a = wait_number(&marks.join("pid-node-a-1"), WAIT).await?;
     let pid_b = wait_number(&marks.join("pid-node-b-1"), WAIT).await?;
 
@@ -42,7 +47,7 @@ while [ ! -e "$MARK_DIR/go" ]; do sleep 0.05; done"#;
     let job = any.wait_job_state(job_id, pb::JobState::Pending, WAIT).await?;
     ensure!(job.attempts == 1 && job.reason.contains("node"), "requeued whole: {job:?}");
     wait_until("the gang's rank on node-a to be stopped", WAIT, || async { Ok((!pid_alive(pid_a)).then_some(())) }).await?;
-    ensure!(pid_alive(pid_b), "an agent out of touch never kills its ranks");
+    ensure!(pid_alive(pid_b), "a dead agent cannot stop its ranks (the restarted one does)");
 
     b.restart()?;
     wait_until("node-b's stale rank to be stopped", WAIT, || async { Ok((!pid_alive(pid_b)).then_some(())) }).await?;

@@ -14,6 +14,10 @@ pub const FORWARDED_METADATA: &str = "rota-forwarded";
 pub const REASON_CODE_METADATA: &str = "rota-reason-code";
 /// Response metadata key naming the request field a refusal is about.
 pub const FIELD_METADATA: &str = "rota-field";
+/// Exit reason an agent reports for a rank it stopped because its lease on
+/// the node ran out (no acknowledged heartbeat for a TTL); the scheduler
+/// requeues such a job instead of failing it.
+pub const LEASE_EXPIRED_REASON: &str = "lease_expired";
 /// Largest gRPC message a replica accepts or sends (requests are far smaller;
 /// this bounds what a malformed or hostile client can make us buffer).
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;

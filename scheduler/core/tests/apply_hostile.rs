@@ -85,6 +85,7 @@ fn command(mix: &mut Mix, state: &ClusterState, now_ms: u64) -> Command {
         6 => Command::NodeDown { node },
         7 | 8 => Command::ApplyPlan(plan(mix, state, now_ms)),
         9 => Command::AllocStarted { alloc_id, rank: mix.below(3) as u32 },
+        10 if mix.below(4) == 0 => Command::AllocLost { alloc_id, rank: mix.below(3) as u32 },
         10 => Command::AllocExited { alloc_id, rank: mix.below(3) as u32, exit_code: *pick(mix, &[0, 1, -9, 137]) },
         _ => match mix.below(3) {
             0 => Command::Checkpoint { alloc_id, at_ms: mix.next_u64() },

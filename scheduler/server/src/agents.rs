@@ -154,7 +154,11 @@ fn events_to_commands(state: &ClusterState, node: &str, events: &[pb::RankEvent]
             Some(pb::rank_event::Kind::Started(_)) => Command::AllocStarted { alloc_id, rank },
             Some(pb::rank_event::Kind::Exited(exited)) => {
                 tracing::info!(node, alloc_id, rank, exit_code = exited.exit_code, reason = %exited.reason, "rank exited");
-                Command::AllocExited { alloc_id, rank, exit_code: exited.exit_code }
+                if exited.reason == rota_client::wire::LEASE_EXPIRED_REASON {
+                    Command::AllocLost { alloc_id, rank }
+                } else {
+                    Command::AllocExited { alloc_id, rank, exit_code: exited.exit_code }
+                }
             }
             Some(pb::rank_event::Kind::Checkpoint(c)) => Command::Checkpoint { alloc_id, at_ms: c.at_ms },
             None => return Err(Status::invalid_argument(format!("events[{i}].kind: is required"))),

@@ -27,6 +27,7 @@ impl ClusterState {
             Command::Checkpoint { alloc_id, at_ms } => self.checkpoint(index, *alloc_id, *at_ms),
             Command::SetQueue(queue) => self.set_queue(queue),
             Command::SetQuota(quota) => self.set_quota(quota),
+            Command::AllocLost { alloc_id, rank } => self.alloc_lost(index, *alloc_id, *rank),
         };
         result.unwrap_or_else(CommandResult::Rejected)
     }
@@ -169,19 +170,23 @@ impl ClusterState {
         Ok(CommandResult::Done)
     }
 
-    /// The node is gone: every allocation with a rank there ends now (the
-    /// whole gang, on every node) and its job goes back to the queue.
+    /// The node is gone. The leader declares it only after the node's TTL
+    /// plus the grace of its jobs (and a margin): by then the node's agent,
+    /// cut off as long, has stopped those ranks itself. So its ranks count
+    /// as ended. The rest of each gang is asked to stop, and the allocation
+    /// ends (GPUs released, job requeued) only once every other rank has
+    /// reported its exit: a new attempt never overlaps an old one.
     fn node_down(&mut self, index: u64, name: &str) -> Result<CommandResult, Rejection> {
         let node = self.nodes.get_mut(name).ok_or(Rejection::NotFound { what: format!("node {name}") })?;
         node.state = NodeState::Down;
         let lost: Vec<AllocId> = self.allocs.values().filter(|a| a.ranks.iter().any(|r| r.node == name)).map(|a| a.id).collect();
         for alloc_id in lost {
             let alloc = self.allocs.get_mut(&alloc_id).expect("listed above");
-            // A cancel already under way still ends as a cancel.
-            if alloc.stop != Some(StopReason::Cancelled) {
-                alloc.stop = Some(StopReason::NodeLost);
+            for rank in alloc.ranks.iter_mut().filter(|r| r.node == name) {
+                rank.state = RankState::Exited;
             }
-            self.end_allocation(index, alloc_id);
+            // A cancel already under way still ends as a cancel.
+            self.request_stop(index, alloc_id, StopReason::NodeLost);
         }
         Ok(CommandResult::Done)
     }
@@ -322,6 +327,16 @@ impl ClusterState {
         }
         let job_id = self.allocs[&alloc_id].job_id;
         self.jobs.get_mut(&job_id).expect("allocation has a job").changed_at_index = index;
+        Ok(CommandResult::Done)
+    }
+
+    fn alloc_lost(&mut self, index: u64, alloc_id: AllocId, rank: u32) -> Result<CommandResult, Rejection> {
+        let rank = self.rank_mut(alloc_id, rank)?;
+        if rank.state == RankState::Exited {
+            return Ok(CommandResult::Done); // a retried report, or its node was declared down first
+        }
+        rank.state = RankState::Exited;
+        self.request_stop(index, alloc_id, StopReason::NodeLost);
         Ok(CommandResult::Done)
     }
 

@@ -54,6 +54,14 @@ pub enum Command {
     },
     SetQueue(QueueConfig),
     SetQuota(GroupQuota),
+    /// The rank's agent stopped it because it lost the control plane for
+    /// longer than the node TTL (its lease ran out): the rank ended with its
+    /// node's contact, so the job is requeued (not failed) once the rest of
+    /// the gang has stopped.
+    AllocLost {
+        alloc_id: AllocId,
+        rank: u32,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -150,11 +150,45 @@ fn node_down_requeues_the_whole_gang() {
         vec![Command::ApplyPlan(Plan { placements: vec![placement(1, &[("a", &[0, 1, 2, 3]), ("b", &[0, 1, 2, 3])])], ..Plan::default() })],
     );
     run(&mut state, vec![Command::NodeDown { node: "b".into() }]);
-    let job = &state.jobs[&1];
-    assert_eq!(job.state, JobState::Pending);
-    assert!(job.reason.to_string().contains("node"));
-    assert!(state.gpu_owner.is_empty(), "GPUs on the surviving node are freed too");
     assert_eq!(state.nodes["b"].state, NodeState::Down);
+    // The rank on the surviving node is asked to stop; its GPUs stay held
+    // until it reports its exit, so the next attempt cannot overlap it.
+    assert_eq!(state.jobs[&1].state, JobState::Stopping);
+    assert!(state.gpu_owner.keys().any(|(node, _)| node == "a"), "node a's GPUs are still held");
+    let alloc_id = state.jobs[&1].alloc.unwrap();
+    run(&mut state, vec![Command::AllocExited { alloc_id, rank: 0, exit_code: 143 }]);
+    let job = &state.jobs[&1];
+    assert_eq!(job.state, JobState::Pending, "requeued whole once every rank ended");
+    assert!(job.reason.to_string().contains("node"));
+    assert!(state.gpu_owner.is_empty(), "then every GPU of the gang is free");
+}
+
+#[test]
+fn a_rank_lost_with_its_agents_lease_requeues_the_gang_without_failing_it() {
+    let mut state = ClusterState::default();
+    run(&mut state, vec![Command::RegisterNode(node("a", 8)), Command::RegisterNode(node("b", 8))]);
+    submit(&mut state, "g", gang(2, 4));
+    run(
+        &mut state,
+        vec![Command::ApplyPlan(Plan { placements: vec![placement(1, &[("a", &[0, 1, 2, 3]), ("b", &[0, 1, 2, 3])])], ..Plan::default() })],
+    );
+    let alloc_id = state.jobs[&1].alloc.unwrap();
+    run(&mut state, vec![Command::AllocLost { alloc_id, rank: 1 }]);
+    assert_eq!(state.jobs[&1].state, JobState::Stopping, "rank 0 is asked to stop");
+    run(&mut state, vec![Command::AllocExited { alloc_id, rank: 0, exit_code: 143 }]);
+    let job = &state.jobs[&1];
+    assert_eq!((job.state, job.reason.code, job.failures), (JobState::Pending, ReasonCode::NodeLost, 0), "{job:?}");
+}
+
+#[test]
+fn node_down_ends_an_allocation_at_once_when_no_other_rank_runs() {
+    let mut state = ClusterState::default();
+    run(&mut state, vec![Command::RegisterNode(node("a", 8))]);
+    submit(&mut state, "one", gang(1, 4));
+    run(&mut state, vec![Command::ApplyPlan(Plan { placements: vec![placement(1, &[("a", &[0, 1, 2, 3])])], ..Plan::default() })]);
+    run(&mut state, vec![Command::NodeDown { node: "a".into() }]);
+    assert_eq!(state.jobs[&1].state, JobState::Pending);
+    assert!(state.gpu_owner.is_empty());
 }
 
 #[test]

@@ -6,12 +6,32 @@
 //! - a term starts with an empty table; a node first considered in this term
 //!   starts its grace period then (one TTL), so a failover alone never marks
 //!   a node down;
-//! - a node is silent when not heard from for more than the TTL;
+//! - a node is silent when not heard from for more than the TTL plus the
+//!   longest grace period of the jobs running there plus `LOSS_MARGIN_MS`:
+//!   its agent, cut off since its last heartbeat, stops those ranks once
+//!   its own lease (the same TTL, counted from that heartbeat) runs out, and
+//!   they are gone after their grace; only then may the jobs run elsewhere;
 //! - down nodes are forgotten, so one that comes back gets a fresh grace period.
 
 use std::collections::HashMap;
 
 use rota_core::state::{ClusterState, NodeState};
+
+/// Added to TTL + grace before a node is declared down: covers the rate
+/// difference of two monotonic clocks and the time a kill takes.
+pub const LOSS_MARGIN_MS: u64 = 1_000;
+
+/// The longest grace period of the jobs with a rank on `node`, in ms.
+fn longest_grace_ms(state: &ClusterState, node: &str) -> u64 {
+    state
+        .allocs
+        .values()
+        .filter(|alloc| alloc.ranks.iter().any(|rank| rank.node == node))
+        .filter_map(|alloc| state.jobs.get(&alloc.job_id))
+        .map(|job| job.spec.grace_period_s.saturating_mul(1000))
+        .max()
+        .unwrap_or(0)
+}
 
 #[derive(Debug)]
 pub struct HeartbeatTable {
@@ -52,7 +72,9 @@ impl HeartbeatTable {
         let mut silent = Vec::new();
         for node in state.nodes.values().filter(|n| n.state != NodeState::Down) {
             let seen_ms = *self.last_seen_ms.entry(node.name.clone()).or_insert(now_ms);
-            if now_ms.saturating_sub(seen_ms) > self.node_ttl_ms {
+            let quiet_ms = now_ms.saturating_sub(seen_ms);
+            // Cheap test first; the grace is looked up only for nodes past their TTL.
+            if quiet_ms > self.node_ttl_ms && quiet_ms > self.node_ttl_ms + longest_grace_ms(state, &node.name) + LOSS_MARGIN_MS {
                 silent.push(node.name.clone());
             }
         }
@@ -102,8 +124,8 @@ mod tests {
         let state = state_with(&["a", "b"]);
         let mut table = HeartbeatTable::new(3, TTL_MS);
         assert!(table.silent_nodes(&state, 50_000).is_empty(), "a new term never finds a node silent at once");
-        assert!(table.silent_nodes(&state, 50_000 + TTL_MS).is_empty(), "exactly the TTL is not past it");
-        assert_eq!(table.silent_nodes(&state, 50_001 + TTL_MS), ["a", "b"]);
+        assert!(table.silent_nodes(&state, 50_000 + TTL_MS + LOSS_MARGIN_MS).is_empty(), "exactly TTL + margin is not past it");
+        assert_eq!(table.silent_nodes(&state, 50_001 + TTL_MS + LOSS_MARGIN_MS), ["a", "b"]);
     }
 
     #[test]
@@ -112,9 +134,9 @@ mod tests {
         let mut table = HeartbeatTable::new(1, TTL_MS);
         table.silent_nodes(&state, 0);
         table.record("a", 900);
-        assert_eq!(table.silent_nodes(&state, 1_500), ["b"]);
-        assert!(table.silent_nodes(&state, 1_900).contains(&"b".to_string()));
-        assert_eq!(table.silent_nodes(&state, 1_901), ["a", "b"]);
+        assert_eq!(table.silent_nodes(&state, 2_500), ["b"]);
+        assert!(table.silent_nodes(&state, 2_900).contains(&"b".to_string()));
+        assert_eq!(table.silent_nodes(&state, 2_901), ["a", "b"]);
     }
 
     #[test]
@@ -123,7 +145,7 @@ mod tests {
         let mut table = HeartbeatTable::new(1, TTL_MS);
         table.record("a", 5_000);
         table.record("a", 100);
-        assert!(table.silent_nodes(&state, 5_500).is_empty());
+        assert!(table.silent_nodes(&state, 6_500).is_empty());
     }
 
     #[test]
@@ -140,8 +162,30 @@ mod tests {
         state.nodes.insert("a".into(), again);
         state.applied_index = index;
         assert!(table.silent_nodes(&state, 20_000).is_empty());
-        assert!(table.silent_nodes(&state, 21_000).is_empty());
-        assert_eq!(table.silent_nodes(&state, 21_001), ["a"]);
+        assert!(table.silent_nodes(&state, 22_000).is_empty());
+        assert_eq!(table.silent_nodes(&state, 22_001), ["a"]);
+    }
+
+    #[test]
+    fn a_node_running_a_job_gets_its_grace_period_on_top_of_the_ttl() {
+        let mut state = state_with(&["a"]);
+        let mut spec = rota_core::state::JobSpec::simple(&["train"]);
+        spec.grace_period_s = 30;
+        let plan = rota_core::state::Plan {
+            placements: vec![rota_core::state::Placement {
+                job_id: 1,
+                ranks: vec![rota_core::state::RankPlacement { node: "a".into(), gpus: vec![0] }],
+            }],
+            ..Default::default()
+        };
+        let commands = vec![Command::SubmitJob { request_id: None, spec }, Command::ApplyPlan(plan)];
+        state.apply_proposal(2, &Proposal { now_ms: 3, commands });
+        assert_eq!(state.allocs.len(), 1);
+        let mut table = HeartbeatTable::new(1, TTL_MS);
+        table.record("a", 0);
+        let due_ms = TTL_MS + 30_000 + LOSS_MARGIN_MS;
+        assert!(table.silent_nodes(&state, due_ms).is_empty(), "its ranks may still be in their grace period");
+        assert_eq!(table.silent_nodes(&state, due_ms + 1), ["a"]);
     }
 
     #[test]

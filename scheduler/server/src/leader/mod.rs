@@ -403,9 +403,10 @@ mod tests {
         leadership.start_term(3);
         assert_eq!(leadership.term(), Some(3));
         assert!(leadership.silent_nodes(&state).is_empty(), "first sight starts the grace period");
-        std::thread::sleep(Duration::from_millis(2));
-        assert_eq!(leadership.silent_nodes(&state), vec!["a".to_string()]);
+        // When a node becomes silent is the heartbeat table's rule, tested
+        // there with explicit times; here, that terms start and end.
         leadership.end_term();
+        assert_eq!(leadership.term(), None);
         leadership.start_term(4);
         assert!(leadership.silent_nodes(&state).is_empty(), "a new term starts fresh");
     }
