@@ -267,7 +267,7 @@ impl LocalCluster {
                 return Ok(leader);
             }
             if Instant::now() > deadline {
-                bail!("no agreed leader within {timeout:?}");
+                bail!("no agreed leader within {timeout:?}\n{}", self.describe().await);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -287,6 +287,22 @@ impl LocalCluster {
             seen = Some(status.leader_id);
         }
         seen
+    }
+
+    /// Each replica's process, status and log tail: what a failed wait shows.
+    pub async fn describe(&self) -> String {
+        let mut text = String::new();
+        for (&id, replica) in &self.replicas {
+            let alive = replica.pid().is_some_and(process_alive);
+            let status = self.status(id).await.map(|s| format!("leader {} term {} commit {}", s.leader_id, s.term, s.commit_index));
+            text.push_str(&format!(
+                "replica {id} pid {:?} alive {alive} paused {} status {status:?}\n{}\n",
+                replica.pid(),
+                replica.paused,
+                self.log_tail(id, 1_500)
+            ));
+        }
+        text
     }
 
     /// Wait until replica `id` has applied at least `index`.
@@ -347,6 +363,14 @@ pub fn channel(addr: &str) -> Result<Channel> {
         .timeout(Duration::from_secs(10))
         .tcp_nodelay(true)
         .connect_lazy())
+}
+
+/// Is a process with this PID alive (not a zombie)?
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').and_then(|i| s[i + 1..].split_whitespace().next().map(str::to_string)))
+        .is_some_and(|state| state != "Z" && state != "X")
 }
 
 fn signal(pid: u32, signal: libc::c_int) {

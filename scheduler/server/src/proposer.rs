@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::clock::{proposal_time_ms, wall_clock_ms};
 use crate::replicated::Replicated;
-use rota_core::state::{Command, CommandResult, Proposal};
+use rota_core::state::{codec, Command, CommandResult, Proposal};
 
 /// Commands in one Raft entry at most.
 const MAX_BATCH: usize = 4096;
@@ -61,7 +61,7 @@ impl Proposer {
     pub async fn tick(&self, replica: &Replica<Replicated>) -> Result<u64, WriteError> {
         let committed_ms = replica.read(|replicated| replicated.state.now_ms);
         let proposal = Proposal { now_ms: proposal_time_ms(wall_clock_ms(), committed_ms), commands: Vec::new() };
-        let payload = bincode::serialize(&proposal).map_err(|e| WriteError::Unavailable(format!("unencodable tick: {e}")))?;
+        let payload = codec::encode_proposal(&proposal);
         replica.write(payload).await.map(|written| written.index)
     }
 }
@@ -105,7 +105,7 @@ async fn write_batch(replica: &Replica<Replicated>, batch: Vec<Pending>) {
     debug_assert!(!commands.is_empty());
     let committed_ms = replica.read(|replicated| replicated.state.now_ms);
     let proposal = Proposal { now_ms: proposal_time_ms(wall_clock_ms(), committed_ms), commands };
-    let payload = bincode::serialize(&proposal).expect("proposal serializes");
+    let payload = codec::encode_proposal(&proposal);
     let written = replica.write(payload).await;
     let results: Result<(u64, Vec<CommandResult>), WriteError> = written.and_then(|w| {
         let results: Vec<CommandResult> =

@@ -1,5 +1,7 @@
 //! The bridge between rota-consensus and the cluster state: a log entry's
-//! payload is a bincode `Proposal`, its response a bincode `Vec<CommandResult>`.
+//! payload is a `Proposal` in the versioned format of `rota_core::state::codec`,
+//! its response a bincode `Vec<CommandResult>` (read only by the proposer on
+//! the same replica).
 //!
 //! While this replica leads, every applied payload is also copied into a
 //! bounded [`Journal`], from which the leader brings its own copy of the state
@@ -11,7 +13,21 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use rota_consensus::StateMachine;
 
-use rota_core::state::{ClusterState, CommandResult, Proposal, Rejection};
+use rota_core::state::codec::{self, CodecError};
+use rota_core::state::{ClusterState, CommandResult, Rejection};
+
+/// Exit status of a replica that met an entry in a newer format (EX_CONFIG).
+const EXIT_FORMAT_TOO_NEW: i32 = 78;
+
+/// An entry this build cannot read must not be skipped or applied in part:
+/// the replica's state would differ from its peers'. It stops, saying which
+/// format it met; once upgraded it replays the entry from its log.
+fn stop_for_newer_format(index: u64, error: &CodecError) -> ! {
+    tracing::error!(index, %error, "a committed entry is in a newer format than this build reads; stopping");
+    eprintln!("rota server: entry {index}: {error}");
+    // SAFETY: ends the process at once (see the storage-failure exit).
+    unsafe { libc::_exit(EXIT_FORMAT_TOO_NEW) }
+}
 
 /// Most payloads the journal holds before the planner must copy the state anew.
 const JOURNAL_MAX_ENTRIES: usize = 100_000;
@@ -26,8 +42,9 @@ pub struct Replicated {
 
 /// Apply one payload to a state, exactly as the replicated state machine does.
 fn apply_payload(state: &mut ClusterState, index: u64, payload: &[u8]) -> Vec<CommandResult> {
-    match bincode::deserialize::<Proposal>(payload) {
+    match codec::decode_proposal(payload) {
         Ok(proposal) => state.apply_proposal(index, &proposal),
+        Err(error @ CodecError::TooNew { .. }) => stop_for_newer_format(index, &error),
         Err(error) => {
             // Every replica fails to decode the same bytes the same way.
             state.applied_index = index;
@@ -162,12 +179,12 @@ impl Drop for PlannerCopy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rota_core::state::{Command, JobSpec};
+    use rota_core::state::{Command, JobSpec, Proposal};
 
     fn payload(now_ms: u64, request: &str) -> Vec<u8> {
         let spec = JobSpec::simple(&["train.py"]);
         let commands = vec![Command::SubmitJob { request_id: Some(request.into()), spec }];
-        bincode::serialize(&Proposal { now_ms, commands }).expect("serialize")
+        codec::encode_proposal(&Proposal { now_ms, commands })
     }
 
     fn replicated() -> Replicated {

@@ -6,6 +6,7 @@
 //! placed whole or not at all.
 
 mod apply;
+pub mod codec;
 pub use apply::gpu_matches;
 pub mod command;
 pub mod dedupe;
@@ -118,13 +119,13 @@ impl ClusterState {
         proposal.commands.iter().map(|command| self.apply(index, command)).collect()
     }
 
-    /// The whole state, serialized compactly (bincode).
+    /// The whole state in the versioned snapshot format (see `codec`).
     pub fn to_snapshot(&self) -> Vec<u8> {
-        bincode::serialize(self).expect("state serializes")
+        codec::encode_snapshot(self)
     }
 
     pub fn from_snapshot(bytes: &[u8]) -> Result<ClusterState, String> {
-        bincode::deserialize(bytes).map_err(|e| format!("corrupt state snapshot: {e}"))
+        codec::decode_snapshot(bytes).map_err(|e| e.to_string())
     }
 
     /// Runtime limit of a job: its own, else its queue's default.

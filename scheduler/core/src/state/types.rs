@@ -58,7 +58,6 @@ pub struct JobSpec {
     pub max_retries: u32,
     /// 0 = never. Once the job has waited this long since submit, a `High`
     /// priority falls back to `Medium` (the policy reads it; apply does not).
-    #[serde(default)]
     pub priority_ttl_s: u64,
 }
 

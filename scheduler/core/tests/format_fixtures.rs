@@ -1,0 +1,125 @@
+//! Every build reads what earlier builds wrote. The fixtures are a log entry
+//! holding one command of every kind and the snapshot of a small cluster,
+//! each as written by the build that introduced its format version; they
+//! are committed and never rewritten. A build whose types changed layout
+//! without a new format version (and a decoder for the old one) fails here.
+//!
+//! `ROTA_WRITE_FIXTURES=1` writes the fixtures of the current version once,
+//! when its files do not exist yet.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use rota_core::state::codec::{self, FORMAT_VERSION};
+use rota_core::state::{
+    ClusterState, Command, GpuInfo, GroupQuota, JobSpec, NodeRegistration, PendingNote, Placement, Plan, Priority, Proposal, QueueConfig,
+    RankPlacement, Stop, StopReason,
+};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+fn registration() -> NodeRegistration {
+    let gpus = (0..2)
+        .map(|index| GpuInfo {
+            index,
+            uuid: format!("GPU-n1-{index}"),
+            model: "H100-80GB".into(),
+            memory_mib: 81_920,
+            healthy: true,
+            nvlink_domain: Some(0),
+        })
+        .collect();
+    NodeRegistration { name: "n1".into(), address: "127.0.0.1:9000".into(), rack: "r1".into(), leaf: "l1".into(), gpus }
+}
+
+fn spec() -> JobSpec {
+    let mut spec = JobSpec::simple(&["python", "train.py"]);
+    spec.name = "fixture".into();
+    spec.group = "vision".into();
+    spec.priority = Priority::High;
+    spec.env = BTreeMap::from([("SEED".to_string(), "7".to_string())]);
+    spec.runtime_limit_s = 3_600;
+    spec.priority_ttl_s = 600;
+    spec
+}
+
+/// One command of every kind, in the order of the `Command` enum.
+fn every_command() -> Proposal {
+    let plan = Plan {
+        computed_at_index: 4,
+        placements: vec![Placement { job_id: 1, ranks: vec![RankPlacement { node: "n1".into(), gpus: vec![0] }] }],
+        stops: vec![Stop { alloc_id: 1, reason: StopReason::Preempted }],
+        pending: vec![PendingNote { job_id: 2, reason: Default::default(), estimated_start_ms: Some(5) }],
+    };
+    let quota =
+        GroupQuota { group: "vision".into(), gpus: 2, per_model: BTreeMap::new(), lend: true, lend_to: vec![], borrow_limit: Some(1) };
+    Proposal {
+        now_ms: 1_700_000_000_000,
+        commands: vec![
+            Command::SubmitJob { request_id: Some("req-1".into()), spec: spec() },
+            Command::CancelJob { job_id: 9 },
+            Command::RegisterNode(registration()),
+            Command::NodeHealth { node: "n1".into(), unhealthy_gpus: vec![1] },
+            Command::DrainNode { node: "n1".into(), drain: true },
+            Command::NodeDown { node: "n2".into() },
+            Command::ApplyPlan(plan),
+            Command::AllocStarted { alloc_id: 1, rank: 0 },
+            Command::AllocExited { alloc_id: 1, rank: 0, exit_code: 137 },
+            Command::Checkpoint { alloc_id: 1, at_ms: 1_700_000_100_000 },
+            Command::SetQueue(QueueConfig::defaults()[0].clone()),
+            Command::SetQuota(quota),
+            Command::AllocLost { alloc_id: 1, rank: 0 },
+        ],
+    }
+}
+
+/// A small cluster: a node, a quota, a running and a pending job.
+fn small_cluster() -> ClusterState {
+    let mut state = ClusterState::default();
+    let quota = GroupQuota { group: "vision".into(), gpus: 2, per_model: BTreeMap::new(), lend: true, lend_to: vec![], borrow_limit: None };
+    let setup = vec![
+        Command::RegisterNode(registration()),
+        Command::SetQuota(quota),
+        Command::SubmitJob { request_id: Some("a".into()), spec: spec() },
+        Command::SubmitJob { request_id: Some("b".into()), spec: JobSpec { gpus_per_replica: 2, ..spec() } },
+    ];
+    state.apply_proposal(1, &Proposal { now_ms: 1_700_000_000_000, commands: setup });
+    let plan = Plan {
+        placements: vec![Placement { job_id: 1, ranks: vec![RankPlacement { node: "n1".into(), gpus: vec![0] }] }],
+        ..Plan::default()
+    };
+    state.apply_proposal(2, &Proposal { now_ms: 1_700_000_001_000, commands: vec![Command::ApplyPlan(plan)] });
+    state.check_invariants().expect("a consistent fixture");
+    state
+}
+
+fn write_once(name: &str, bytes: &[u8]) {
+    let path = fixture(name);
+    if std::env::var("ROTA_WRITE_FIXTURES").is_ok_and(|v| v == "1") && !path.exists() {
+        std::fs::write(&path, bytes).expect("fixture written");
+    }
+}
+
+#[test]
+fn the_log_entry_fixture_of_every_version_decodes() {
+    write_once(&format!("entry-v{FORMAT_VERSION}.bin"), &codec::encode_proposal(&every_command()));
+    let bytes = std::fs::read(fixture("entry-v1.bin")).expect("the v1 entry fixture is committed");
+    assert_eq!(codec::decode_proposal(&bytes).expect("v1 entries decode"), every_command());
+}
+
+#[test]
+fn the_snapshot_fixture_of_every_version_decodes() {
+    write_once(&format!("snapshot-v{FORMAT_VERSION}.bin"), &codec::encode_snapshot(&small_cluster()));
+    let bytes = std::fs::read(fixture("snapshot-v1.bin")).expect("the v1 snapshot fixture is committed");
+    let restored = codec::decode_snapshot(&bytes).expect("v1 snapshots decode");
+    restored.check_invariants().expect("a restored fixture is consistent");
+    assert_eq!(restored, small_cluster());
+}
+
+#[test]
+fn this_build_writes_its_own_version() {
+    let bytes = codec::encode_proposal(&every_command());
+    assert_eq!(codec::version_of("entry", &bytes).expect("a header").0, FORMAT_VERSION);
+}
