@@ -49,7 +49,8 @@ impl Reconciler {
     /// until the first assignment set arrives.
     pub fn adopt(shared: Arc<Shared>) -> Reconciler {
         let local = LocalRanks::adopt(&shared.ranks_root);
-        Reconciler { shared, local, desired: None, lease: Lease::Held }
+        let lease = if shared.lease_held() { Lease::Held } else { Lease::Expired };
+        Reconciler { shared, local, desired: None, lease }
     }
 
     async fn run(&mut self, mut updates: watch::Receiver<Option<Desired>>) {

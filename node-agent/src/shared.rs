@@ -7,8 +7,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use std::time::Instant;
-
 use crate::control::ControlPlane;
 use crate::freshness::LeaderIndexes;
 use crate::inventory::{Gpu, GpuSource};
@@ -16,8 +14,22 @@ use crate::rankdir;
 
 const INDEX_FILE: &str = "assignments.index";
 const TTL_FILE: &str = "node_ttl_ms";
+/// Where the lease's end is kept, in `boottime_ms`: a restarted agent keeps
+/// the lease it had, no longer (a reboot ends it, as it ends the ranks).
+const LEASE_FILE: &str = "lease_until_boottime_ms";
 /// The node TTL assumed until a leader announces one (the server's default).
 const DEFAULT_TTL_MS: u64 = 30_000;
+
+/// Milliseconds since the host booted (CLOCK_BOOTTIME): monotonic, counts
+/// suspended time, and is the same clock for every process of this boot, so
+/// a lease survives an agent restart.
+pub fn boottime_ms() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    let result = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+    assert_eq!(result, 0, "CLOCK_BOOTTIME is available on Linux");
+    (now.tv_sec as u64).saturating_mul(1000).saturating_add(now.tv_nsec as u64 / 1_000_000)
+}
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -49,8 +61,6 @@ pub struct Shared {
     /// The leader's applied index from each heartbeat answer, to tell
     /// whether the assignment watch keeps up (see `freshness`).
     leader_indexes: Mutex<LeaderIndexes>,
-    /// Start of this agent's monotonic clock.
-    epoch: Instant,
     /// Monotonic ms until which the agent holds its lease on the node: the
     /// send time of the last acknowledged heartbeat plus the node TTL.
     lease_until_ms: AtomicU64,
@@ -67,6 +77,7 @@ impl Shared {
         let highest = std::fs::read_to_string(config.data_dir.join(INDEX_FILE)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
         let ttl_ms =
             std::fs::read_to_string(config.data_dir.join(TTL_FILE)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(DEFAULT_TTL_MS);
+        let lease_until = read_lease(&config.data_dir.join(LEASE_FILE));
         Ok(Arc::new(Shared {
             config,
             control,
@@ -76,16 +87,17 @@ impl Shared {
             gpus: Mutex::new(source),
             inventory,
             leader_indexes: Mutex::new(LeaderIndexes::default()),
-            epoch: Instant::now(),
-            // A starting agent gets one TTL to reach the control plane.
-            lease_until_ms: AtomicU64::new(ttl_ms),
+            // The lease this node held before a restart, if any; a new agent
+            // holds none until its first heartbeat is acknowledged, and so
+            // starts nothing before it knows the leader's TTL.
+            lease_until_ms: AtomicU64::new(lease_until),
             ttl_ms: AtomicU64::new(ttl_ms),
         }))
     }
 
-    /// Monotonic ms since the agent started.
+    /// Monotonic ms (the host's boot time clock).
     pub fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        boottime_ms()
     }
 
     /// A heartbeat sent at `sent_ms` was acknowledged with the node TTL
@@ -100,6 +112,11 @@ impl Shared {
         // the lease (replacing the start-up guess, longer or shorter).
         let until_ms = sent_ms.saturating_add(self.ttl_ms.load(Ordering::SeqCst));
         self.lease_until_ms.store(until_ms, Ordering::SeqCst);
+        // Not synced: losing the last few renewals in a crash only shortens
+        // the lease a restarted agent believes it has (the safe direction).
+        if let Err(error) = std::fs::write(self.config.data_dir.join(LEASE_FILE), format!("{} {until_ms}", boot_id())) {
+            tracing::warn!(%error, "cannot persist the lease");
+        }
     }
 
     /// Whether the agent still holds its lease on the node now.
@@ -133,5 +150,19 @@ impl Shared {
                 tracing::warn!(%error, "cannot persist the assignment index");
             }
         }
+    }
+}
+
+/// This boot's identity: a lease kept across a reboot means nothing.
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+/// The persisted lease end, if it was written during this boot.
+fn read_lease(path: &std::path::Path) -> u64 {
+    let Ok(text) = std::fs::read_to_string(path) else { return 0 };
+    match text.split_once(' ') {
+        Some((boot, until_ms)) if boot == boot_id() && !boot.is_empty() => until_ms.trim().parse().unwrap_or(0),
+        _ => 0,
     }
 }

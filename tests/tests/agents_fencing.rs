@@ -78,6 +78,7 @@ while [ ! -e "$MARK_DIR/go" ]; do sleep 0.05; done"#;
     for link in &links[cut_node.as_str()] {
         link.cut();
     }
+    let cut_at = Instant::now();
 
     // Watch the processes themselves until the second attempt's ranks start.
     let deadline = Instant::now() + WAIT;
@@ -86,7 +87,13 @@ while [ ! -e "$MARK_DIR/go" ]; do sleep 0.05; done"#;
         let second: Vec<_> = now.iter().filter(|((_, attempt), _)| *attempt == 2).collect();
         if !second.is_empty() {
             let alive: Vec<_> = first.iter().filter(|(_, pid)| pid_alive(*pid)).collect();
-            ensure!(alive.is_empty(), "attempt 2 started ({second:?}) while attempt 1 still ran: {alive:?}");
+            if !alive.is_empty() {
+                let cut_agent = agents.iter().find(|a| a.name == cut_node).map(|a| a.log_tail(6_000)).unwrap_or_default();
+                bail!(
+                    "attempt 2 started ({second:?}) {} ms after the cut while attempt 1 still ran: {alive:?}\nagent of {cut_node}:\n{cut_agent}",
+                    cut_at.elapsed().as_millis()
+                );
+            }
             break;
         }
         if Instant::now() > deadline {

@@ -7,7 +7,8 @@
 //!   starts its grace period then (one TTL), so a failover alone never marks
 //!   a node down;
 //! - a node is silent when not heard from for more than the TTL plus the
-//!   longest grace period of the jobs running there plus `LOSS_MARGIN_MS`:
+//!   longest grace period of the jobs running there plus a margin
+//!   (`loss_margin_ms`):
 //!   its agent, cut off since its last heartbeat, stops those ranks once
 //!   its own lease (the same TTL, counted from that heartbeat) runs out, and
 //!   they are gone after their grace; only then may the jobs run elsewhere;
@@ -17,9 +18,14 @@ use std::collections::HashMap;
 
 use rota_core::state::{ClusterState, NodeState};
 
-/// Added to TTL + grace before a node is declared down: covers the rate
-/// difference of two monotonic clocks and the time a kill takes.
-pub const LOSS_MARGIN_MS: u64 = 1_000;
+/// Added to TTL + grace before a node is declared down. It covers what lies
+/// between the agent's lease running out and its ranks being gone: its
+/// reconcile pass (every 200 ms), the kill itself, a host too busy to run
+/// the agent at once, and the rate difference of two monotonic clocks. A
+/// quarter of the TTL on top of 2 s: 2.5 s at a 2 s TTL, 9.5 s at 30 s.
+pub fn loss_margin_ms(node_ttl_ms: u64) -> u64 {
+    2_000 + node_ttl_ms / 4
+}
 
 /// The longest grace period of the jobs with a rank on `node`, in ms.
 fn longest_grace_ms(state: &ClusterState, node: &str) -> u64 {
@@ -74,7 +80,8 @@ impl HeartbeatTable {
             let seen_ms = *self.last_seen_ms.entry(node.name.clone()).or_insert(now_ms);
             let quiet_ms = now_ms.saturating_sub(seen_ms);
             // Cheap test first; the grace is looked up only for nodes past their TTL.
-            if quiet_ms > self.node_ttl_ms && quiet_ms > self.node_ttl_ms + longest_grace_ms(state, &node.name) + LOSS_MARGIN_MS {
+            let limit_ms = self.node_ttl_ms + loss_margin_ms(self.node_ttl_ms);
+            if quiet_ms > limit_ms && quiet_ms > limit_ms + longest_grace_ms(state, &node.name) {
                 silent.push(node.name.clone());
             }
         }
@@ -88,6 +95,8 @@ mod tests {
     use rota_core::state::{Command, GpuInfo, NodeRegistration, Proposal};
 
     const TTL_MS: u64 = 1_000;
+    /// `loss_margin_ms(TTL_MS)`.
+    const MARGIN_MS: u64 = 2_250;
 
     fn state_with(nodes: &[&str]) -> ClusterState {
         let mut state = ClusterState::default();
@@ -121,11 +130,12 @@ mod tests {
 
     #[test]
     fn first_sight_in_a_term_starts_the_grace_period() {
+        assert_eq!(loss_margin_ms(TTL_MS), MARGIN_MS);
         let state = state_with(&["a", "b"]);
         let mut table = HeartbeatTable::new(3, TTL_MS);
         assert!(table.silent_nodes(&state, 50_000).is_empty(), "a new term never finds a node silent at once");
-        assert!(table.silent_nodes(&state, 50_000 + TTL_MS + LOSS_MARGIN_MS).is_empty(), "exactly TTL + margin is not past it");
-        assert_eq!(table.silent_nodes(&state, 50_001 + TTL_MS + LOSS_MARGIN_MS), ["a", "b"]);
+        assert!(table.silent_nodes(&state, 50_000 + TTL_MS + MARGIN_MS).is_empty(), "exactly TTL + margin is not past it");
+        assert_eq!(table.silent_nodes(&state, 50_001 + TTL_MS + MARGIN_MS), ["a", "b"]);
     }
 
     #[test]
@@ -134,9 +144,9 @@ mod tests {
         let mut table = HeartbeatTable::new(1, TTL_MS);
         table.silent_nodes(&state, 0);
         table.record("a", 900);
-        assert_eq!(table.silent_nodes(&state, 2_500), ["b"]);
-        assert!(table.silent_nodes(&state, 2_900).contains(&"b".to_string()));
-        assert_eq!(table.silent_nodes(&state, 2_901), ["a", "b"]);
+        assert_eq!(table.silent_nodes(&state, 3_500), ["b"]);
+        assert!(table.silent_nodes(&state, 4_150).contains(&"b".to_string()));
+        assert_eq!(table.silent_nodes(&state, 4_151), ["a", "b"]);
     }
 
     #[test]
@@ -145,7 +155,7 @@ mod tests {
         let mut table = HeartbeatTable::new(1, TTL_MS);
         table.record("a", 5_000);
         table.record("a", 100);
-        assert!(table.silent_nodes(&state, 6_500).is_empty());
+        assert!(table.silent_nodes(&state, 8_000).is_empty());
     }
 
     #[test]
@@ -162,8 +172,8 @@ mod tests {
         state.nodes.insert("a".into(), again);
         state.applied_index = index;
         assert!(table.silent_nodes(&state, 20_000).is_empty());
-        assert!(table.silent_nodes(&state, 22_000).is_empty());
-        assert_eq!(table.silent_nodes(&state, 22_001), ["a"]);
+        assert!(table.silent_nodes(&state, 23_250).is_empty());
+        assert_eq!(table.silent_nodes(&state, 23_251), ["a"]);
     }
 
     #[test]
@@ -183,7 +193,7 @@ mod tests {
         assert_eq!(state.allocs.len(), 1);
         let mut table = HeartbeatTable::new(1, TTL_MS);
         table.record("a", 0);
-        let due_ms = TTL_MS + 30_000 + LOSS_MARGIN_MS;
+        let due_ms = TTL_MS + 30_000 + MARGIN_MS;
         assert!(table.silent_nodes(&state, due_ms).is_empty(), "its ranks may still be in their grace period");
         assert_eq!(table.silent_nodes(&state, due_ms + 1), ["a"]);
     }
