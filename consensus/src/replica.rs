@@ -330,6 +330,14 @@ impl<S: StateMachine> Replica<S> {
         contact.age_ms.map(|age| age + contact.read_at.elapsed().as_millis() as u64)
     }
 
+    /// The current term if this replica leads it, else None. Cheap (no copy
+    /// of the metrics, no member list): for checks made on every request.
+    pub fn leading_term(&self) -> Option<u64> {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow();
+        (m.state == ServerState::Leader && m.current_leader == Some(m.id)).then_some(m.current_term)
+    }
+
     pub fn status(&self) -> ClusterStatus {
         let m = self.inner.raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();

@@ -82,8 +82,7 @@ impl AgentApi {
     }
 
     async fn heartbeat_here(&self, message: &pb::HeartbeatRequest) -> Result<pb::HeartbeatResponse, Status> {
-        let status = self.ctx.replica.status();
-        if status.leader_id != Some(status.id) {
+        if self.ctx.replica.leading_term().is_none() {
             return Err(self.not_leader());
         }
         // A leader cut off from its quorum must not absorb heartbeats: the

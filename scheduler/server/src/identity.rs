@@ -18,11 +18,8 @@
 //! as a learner and so cannot break a quorum's promises.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use rota_consensus::{NodeId, DB_DIR};
-use rota_proto::v1::cluster_service_client::ClusterServiceClient;
-use rota_proto::v1::GetClusterStatusRequest;
 use serde::{Deserialize, Serialize};
 
 const MARKER_FILE: &str = "identity.json";
@@ -108,11 +105,7 @@ fn write_marker(data_dir: &Path, marker: &Marker) -> Result<(), String> {
 /// leader tracks what each follower matched.
 async fn peers_knew_data_of(id: NodeId, peers: &[String]) -> Option<String> {
     for addr in peers {
-        let Ok(endpoint) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")) else { continue };
-        let endpoint = endpoint.connect_timeout(Duration::from_millis(PEER_TIMEOUT_MS)).timeout(Duration::from_millis(PEER_TIMEOUT_MS));
-        let Ok(channel) = endpoint.connect().await else { continue };
-        let Ok(reply) = ClusterServiceClient::new(channel).get_cluster_status(GetClusterStatusRequest {}).await else { continue };
-        let status = reply.into_inner();
+        let Some(status) = crate::peer_status(addr, PEER_TIMEOUT_MS, PEER_TIMEOUT_MS).await else { continue };
         let leads = status.leader_id == status.replica_id;
         if let Some(member) = status.members.iter().find(|m| m.id == id && leads && m.matched_index > 0) {
             return Some(format!(

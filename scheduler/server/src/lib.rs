@@ -110,8 +110,7 @@ impl Context {
             )));
         }
         // A leader takes work only once its clock agrees with its peers'.
-        let status = self.replica.status();
-        if status.leader_id == Some(status.id) && !self.leader.clock_verified(status.term) {
+        if self.replica.leading_term().is_some_and(|term| !self.leader.clock_verified(term)) {
             return Err(tonic::Status::unavailable("this leader has not yet checked its clock against its peers'; try again"));
         }
         Ok(())
@@ -237,13 +236,18 @@ async fn bootstrap(config: ServerConfig, replica: Replica<Replicated>) {
 }
 
 async fn peer_has_cluster(addr: &str) -> bool {
-    let Ok(endpoint) = Endpoint::from_shared(format!("http://{addr}")) else { return false };
-    let endpoint = endpoint.connect_timeout(Duration::from_millis(500)).timeout(Duration::from_millis(1_000));
-    let Ok(channel) = endpoint.connect().await else { return false };
-    let Ok(status) = ClusterServiceClient::new(channel).get_cluster_status(GetClusterStatusRequest {}).await else {
-        return false;
-    };
-    !status.into_inner().members.is_empty()
+    peer_status(addr, 500, 1_000).await.is_some_and(|status| !status.members.is_empty())
+}
+
+/// A peer's cluster status over a connection of its own, asked before this
+/// replica serves (bootstrap, data-directory check); None if it does not
+/// answer in time.
+async fn peer_status(addr: &str, connect_timeout_ms: u64, timeout_ms: u64) -> Option<rota_proto::v1::ClusterStatus> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}")).ok()?;
+    let endpoint = endpoint.connect_timeout(Duration::from_millis(connect_timeout_ms)).timeout(Duration::from_millis(timeout_ms));
+    let channel = endpoint.connect().await.ok()?;
+    let status = ClusterServiceClient::new(channel).get_cluster_status(GetClusterStatusRequest {}).await.ok()?;
+    Some(status.into_inner())
 }
 
 #[cfg(test)]
