@@ -19,6 +19,9 @@ const TTL_FILE: &str = "node_ttl_ms";
 const LEASE_FILE: &str = "lease_until_boottime_ms";
 /// The node TTL assumed until a leader announces one (the server's default).
 const DEFAULT_TTL_MS: u64 = 30_000;
+/// The longest TTL the agent accepts, from a file or an answer: a corrupt
+/// value must not let a cut-off node keep its ranks running for days.
+const MAX_TTL_MS: u64 = 3_600_000;
 
 /// Milliseconds since the host booted (CLOCK_BOOTTIME): monotonic, counts
 /// suspended time, and is the same clock for every process of this boot, so
@@ -77,7 +80,9 @@ impl Shared {
         let highest = std::fs::read_to_string(config.data_dir.join(INDEX_FILE)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
         let ttl_ms =
             std::fs::read_to_string(config.data_dir.join(TTL_FILE)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(DEFAULT_TTL_MS);
-        let lease_until = read_lease(&config.data_dir.join(LEASE_FILE));
+        let ttl_ms = ttl_ms.clamp(1, MAX_TTL_MS);
+        // A lease is never longer than one TTL from now, whatever the file says.
+        let lease_until = read_lease(&config.data_dir.join(LEASE_FILE)).min(boottime_ms().saturating_add(ttl_ms));
         Ok(Arc::new(Shared {
             config,
             control,
@@ -103,6 +108,7 @@ impl Shared {
     /// A heartbeat sent at `sent_ms` was acknowledged with the node TTL
     /// `ttl_ms` (0: unchanged): the lease runs until `sent_ms` + TTL.
     pub(crate) fn renew_lease(&self, sent_ms: u64, ttl_ms: u64) {
+        let ttl_ms = ttl_ms.min(MAX_TTL_MS);
         if ttl_ms > 0 && self.ttl_ms.swap(ttl_ms, Ordering::SeqCst) != ttl_ms {
             if let Err(error) = rankdir::write_atomic(&self.config.data_dir.join(TTL_FILE), ttl_ms.to_string().as_bytes()) {
                 tracing::warn!(%error, "cannot persist the node TTL");
