@@ -366,7 +366,7 @@ pub fn channel(addr: &str) -> Result<Channel> {
 }
 
 /// Is a process with this PID alive (not a zombie)?
-fn process_alive(pid: u32) -> bool {
+pub fn process_alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| s.rfind(')').and_then(|i| s[i + 1..].split_whitespace().next().map(str::to_string)))

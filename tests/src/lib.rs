@@ -213,11 +213,33 @@ pub fn read_env(path: &std::path::Path) -> Result<std::collections::BTreeMap<Str
 }
 
 /// Is a process with this PID alive (and not a zombie)?
-pub fn pid_alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rfind(')').and_then(|i| s[i + 1..].split_whitespace().next().map(str::to_string)))
-        .is_some_and(|state| state != "Z" && state != "X")
+pub use rota_chaos::cluster::process_alive as pid_alive;
+
+/// A replica's Prometheus text, read over plain HTTP from its metrics address.
+pub fn scrape_metrics(addr: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    Ok(body)
+}
+
+/// The registration of a node with `gpus` H100s, for tests that act as the
+/// node's agent themselves.
+pub fn fake_registration(name: &str, gpus: u32) -> pb::RegisterNodeRequest {
+    let gpus = (0..gpus)
+        .map(|index| pb::GpuInventory {
+            index,
+            uuid: format!("GPU-{name}-{index}"),
+            model: "H100-80GB".into(),
+            memory_mib: 81_920,
+            healthy: true,
+            nvlink_peers: vec![],
+        })
+        .collect();
+    pb::RegisterNodeRequest { name: name.into(), address: "127.0.0.1:1".into(), rack: "r1".into(), leaf: "l1".into(), gpus }
 }
 
 /// Read a marker file holding a number, once it exists.

@@ -1,22 +1,11 @@
 //! Every replica serves Prometheus metrics: leadership, term, indexes,
 //! leader changes, submits and request latency histograms.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use rota_chaos::cluster::{ClusterOptions, LocalCluster};
-use rota_e2e::{submit_request, wait_until, AnyReplica};
-
-fn scrape(addr: &str) -> Result<String> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body)?;
-    Ok(body)
-}
+use rota_e2e::{scrape_metrics as scrape, submit_request, wait_until, AnyReplica};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_serve_prometheus_metrics() -> Result<()> {

@@ -9,28 +9,9 @@ use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use rota_chaos::cluster::{channel, ClusterOptions, LocalCluster};
-use rota_e2e::{spec, AnyReplica};
+use rota_e2e::{fake_registration, spec, AnyReplica};
 use rota_proto::v1 as pb;
 use rota_proto::v1::agent_service_client::AgentServiceClient;
-
-fn registration(gpus: u32) -> pb::RegisterNodeRequest {
-    pb::RegisterNodeRequest {
-        name: "n1".into(),
-        address: "127.0.0.1:1".into(),
-        rack: "r1".into(),
-        leaf: "l1".into(),
-        gpus: (0..gpus)
-            .map(|index| pb::GpuInventory {
-                index,
-                uuid: format!("GPU-n1-{index}"),
-                model: "H100-80GB".into(),
-                memory_mib: 81_920,
-                healthy: true,
-                nvlink_peers: vec![],
-            })
-            .collect(),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reregistering_with_fewer_gpus_requeues_the_jobs_on_the_vanished_ones() -> Result<()> {
@@ -38,13 +19,13 @@ async fn reregistering_with_fewer_gpus_requeues_the_jobs_on_the_vanished_ones() 
     let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
     let leader = cluster.wait_leader(Duration::from_secs(30)).await?;
     let mut agents = AgentServiceClient::new(channel(&cluster.replicas[&leader].addr)?);
-    agents.register_node(registration(8)).await?;
+    agents.register_node(fake_registration("n1", 8)).await?;
     let client = AnyReplica::new(&cluster)?;
     let request = pb::SubmitJobRequest { spec: Some(pb::JobSpec { gpus_per_replica: 8, ..spec() }), request_id: "whole-node".into() };
     let job_id = client.submit(request).await?.job_id;
     let running = client.wait_job_state(job_id, pb::JobState::Running, Duration::from_secs(30)).await?;
     ensure!(running.allocations.iter().map(|r| r.gpus.len()).sum::<usize>() == 8, "placed on all 8 GPUs: {running:?}");
-    agents.register_node(registration(4)).await?;
+    agents.register_node(fake_registration("n1", 4)).await?;
     let requeued = client.wait_job_state(job_id, pb::JobState::Pending, Duration::from_secs(30)).await?;
     ensure!(requeued.reason_code == "gpu_lost", "requeued because its GPUs left the node: {:?}", requeued.reason);
     let nodes = rota_e2e::list_nodes(&cluster, leader).await?;

@@ -140,8 +140,8 @@ fn cancel_pending_and_running_jobs() {
     assert_eq!(state.jobs[&2].state, JobState::Cancelled);
 }
 
-#[test]
-fn node_down_requeues_the_whole_gang() {
+/// Job 1, a gang of 2 x 4 GPUs, running on nodes a and b (GPUs 0-3 of each).
+fn running_gang_on_a_and_b() -> ClusterState {
     let mut state = ClusterState::default();
     run(&mut state, vec![Command::RegisterNode(node("a", 8)), Command::RegisterNode(node("b", 8))]);
     submit(&mut state, "g", gang(2, 4));
@@ -149,6 +149,12 @@ fn node_down_requeues_the_whole_gang() {
         &mut state,
         vec![Command::ApplyPlan(Plan { placements: vec![placement(1, &[("a", &[0, 1, 2, 3]), ("b", &[0, 1, 2, 3])])], ..Plan::default() })],
     );
+    state
+}
+
+#[test]
+fn node_down_requeues_the_whole_gang() {
+    let mut state = running_gang_on_a_and_b();
     run(&mut state, vec![Command::NodeDown { node: "b".into() }]);
     assert_eq!(state.nodes["b"].state, NodeState::Down);
     // The rank on the surviving node is asked to stop; its GPUs stay held
@@ -165,13 +171,7 @@ fn node_down_requeues_the_whole_gang() {
 
 #[test]
 fn a_rank_lost_with_its_agents_lease_requeues_the_gang_without_failing_it() {
-    let mut state = ClusterState::default();
-    run(&mut state, vec![Command::RegisterNode(node("a", 8)), Command::RegisterNode(node("b", 8))]);
-    submit(&mut state, "g", gang(2, 4));
-    run(
-        &mut state,
-        vec![Command::ApplyPlan(Plan { placements: vec![placement(1, &[("a", &[0, 1, 2, 3]), ("b", &[0, 1, 2, 3])])], ..Plan::default() })],
-    );
+    let mut state = running_gang_on_a_and_b();
     let alloc_id = state.jobs[&1].alloc.unwrap();
     run(&mut state, vec![Command::AllocLost { alloc_id, rank: 1 }]);
     assert_eq!(state.jobs[&1].state, JobState::Stopping, "rank 0 is asked to stop");
