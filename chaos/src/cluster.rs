@@ -38,7 +38,33 @@ pub fn binary(env: &str, name: &str) -> Result<PathBuf> {
 }
 
 /// A free TCP port on 127.0.0.1 (bound, then released for the child to take).
+/// A port on 127.0.0.1 that is free now, for a process started next.
+///
+/// Not one the kernel picks for port 0: those come from the ephemeral range,
+/// the same range every outgoing connection takes its source port from, so
+/// between this check and the process's own bind a connection of the
+/// cluster could take it ("Address already in use"). Ports below that range
+/// are only ever taken by listeners; each call here moves on to the next.
 pub fn free_port() -> Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next().and_then(|low| low.parse::<u32>().ok()))
+        .unwrap_or(32_768);
+    const FIRST: u32 = 20_000;
+    if ephemeral_low <= FIRST + 1_000 {
+        return Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port());
+    }
+    let span = ephemeral_low - FIRST;
+    // Processes running tests at once start at different places.
+    let offset = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span.min(5_000) {
+        let port = FIRST + (offset + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return Ok(port as u16);
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
