@@ -413,6 +413,13 @@ impl<S: StateMachine> Replica<S> {
         self.inner.raft.trigger().snapshot().await.map_err(fatal)
     }
 
+    /// Let this replica's election timer start campaigns (the default), or
+    /// not: a replica that knows it must not lead stays a follower for as
+    /// long as it is told to, and never wins an election it did not start.
+    pub fn allow_elections(&self, allowed: bool) {
+        self.inner.raft.runtime_config().elect(allowed);
+    }
+
     /// Start an election now.
     pub async fn trigger_elect(&self) -> Result<(), ConsensusError> {
         self.inner.raft.trigger().elect().await.map_err(fatal)

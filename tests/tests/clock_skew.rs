@@ -4,7 +4,10 @@
 //! with it. That commit has no switch to skew one replica's clock, so this
 //! test was run against the fixed build with those two behaviours put back:
 //! the skewed replica, once leader, found the running job a day past its
-//! one-hour runtime limit and stopped it within the first pass.
+//! one-hour runtime limit and stopped it within the first pass. Before a
+//! refusing replica stopped standing for election, it won elections again
+//! as often as its peers (seen as a leader holding on past its refusal) and
+//! took campaign drills.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -58,19 +61,30 @@ async fn a_replica_with_a_skewed_clock_refuses_to_lead_and_kills_nothing() -> Re
         }
     })
     .await?;
-    // Give a skewed leader the time to do harm: the job must run on.
+    // Leadership moves on and stays off the skewed replica: it neither
+    // campaigns on its own nor takes a campaign drill.
+    let leader = wait_until("a leader other than the skewed replica", WAIT, || async {
+        Ok(cluster.wait_leader(WAIT).await.ok().filter(|&leader| leader != SKEWED))
+    })
+    .await?;
+    let mut skewed = skewed;
+    let drill = skewed.campaign(pb::CampaignRequest { replica_id: SKEWED }).await;
+    ensure!(
+        drill.as_ref().is_err_and(|status| status.code() == tonic::Code::FailedPrecondition),
+        "the skewed replica refuses a campaign drill: {drill:?}"
+    );
+    // Give the skewed replica the time to do harm: the job must run on,
+    // and the leader stays where it is.
     let watch_until = std::time::Instant::now() + Duration::from_secs(3);
     while std::time::Instant::now() < watch_until {
         let job = any.get(job_id).await?;
         ensure!(job.state == pb::JobState::Running as i32 && job.attempts == 1, "the job runs on: {job:?}");
+        ensure!(cluster.wait_leader(WAIT).await? == leader, "leadership stays off the skewed replica");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     ensure!(cluster.log_tail(SKEWED, 64 * 1024).contains("refusing to lead"), "the skewed replica says why it does not lead");
-    let mut skewed = skewed;
     let status = skewed.get_cluster_status(pb::GetClusterStatusRequest {}).await?.into_inner();
     ensure!(status.wall_clock_ms > real_now_ms() + (DAY_MS as u64) / 2, "the test switch skews the replica's clock");
-    let leader = cluster.wait_leader(WAIT).await?;
-    ensure!(leader != SKEWED, "leadership moved on from the skewed replica");
 
     // Nothing was decided on the skewed clock: the job runs on, and time
     // stamped into the log stays real.

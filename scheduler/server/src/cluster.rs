@@ -172,6 +172,11 @@ impl ClusterService for ClusterApi {
         if status.leader_id == Some(status.id) {
             return Err(Status::failed_precondition("this replica already leads; send the drill to a follower"));
         }
+        if self.ctx.leader.clock_suspect() {
+            return Err(Status::failed_precondition(
+                "this replica's clock disagrees with a majority of its peers'; it does not campaign until they agree again",
+            ));
+        }
         self.ctx.replica.trigger_elect().await.map_err(|e| Status::unavailable(e.to_string()))?;
         Ok(Response::new(pb::CampaignResponse { leader_before: status.leader_id.unwrap_or(0), term_before: status.term }))
     }

@@ -17,7 +17,7 @@
 mod heartbeats;
 mod planner;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,10 @@ pub struct Leadership {
     /// The term in which this leader last found its clock in agreement with
     /// a majority of its peers (0: not yet / not any more).
     clock_verified_term: AtomicU64,
+    /// Set once a majority of peers proved this replica's clock wrong:
+    /// it then starts no election and takes no campaign drill until its
+    /// clock agrees with a majority again.
+    clock_suspect: AtomicBool,
 }
 
 impl Leadership {
@@ -61,12 +65,18 @@ impl Leadership {
             epoch: Instant::now(),
             table: Mutex::new(None),
             clock_verified_term: AtomicU64::new(0),
+            clock_suspect: AtomicBool::new(false),
         }
     }
 
     /// Whether this leader's clock was found in agreement with its peers' in `term`.
     pub fn clock_verified(&self, term: u64) -> bool {
         term != 0 && self.clock_verified_term.load(Ordering::SeqCst) == term
+    }
+
+    /// Whether a majority of peers last found this replica's clock wrong.
+    pub fn clock_suspect(&self) -> bool {
+        self.clock_suspect.load(Ordering::SeqCst)
     }
 
     /// Monotonic ms since this replica started (never goes back).
@@ -109,10 +119,16 @@ impl Leadership {
 
 /// Run for the life of the process: lead whenever this replica is leader.
 pub async fn run(ctx: Arc<Context>) {
+    let mut clock_rechecked_at: Option<Instant> = None;
     loop {
         let status = ctx.replica.status();
         if status.role == Role::Leader && status.leader_id == Some(status.id) {
             lead(&ctx, status.term).await;
+        } else if ctx.leader.clock_suspect()
+            && clock_rechecked_at.is_none_or(|at| at.elapsed() >= Duration::from_millis(clock::CHECK_EVERY_MS))
+        {
+            clock_rechecked_at = Some(Instant::now());
+            recheck_clock(&ctx).await;
         }
         tokio::time::sleep(Duration::from_millis(FOLLOWER_POLL_MS)).await;
     }
@@ -217,41 +233,86 @@ async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy, planner: &mut Plann
     }
 }
 
-/// Compare this leader's clock with its peers'. In agreement with a
-/// majority, the leader may take work in this term. Proven wrong by a
-/// majority, it refuses to lead and asks a peer to campaign; with too few
-/// answers to tell, it takes no work and asks again. Returns whether it may lead.
-async fn check_clock(ctx: &Context, term: u64) -> bool {
+/// What a majority of peers say of this replica's clock.
+enum ClockVerdict {
+    Agrees,
+    /// Too few answers to tell either way.
+    Unknown,
+    Skewed,
+}
+
+/// Ask every voting peer for its clock at once, stopping as soon as a
+/// majority agrees: a paused or dead peer must not delay a new leader.
+async fn clock_verdict(ctx: &Context) -> (ClockVerdict, Vec<(u64, i64)>) {
     let status = ctx.replica.status();
     let voters = status.members.iter().filter(|m| m.voter).count().max(1);
     let max_skew_ms = ctx.leader.max_clock_skew_ms;
-    // Ask every peer at once and stop as soon as a majority agrees: a paused
-    // or dead peer must not delay a new leader.
     let mut probes: FuturesUnordered<_> =
         status.members.iter().filter(|m| m.voter && m.id != status.id).map(|peer| probe_clock(ctx, peer.id, peer.addr.clone())).collect();
     let mut answered: Vec<(u64, i64)> = Vec::new();
+    let offsets_of = |answered: &[(u64, i64)]| answered.iter().map(|(_, offset)| *offset).collect::<Vec<i64>>();
     while let Some(answer) = probes.next().await {
         answered.extend(answer);
-        let offsets: Vec<i64> = answered.iter().map(|(_, offset)| *offset).collect();
-        if clock::agrees_with_majority(&offsets, voters, max_skew_ms) {
-            break;
+        if clock::agrees_with_majority(&offsets_of(&answered), voters, max_skew_ms) {
+            return (ClockVerdict::Agrees, answered);
         }
     }
-    drop(probes);
-    let offsets: Vec<i64> = answered.iter().map(|(_, offset)| *offset).collect();
+    let offsets = offsets_of(&answered);
     if clock::agrees_with_majority(&offsets, voters, max_skew_ms) {
-        ctx.leader.clock_verified_term.store(term, Ordering::SeqCst);
-        return true;
+        (ClockVerdict::Agrees, answered)
+    } else if clock::proven_skewed(&offsets, voters, max_skew_ms) {
+        (ClockVerdict::Skewed, answered)
+    } else {
+        (ClockVerdict::Unknown, answered)
     }
-    ctx.leader.clock_verified_term.store(0, Ordering::SeqCst);
-    if !clock::proven_skewed(&offsets, voters, max_skew_ms) {
-        tracing::warn!(term, offsets = ?answered, "too few peers answered to check this leader's clock; asking again");
-        return false;
+}
+
+/// Compare this leader's clock with its peers'. In agreement with a
+/// majority, the leader may take work in this term. Proven wrong by a
+/// majority, it refuses to lead, stops standing for election and asks a
+/// peer to campaign; with too few answers to tell, it takes no work and
+/// asks again. Returns whether it may lead.
+async fn check_clock(ctx: &Context, term: u64) -> bool {
+    let (verdict, answered) = clock_verdict(ctx).await;
+    match verdict {
+        ClockVerdict::Agrees => {
+            ctx.leader.clock_verified_term.store(term, Ordering::SeqCst);
+            true
+        }
+        ClockVerdict::Unknown => {
+            ctx.leader.clock_verified_term.store(0, Ordering::SeqCst);
+            tracing::warn!(term, offsets = ?answered, "too few peers answered to check this leader's clock; asking again");
+            false
+        }
+        ClockVerdict::Skewed => {
+            ctx.leader.clock_verified_term.store(0, Ordering::SeqCst);
+            metrics::counter!("rota_clock_skew_refusals_total").increment(1);
+            tracing::error!(
+                term,
+                max_skew_ms = ctx.leader.max_clock_skew_ms,
+                offsets = ?answered,
+                "this replica's clock disagrees with its peers'; refusing to lead"
+            );
+            // Without this, the replica would win the next election as
+            // likely as any peer and refuse again, so the cluster would
+            // keep coming back to a leader that does no work.
+            ctx.leader.clock_suspect.store(true, Ordering::SeqCst);
+            ctx.replica.allow_elections(false);
+            hand_off(ctx, &answered).await;
+            false
+        }
     }
-    metrics::counter!("rota_clock_skew_refusals_total").increment(1);
-    tracing::error!(term, max_skew_ms, offsets = ?answered, "this replica's clock disagrees with its peers'; refusing to lead");
-    hand_off(ctx, &answered).await;
-    false
+}
+
+/// A follower whose clock was proven wrong stands for election again
+/// once a majority of its peers agree with its clock.
+async fn recheck_clock(ctx: &Context) {
+    let (verdict, answered) = clock_verdict(ctx).await;
+    if matches!(verdict, ClockVerdict::Agrees) {
+        tracing::warn!(offsets = ?answered, "this replica's clock agrees with its peers' again; standing for election again");
+        ctx.leader.clock_suspect.store(false, Ordering::SeqCst);
+        ctx.replica.allow_elections(true);
+    }
 }
 
 /// One peer's clock offset from ours, if it answers in time.
