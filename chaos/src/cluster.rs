@@ -215,6 +215,12 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// Replace the extra environment of one replica from its next start on
+    /// (an upgrade test restarts a replica "on a newer build" this way).
+    pub fn set_env_of(&mut self, id: u64, env: Vec<(String, String)>) {
+        self.options.env_of.insert(id, env);
+    }
+
     /// Start a new replica with `--join`; add it with `rota member add` afterwards.
     pub fn start_joining(&mut self, id: u64) -> Result<String> {
         if self.replicas.contains_key(&id) {

@@ -108,14 +108,22 @@ pub fn cluster_json(status: &pb::ClusterStatus) -> Value {
         "last_log_index": status.last_log_index,
         "commit_index": status.commit_index,
         "applied_index": status.applied_index,
+        "format_version": status.format_version,
+        "cluster_version": status.cluster_version,
         "members": members,
     })
 }
 
 pub fn print_cluster(status: &pb::ClusterStatus) {
     println!(
-        "leader {} ({})  term {}  commit {}  applied {}",
-        status.leader_id, status.leader_address, status.term, status.commit_index, status.applied_index
+        "leader {} ({})  term {}  commit {}  applied {}  cluster version {} (this replica reads up to {})",
+        status.leader_id,
+        status.leader_address,
+        status.term,
+        status.commit_index,
+        status.applied_index,
+        status.cluster_version,
+        status.format_version
     );
     println!("{:>4}  {:<22} {:<9} {:>10}", "ID", "ADDRESS", "ROLE", "MATCHED");
     for m in &status.members {

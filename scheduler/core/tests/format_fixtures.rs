@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use rota_core::state::codec::{self, FORMAT_VERSION};
+use rota_core::state::codec::{self, FIRST_FORMAT_VERSION, FORMAT_VERSION};
 use rota_core::state::{
     ClusterState, Command, GpuInfo, GroupQuota, JobSpec, NodeRegistration, PendingNote, Placement, Plan, Priority, Proposal, QueueConfig,
     RankPlacement, Stop, StopReason,
@@ -45,8 +45,17 @@ fn spec() -> JobSpec {
     spec
 }
 
-/// One command of every kind, in the order of the `Command` enum.
-fn every_command() -> Proposal {
+/// One command of every kind format `version` has, in the order of the
+/// `Command` enum.
+fn every_command(version: u16) -> Proposal {
+    let mut proposal = every_command_of_the_first_format();
+    if version >= 2 {
+        proposal.commands.push(Command::SetClusterVersion { version: 2 });
+    }
+    proposal
+}
+
+fn every_command_of_the_first_format() -> Proposal {
     let plan = Plan {
         computed_at_index: 4,
         placements: vec![Placement { job_id: 1, ranks: vec![RankPlacement { node: "n1".into(), gpus: vec![0] }] }],
@@ -75,8 +84,9 @@ fn every_command() -> Proposal {
     }
 }
 
-/// A small cluster: a node, a quota, a running and a pending job.
-fn small_cluster() -> ClusterState {
+/// A small cluster: a node, a quota, a running and a pending job; from
+/// format 2 on, its cluster version raised to `version`.
+fn small_cluster(version: u16) -> ClusterState {
     let mut state = ClusterState::default();
     let quota = GroupQuota { group: "vision".into(), gpus: 2, per_model: BTreeMap::new(), lend: true, lend_to: vec![], borrow_limit: None };
     let setup = vec![
@@ -91,6 +101,9 @@ fn small_cluster() -> ClusterState {
         ..Plan::default()
     };
     state.apply_proposal(2, &Proposal { now_ms: 1_700_000_001_000, commands: vec![Command::ApplyPlan(plan)] });
+    if version >= 2 {
+        state.apply_proposal(3, &Proposal { now_ms: 1_700_000_002_000, commands: vec![Command::SetClusterVersion { version }] });
+    }
     state.check_invariants().expect("a consistent fixture");
     state
 }
@@ -104,22 +117,33 @@ fn write_once(name: &str, bytes: &[u8]) {
 
 #[test]
 fn the_log_entry_fixture_of_every_version_decodes() {
-    write_once(&format!("entry-v{FORMAT_VERSION}.bin"), &codec::encode_proposal(&every_command()));
-    let bytes = std::fs::read(fixture("entry-v1.bin")).expect("the v1 entry fixture is committed");
-    assert_eq!(codec::decode_proposal(&bytes).expect("v1 entries decode"), every_command());
+    write_once(&format!("entry-v{FORMAT_VERSION}.bin"), &codec::encode_proposal(&every_command(FORMAT_VERSION)));
+    for version in FIRST_FORMAT_VERSION..=FORMAT_VERSION {
+        let bytes = std::fs::read(fixture(&format!("entry-v{version}.bin"))).expect("every version's entry fixture is committed");
+        assert_eq!(codec::version_of("entry", &bytes).expect("a header").0, version);
+        assert_eq!(codec::decode_proposal(&bytes).expect("entries decode"), every_command(version), "format {version}");
+    }
 }
 
 #[test]
 fn the_snapshot_fixture_of_every_version_decodes() {
-    write_once(&format!("snapshot-v{FORMAT_VERSION}.bin"), &codec::encode_snapshot(&small_cluster()));
-    let bytes = std::fs::read(fixture("snapshot-v1.bin")).expect("the v1 snapshot fixture is committed");
-    let restored = codec::decode_snapshot(&bytes).expect("v1 snapshots decode");
-    restored.check_invariants().expect("a restored fixture is consistent");
-    assert_eq!(restored, small_cluster());
+    write_once(&format!("snapshot-v{FORMAT_VERSION}.bin"), &codec::encode_snapshot(&small_cluster(FORMAT_VERSION)));
+    for version in FIRST_FORMAT_VERSION..=FORMAT_VERSION {
+        let bytes = std::fs::read(fixture(&format!("snapshot-v{version}.bin"))).expect("every version's snapshot fixture is committed");
+        let restored = codec::decode_snapshot(&bytes).expect("snapshots decode");
+        restored.check_invariants().expect("a restored fixture is consistent");
+        assert_eq!(restored, small_cluster(version), "format {version}");
+    }
 }
 
 #[test]
-fn this_build_writes_its_own_version() {
-    let bytes = codec::encode_proposal(&every_command());
-    assert_eq!(codec::version_of("entry", &bytes).expect("a header").0, FORMAT_VERSION);
+fn this_build_writes_the_oldest_format_that_holds_the_data() {
+    let first = codec::encode_proposal(&every_command(FIRST_FORMAT_VERSION));
+    assert_eq!(codec::version_of("entry", &first).expect("a header").0, FIRST_FORMAT_VERSION);
+    let newest = codec::encode_proposal(&every_command(FORMAT_VERSION));
+    assert_eq!(codec::version_of("entry", &newest).expect("a header").0, FORMAT_VERSION);
+    for version in FIRST_FORMAT_VERSION..=FORMAT_VERSION {
+        let snapshot = codec::encode_snapshot(&small_cluster(version));
+        assert_eq!(codec::version_of("snapshot", &snapshot).expect("a header").0, version);
+    }
 }

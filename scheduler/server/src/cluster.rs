@@ -16,6 +16,9 @@ use rota_core::state::{Command, CommandResult, GroupQuota};
 
 /// Most replicas in one cluster; Raft gains nothing from more than 7 voters.
 const MAX_MEMBERS: usize = 7;
+/// How long `AddMember` waits for the new replica to say which formats it reads.
+const JOINER_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+const JOINER_PROBE_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 pub struct ClusterApi {
     ctx: Arc<Context>,
@@ -48,6 +51,8 @@ impl ClusterApi {
             status.leader_id.and_then(|id| status.members.iter().find(|m| m.id == id)).map(|m| m.addr.clone()).unwrap_or_default();
         pb::ClusterStatus {
             wall_clock_ms: wall_clock_ms(),
+            format_version: u32::from(crate::replicated::readable_format()),
+            cluster_version: u32::from(self.ctx.read(|state| state.cluster_version())),
             replica_id: status.id,
             leader_id: status.leader_id.unwrap_or(0),
             leader_address,
@@ -76,11 +81,45 @@ impl ClusterApi {
         if voters.len() >= MAX_MEMBERS {
             return Err(Status::failed_precondition(format!("a cluster has at most {MAX_MEMBERS} replicas")).into());
         }
+        self.check_joiner_reads_the_cluster_format(&message.address).await?;
         self.ctx.replica.add_learner(message.id, message.address.clone()).await?;
         let mut next = voters;
         next.insert(message.id);
         self.ctx.replica.change_membership(next).await?;
         Ok(self.status())
+    }
+
+    /// A replica whose build cannot read what the cluster writes would stop
+    /// on the first entry it receives: refuse it before it joins.
+    async fn check_joiner_reads_the_cluster_format(&self, address: &str) -> Result<(), Failure> {
+        let cluster_version = u32::from(self.ctx.read(|state| state.cluster_version()));
+        let mut joiner = self.ctx.forwarder.cluster(address)?;
+        // An operator often adds a replica right after starting it: give it
+        // a few seconds to listen.
+        let deadline = tokio::time::Instant::now() + JOINER_PROBE_TIMEOUT;
+        let reads = loop {
+            let asked = tokio::time::timeout_at(deadline, joiner.get_cluster_status(pb::GetClusterStatusRequest {})).await;
+            match asked {
+                // A build from before the field existed reads the first format only.
+                Ok(Ok(status)) => break status.into_inner().format_version.max(1),
+                Ok(Err(status)) if tokio::time::Instant::now() + JOINER_PROBE_RETRY < deadline => {
+                    tracing::debug!(address, %status, "the new replica does not answer yet");
+                    tokio::time::sleep(JOINER_PROBE_RETRY).await;
+                }
+                Ok(Err(status)) => {
+                    let message = format!("address: cannot ask the new replica which formats it reads: {}", status.message());
+                    return Err(Status::unavailable(message).into());
+                }
+                Err(_) => return Err(Status::unavailable("address: the new replica did not say which formats it reads in time").into()),
+            }
+        };
+        if reads < cluster_version {
+            return Err(Status::failed_precondition(format!(
+                "address: the replica there reads formats up to {reads}, and the cluster writes format {cluster_version}; upgrade it before adding it"
+            ))
+            .into());
+        }
+        Ok(())
     }
 
     /// Queue, quota and usage reads are served by the leader once it has

@@ -39,21 +39,41 @@ struct Pending {
 #[derive(Clone)]
 pub struct Proposer {
     queue: mpsc::Sender<Pending>,
+    replica: Replica<Replicated>,
+}
+
+/// A command that needs a format the cluster does not write yet would stop
+/// every replica still on an older build; it waits for the cluster version.
+/// Raising the version is the one command written before the cluster runs
+/// its format: the leader proposes it only once every member reads it.
+fn check_format(command: &Command, cluster_version: u16) -> Result<(), WriteError> {
+    let needs = command.min_format();
+    if needs <= cluster_version || matches!(command, Command::SetClusterVersion { .. }) {
+        return Ok(());
+    }
+    Err(WriteError::Unavailable(format!(
+        "this command needs cluster version {needs} and the cluster writes {cluster_version}: finish upgrading every replica first"
+    )))
 }
 
 impl Proposer {
     pub fn start(replica: Replica<Replicated>) -> Proposer {
         let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
-        tokio::spawn(batch_loop(replica, receiver));
-        Proposer { queue }
+        tokio::spawn(batch_loop(replica.clone(), receiver));
+        Proposer { queue, replica }
     }
 
     /// Propose one command and wait until it is committed and applied.
     pub async fn propose(&self, command: Command) -> Outcome {
+        check_format(&command, self.cluster_version())?;
         let (reply, outcome) = oneshot::channel();
         let bytes = bincode::serialized_size(&command).map_err(|e| WriteError::Unavailable(format!("unencodable command: {e}")))?;
         self.queue.send(Pending { command, bytes, reply }).await.map_err(|_| WriteError::Unavailable("proposer stopped".into()))?;
         outcome.await.map_err(|_| WriteError::Unavailable("proposal dropped".into()))?
+    }
+
+    fn cluster_version(&self) -> u16 {
+        self.replica.read(|replicated| replicated.state.cluster_version())
     }
 
     /// Commit an entry with no command, only a time: keeps the committed

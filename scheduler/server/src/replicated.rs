@@ -9,7 +9,7 @@
 //! state lock, so a scheduling pass over a long queue never holds up apply
 //! (and with it every acknowledged submit).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use rota_consensus::StateMachine;
 
@@ -29,6 +29,28 @@ fn stop_for_newer_format(index: u64, error: &CodecError) -> ! {
     unsafe { libc::_exit(EXIT_FORMAT_TOO_NEW) }
 }
 
+/// The newest format this replica reads: its build's, or lower under the
+/// TEST ONLY switch `ROTA_TEST_FORMAT_VERSION`, which makes a replica read
+/// (and say it reads) only up to that format, as an older build would. The
+/// upgrade tests use it to stand for a replica not yet upgraded.
+pub fn readable_format() -> u16 {
+    static READABLE: OnceLock<u16> = OnceLock::new();
+    *READABLE.get_or_init(|| {
+        let forced = std::env::var("ROTA_TEST_FORMAT_VERSION").ok().and_then(|v| v.parse::<u16>().ok());
+        match forced {
+            Some(version) => {
+                let version = version.clamp(codec::FIRST_FORMAT_VERSION, codec::FORMAT_VERSION);
+                tracing::error!(
+                    version,
+                    "ROTA_TEST_FORMAT_VERSION: this replica reads formats up to {version} only; never use this outside tests"
+                );
+                version
+            }
+            None => codec::FORMAT_VERSION,
+        }
+    })
+}
+
 /// Most payloads the journal holds before the planner must copy the state anew.
 const JOURNAL_MAX_ENTRIES: usize = 100_000;
 /// Most payload bytes the journal holds (the same fallback past it).
@@ -42,7 +64,7 @@ pub struct Replicated {
 
 /// Apply one payload to a state, exactly as the replicated state machine does.
 fn apply_payload(state: &mut ClusterState, index: u64, payload: &[u8]) -> Vec<CommandResult> {
-    match codec::decode_proposal(payload) {
+    match codec::decode_proposal_up_to(payload, readable_format()) {
         Ok(proposal) => state.apply_proposal(index, &proposal),
         Err(error @ CodecError::TooNew { .. }) => stop_for_newer_format(index, &error),
         Err(error) => {
@@ -65,7 +87,11 @@ impl StateMachine for Replicated {
     }
 
     fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
-        let state = ClusterState::from_snapshot(bytes)?;
+        let state = match codec::decode_snapshot_up_to(bytes, readable_format()) {
+            Ok(state) => state,
+            Err(error @ CodecError::TooNew { .. }) => stop_for_newer_format(0, &error),
+            Err(error) => return Err(error.to_string()),
+        };
         state.check_invariants()?;
         self.state = state;
         self.journal.lock().unwrap_or_else(PoisonError::into_inner).break_off();

@@ -28,8 +28,24 @@ impl ClusterState {
             Command::SetQueue(queue) => self.set_queue(queue),
             Command::SetQuota(quota) => self.set_quota(quota),
             Command::AllocLost { alloc_id, rank } => self.alloc_lost(index, *alloc_id, *rank),
+            Command::SetClusterVersion { version } => self.set_cluster_version(*version),
         };
         result.unwrap_or_else(CommandResult::Rejected)
+    }
+
+    /// The cluster version only rises, and only to a format this build
+    /// reads (a replica on an older build never gets here: it cannot decode
+    /// the entry).
+    fn set_cluster_version(&mut self, version: u16) -> Result<CommandResult, Rejection> {
+        let current = self.cluster_version();
+        if version <= current || version > super::codec::FORMAT_VERSION {
+            return Err(Rejection::Invalid {
+                field: "version".into(),
+                message: format!("cluster version {current} can rise only, up to {}; asked for {version}", super::codec::FORMAT_VERSION),
+            });
+        }
+        self.cluster_version = version;
+        Ok(CommandResult::Done)
     }
 
     fn submit(&mut self, index: u64, request_id: Option<&str>, spec: &JobSpec) -> Result<CommandResult, Rejection> {

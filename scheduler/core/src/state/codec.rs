@@ -13,15 +13,31 @@
 //! and keeps a decoder for every older version (the fixtures under
 //! `tests/fixtures/` are decoded by every build); `#[serde(default)]`
 //! means nothing to bincode and is not used.
+//!
+//! Writing a newer format is the cluster's decision, not one build's: the
+//! state carries the cluster version (`ClusterState::cluster_version`),
+//! raised by the leader only once every voter runs a build that reads it.
+//! An entry is written in the oldest format that holds its commands
+//! (`Command::min_format`), and commands that need a format above the
+//! cluster version are refused before they reach the log; a snapshot is
+//! written in the cluster version's format. So a replica still on the older
+//! build keeps reading everything the cluster writes during a rolling upgrade.
+//!
+//! | version | adds |
+//! |---------|------|
+//! | 1 | the first versioned layout |
+//! | 2 | `Command::SetClusterVersion`; a snapshot ends with the cluster version |
 
-use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::command::Proposal;
 use super::ClusterState;
 
-/// The format this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u16 = 1;
+/// The newest format this build reads (and writes, once the cluster runs it).
+pub const FORMAT_VERSION: u16 = 2;
+/// The format of every entry whose commands existed in the first layout,
+/// and of a cluster that has not raised its version yet.
+pub const FIRST_FORMAT_VERSION: u16 = 1;
 const MAGIC: &[u8; 4] = b"rota";
 const HEADER_BYTES: usize = 6;
 
@@ -35,10 +51,11 @@ pub enum CodecError {
     Corrupt { what: &'static str, detail: String },
 }
 
-fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+fn encode<T: Serialize>(version: u16, value: &T) -> Vec<u8> {
+    debug_assert!((FIRST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version));
     let mut bytes = Vec::with_capacity(HEADER_BYTES + 64);
     bytes.extend_from_slice(MAGIC);
-    bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    bytes.extend_from_slice(&version.to_le_bytes());
     bincode::serialize_into(&mut bytes, value).expect("replicated types always encode");
     bytes
 }
@@ -52,29 +69,69 @@ pub fn version_of<'a>(what: &'static str, bytes: &'a [u8]) -> Result<(u16, &'a [
     Ok((version, &bytes[HEADER_BYTES..]))
 }
 
-fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, CodecError> {
+/// The body of an encoding this build (or a build reading up to
+/// `supported`) can read, with its version.
+fn checked_body<'a>(what: &'static str, bytes: &'a [u8], supported: u16) -> Result<(u16, &'a [u8]), CodecError> {
     let (version, body) = version_of(what, bytes)?;
     match version {
-        1 => bincode::deserialize(body).map_err(|e| CodecError::Corrupt { what, detail: e.to_string() }),
-        found if found > FORMAT_VERSION => Err(CodecError::TooNew { what, found, supported: FORMAT_VERSION }),
-        found => Err(CodecError::Corrupt { what, detail: format!("unknown format version {found}") }),
+        found if found > supported => Err(CodecError::TooNew { what, found, supported }),
+        found if found < FIRST_FORMAT_VERSION => Err(CodecError::Corrupt { what, detail: format!("unknown format version {found}") }),
+        found => Ok((found, body)),
     }
 }
 
+fn corrupt(what: &'static str) -> impl Fn(bincode::Error) -> CodecError {
+    move |e| CodecError::Corrupt { what, detail: e.to_string() }
+}
+
+/// A log entry in the oldest format that holds all its commands.
 pub fn encode_proposal(proposal: &Proposal) -> Vec<u8> {
-    encode(proposal)
+    encode(proposal.min_format(), proposal)
 }
 
 pub fn decode_proposal(bytes: &[u8]) -> Result<Proposal, CodecError> {
-    decode("log entry", bytes)
+    decode_proposal_up_to(bytes, FORMAT_VERSION)
 }
 
+/// Decode as a build that reads formats up to `supported` would (versions 1
+/// and 2 share the entry layout; 2 only adds a command).
+pub fn decode_proposal_up_to(bytes: &[u8], supported: u16) -> Result<Proposal, CodecError> {
+    let what = "log entry";
+    let (_, body) = checked_body(what, bytes, supported.min(FORMAT_VERSION))?;
+    bincode::deserialize(body).map_err(corrupt(what))
+}
+
+/// A snapshot in the format of the state's cluster version.
 pub fn encode_snapshot(state: &ClusterState) -> Vec<u8> {
-    encode(state)
+    let version = state.cluster_version();
+    let mut bytes = encode(version, state);
+    if version >= 2 {
+        bincode::serialize_into(&mut bytes, &version).expect("a u16 encodes");
+    }
+    bytes
 }
 
 pub fn decode_snapshot(bytes: &[u8]) -> Result<ClusterState, CodecError> {
-    decode("snapshot", bytes)
+    decode_snapshot_up_to(bytes, FORMAT_VERSION)
+}
+
+pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterState, CodecError> {
+    let what = "snapshot";
+    let (version, body) = checked_body(what, bytes, supported.min(FORMAT_VERSION))?;
+    let mut reader = body;
+    let mut state: ClusterState = bincode::deserialize_from(&mut reader).map_err(corrupt(what))?;
+    state.cluster_version = FIRST_FORMAT_VERSION;
+    if version >= 2 {
+        let cluster_version: u16 = bincode::deserialize_from(&mut reader).map_err(corrupt(what))?;
+        if !(2..=FORMAT_VERSION).contains(&cluster_version) {
+            return Err(CodecError::Corrupt { what, detail: format!("cluster version {cluster_version} in a format {version} snapshot") });
+        }
+        state.cluster_version = cluster_version;
+    }
+    if !reader.is_empty() {
+        return Err(CodecError::Corrupt { what, detail: format!("{} bytes after the state", reader.len()) });
+    }
+    Ok(state)
 }
 
 #[cfg(test)]
@@ -86,8 +143,36 @@ mod tests {
     fn proposals_round_trip_with_a_header() {
         let proposal = Proposal { now_ms: 7, commands: vec![Command::CancelJob { job_id: 3 }] };
         let bytes = encode_proposal(&proposal);
-        assert_eq!(&bytes[..6], b"rota\x01\x00");
+        assert_eq!(&bytes[..6], b"rota\x01\x00", "commands of the first layout keep the first format");
         assert_eq!(decode_proposal(&bytes).unwrap(), proposal);
+        let raise = Proposal { now_ms: 8, commands: vec![Command::CancelJob { job_id: 3 }, Command::SetClusterVersion { version: 2 }] };
+        let bytes = encode_proposal(&raise);
+        assert_eq!(&bytes[..6], b"rota\x02\x00");
+        assert_eq!(decode_proposal(&bytes).unwrap(), raise);
+        let error = decode_proposal_up_to(&bytes, 1).unwrap_err();
+        assert_eq!(error, CodecError::TooNew { what: "log entry", found: 2, supported: 1 });
+    }
+
+    #[test]
+    fn snapshots_follow_the_cluster_version() {
+        let mut state = ClusterState::default();
+        assert_eq!(state.cluster_version(), FIRST_FORMAT_VERSION);
+        let first = encode_snapshot(&state);
+        assert_eq!(&first[..6], b"rota\x01\x00", "an unraised cluster writes what every build reads");
+        assert_eq!(decode_snapshot_up_to(&first, 1).unwrap().cluster_version(), 1);
+        state.cluster_version = 2;
+        let second = encode_snapshot(&state);
+        assert_eq!(&second[..6], b"rota\x02\x00");
+        assert_eq!(second.len(), first.len() + 2);
+        assert_eq!(decode_snapshot(&second).unwrap().cluster_version(), 2);
+        assert!(matches!(decode_snapshot_up_to(&second, 1), Err(CodecError::TooNew { found: 2, supported: 1, .. })));
+        let mut trailing = second.clone();
+        trailing.push(0);
+        assert!(matches!(decode_snapshot(&trailing), Err(CodecError::Corrupt { .. })));
+        let mut wrong = second;
+        let at = wrong.len() - 2;
+        wrong[at..].copy_from_slice(&9u16.to_le_bytes());
+        assert!(matches!(decode_snapshot(&wrong), Err(CodecError::Corrupt { .. })));
     }
 
     #[test]

@@ -15,6 +15,13 @@ pub struct Proposal {
     pub commands: Vec<Command>,
 }
 
+impl Proposal {
+    /// The oldest format that holds every command of the entry.
+    pub fn min_format(&self) -> u16 {
+        self.commands.iter().map(Command::min_format).max().unwrap_or(super::codec::FIRST_FORMAT_VERSION)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Command {
     SubmitJob {
@@ -62,6 +69,21 @@ pub enum Command {
         alloc_id: AllocId,
         rank: u32,
     },
+    /// Raise the format the cluster writes (format 2 on). Proposed by the
+    /// leader only once every voter runs a build that reads `version`.
+    SetClusterVersion {
+        version: u16,
+    },
+}
+
+impl Command {
+    /// The oldest encoding format that has this command.
+    pub fn min_format(&self) -> u16 {
+        match self {
+            Command::SetClusterVersion { .. } => 2,
+            _ => super::codec::FIRST_FORMAT_VERSION,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

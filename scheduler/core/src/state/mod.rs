@@ -81,6 +81,11 @@ pub struct ClusterState {
     /// Sum of `payload_bytes` over every job in `jobs`.
     pub spec_bytes: u64,
     pub usage: Usage,
+    /// The newest format the cluster writes (see `codec`). Not part of the
+    /// bincode layout of format 1: the snapshot codec writes it after the
+    /// state from format 2 on, and sets it when reading.
+    #[serde(skip)]
+    pub cluster_version: u16,
 }
 
 impl Default for ClusterState {
@@ -108,6 +113,7 @@ impl ClusterState {
             live_jobs: 0,
             spec_bytes: 0,
             usage: Usage::default(),
+            cluster_version: codec::FIRST_FORMAT_VERSION,
         }
     }
 
@@ -117,6 +123,11 @@ impl ClusterState {
         self.applied_index = index;
         self.now_ms = self.now_ms.max(proposal.now_ms);
         proposal.commands.iter().map(|command| self.apply(index, command)).collect()
+    }
+
+    /// The newest format the cluster writes (at least the first).
+    pub fn cluster_version(&self) -> u16 {
+        self.cluster_version.max(codec::FIRST_FORMAT_VERSION)
     }
 
     /// The whole state in the versioned snapshot format (see `codec`).

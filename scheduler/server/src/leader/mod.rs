@@ -168,6 +168,9 @@ async fn lead(ctx: &Context, term: u64) {
                 clock_checked_at = None;
                 continue;
             }
+            if !raise_cluster_version(ctx).await {
+                break;
+            }
         }
         if !keep_time(ctx).await {
             break;
@@ -313,6 +316,50 @@ async fn recheck_clock(ctx: &Context) {
         ctx.leader.clock_suspect.store(false, Ordering::SeqCst);
         ctx.replica.allow_elections(true);
     }
+}
+
+/// Raise the format the cluster writes once every member, voter or
+/// learner, runs a build that reads a newer one (as etcd's cluster version
+/// rises): a replica still on the older build must keep reading every entry
+/// during a rolling upgrade. False when leadership is lost.
+async fn raise_cluster_version(ctx: &Context) -> bool {
+    let current = ctx.read(|state| state.cluster_version());
+    let own = crate::replicated::readable_format();
+    if own <= current {
+        return true;
+    }
+    let status = ctx.replica.status();
+    let probes = status.members.iter().filter(|m| m.id != status.id).map(|peer| probe_format(ctx, peer.addr.clone()));
+    let answers = futures::future::join_all(probes).await;
+    // A member that does not answer may be on an older build: wait for it.
+    let Some(readable_by_all) = answers.into_iter().try_fold(own, |lowest, answer| answer.map(|reads| lowest.min(reads))) else {
+        return true;
+    };
+    if readable_by_all <= current {
+        return true;
+    }
+    match ctx.proposer.propose(Command::SetClusterVersion { version: readable_by_all }).await {
+        Ok((index, result)) => {
+            tracing::warn!(
+                index,
+                from = current,
+                to = readable_by_all,
+                ?result,
+                "every member reads a newer format; cluster version raised"
+            );
+            true
+        }
+        Err(error) => proposal_failed("cluster version", &error),
+    }
+}
+
+/// The newest format a peer reads, if it answers in time.
+async fn probe_format(ctx: &Context, addr: String) -> Option<u16> {
+    let mut client = ctx.forwarder.cluster(&addr).ok()?;
+    let call = client.get_cluster_status(rota_proto::v1::GetClusterStatusRequest {});
+    let reply = tokio::time::timeout(Duration::from_millis(CLOCK_PROBE_TIMEOUT_MS), call).await.ok()?.ok()?;
+    // A build from before the field existed reads the first format only.
+    Some(u16::try_from(reply.into_inner().format_version).unwrap_or(u16::MAX).max(1))
 }
 
 /// One peer's clock offset from ours, if it answers in time.
