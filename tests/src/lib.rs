@@ -4,8 +4,8 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
-use rota_chaos::cluster::{channel, LocalCluster};
+use anyhow::{bail, ensure, Context, Result};
+use rota_chaos::cluster::{channel, rota_bin, LocalCluster};
 use rota_client::retry;
 use rota_proto::v1 as pb;
 use rota_proto::v1::job_service_client::JobServiceClient;
@@ -248,4 +248,15 @@ pub async fn wait_number(path: &std::path::Path, timeout: Duration) -> Result<u3
         Ok(std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()))
     })
     .await
+}
+
+/// Run `rota --endpoints ... --output json ARGS` and parse its JSON.
+pub fn rota_json(cluster: &LocalCluster, args: &[&str]) -> Result<serde_json::Value> {
+    let output = std::process::Command::new(rota_bin()?)
+        .args(["--endpoints", &cluster.endpoints_csv(), "--output", "json"])
+        .args(args)
+        .output()
+        .context("running rota")?;
+    ensure!(output.status.success(), "rota {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).with_context(|| format!("rota {args:?} printed {:?}", String::from_utf8_lossy(&output.stdout)))
 }

@@ -9,22 +9,11 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use rota_chaos::agents::{AgentOptions, LocalAgent};
 use rota_chaos::cluster::{rota_bin, ClusterOptions, LocalCluster};
-use rota_e2e::{shell_job, wait_nodes_ready, wait_until, AnyReplica};
+use rota_e2e::{rota_json, shell_job, wait_nodes_ready, wait_until, AnyReplica};
 use rota_proto::v1 as pb;
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Run `rota --endpoints ... --output json ARGS` and parse its JSON.
-fn rota_json(cluster: &LocalCluster, args: &[&str]) -> Result<Value> {
-    let output = Command::new(rota_bin()?)
-        .args(["--endpoints", &cluster.endpoints_csv(), "--output", "json"])
-        .args(args)
-        .output()
-        .context("running rota")?;
-    ensure!(output.status.success(), "rota {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
-    serde_json::from_slice(&output.stdout).with_context(|| format!("rota {args:?} printed {:?}", String::from_utf8_lossy(&output.stdout)))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn why_quota_queue_usage_and_drill_on_a_live_cluster() -> Result<()> {

@@ -191,3 +191,44 @@ pub async fn usage(client: &Client, format: Format) -> Result<()> {
     }
     Ok(())
 }
+
+/// `rota alarm list`.
+pub async fn alarm_list(client: &Client, format: Format) -> Result<()> {
+    let response = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.list_alarms(pb::ListAlarmsRequest {}).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    print_alarms(&response, format)
+}
+
+/// `rota alarm disarm [--replica N]`: clear one replica's alarm, or every one.
+pub async fn alarm_disarm(client: &Client, replica_id: u64, kind: &str, format: Format) -> Result<()> {
+    let request = pb::SetAlarmRequest { replica_id, kind: kind.to_string(), raised: false };
+    let response = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            let request = request.clone();
+            async move { cluster.set_alarm(request).await.map(|r| r.into_inner()) }
+        })
+        .await?;
+    print_alarms(&response, format)
+}
+
+fn print_alarms(response: &pb::ListAlarmsResponse, format: Format) -> Result<()> {
+    match format {
+        Format::Json => {
+            let alarms: Vec<_> = response.alarms.iter().map(|a| json!({"replica_id": a.replica_id, "kind": a.kind})).collect();
+            println!("{}", serde_json::to_string_pretty(&alarms)?);
+        }
+        Format::Table if response.alarms.is_empty() => println!("no alarm raised"),
+        Format::Table => {
+            println!("{:>8}  KIND", "REPLICA");
+            for alarm in &response.alarms {
+                println!("{:>8}  {}", alarm.replica_id, alarm.kind);
+            }
+        }
+    }
+    Ok(())
+}

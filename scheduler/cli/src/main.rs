@@ -83,6 +83,11 @@ enum Command {
         #[command(subcommand)]
         action: MemberAction,
     },
+    /// Alarms that stop new work (replicated): `rota alarm list`, `rota alarm disarm`.
+    Alarm {
+        #[command(subcommand)]
+        action: AlarmAction,
+    },
     /// Failover drill: move the leader (no process is stopped) and measure recovery.
     Drill(DrillArgs),
     /// Benchmarks against a running cluster.
@@ -110,6 +115,21 @@ enum MemberAction {
     Add { id: u64, address: String },
     /// Remove replica ID from the voters.
     Remove { id: u64 },
+}
+
+#[derive(Subcommand)]
+enum AlarmAction {
+    /// Raised alarms.
+    List,
+    /// Clear an alarm once its cause is gone (a replica still short of
+    /// space raises it again within a second).
+    Disarm {
+        /// Replica whose alarm to clear; 0 = every replica's.
+        #[arg(long, default_value_t = 0)]
+        replica: u64,
+        #[arg(long, default_value = "nospace")]
+        kind: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -162,6 +182,10 @@ struct ServerArgs {
     /// peers' refuses to lead (and hands leadership to a peer).
     #[arg(long, default_value_t = rota_server::clock::DEFAULT_MAX_CLOCK_SKEW_MS)]
     max_clock_skew_ms: u64,
+    /// Raise the `nospace` alarm (the cluster takes no new work) when the
+    /// data directory has less free space than this, in MiB.
+    #[arg(long, default_value_t = rota_server::alarms::DEFAULT_MIN_FREE_BYTES / (1024 * 1024))]
+    min_free_mb: u64,
 }
 
 fn parse_peers(peers: &[String]) -> Result<BTreeMap<u64, String>> {
@@ -203,6 +227,7 @@ async fn run_server(args: ServerArgs) -> Result<()> {
         keep_logs_behind_snapshot: args.keep_logs,
         node_ttl_ms: args.node_ttl_ms,
         max_clock_skew_ms: args.max_clock_skew_ms,
+        min_free_bytes: args.min_free_mb.saturating_mul(1024 * 1024),
     };
     server::run(config).await?;
     Ok(())
@@ -246,6 +271,10 @@ async fn main() -> Result<()> {
         Command::Nodes => cli::nodes(&client, format).await,
         Command::Member { action: MemberAction::Add { id, address } } => cli::member_add(&client, id, &address, format).await,
         Command::Member { action: MemberAction::Remove { id } } => cli::member_remove(&client, id, format).await,
+        Command::Alarm { action: AlarmAction::List } => cli::config::alarm_list(&client, format).await,
+        Command::Alarm { action: AlarmAction::Disarm { replica, kind } } => {
+            cli::config::alarm_disarm(&client, replica, &kind, format).await
+        }
         Command::Drill(drill) => {
             let report = cli::drill::run(&client, &drill).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);

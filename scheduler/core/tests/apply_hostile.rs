@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use rota_core::policy;
 use rota_core::sim::bench::Mix;
 use rota_core::state::{
-    ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobSpec, NodeRegistration, PendingNote, Placement, Plan, Priority, Proposal,
-    QueueConfig, RankPlacement, Rejection, StateLimits, Stop, StopReason,
+    AlarmKind, ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobSpec, NodeRegistration, PendingNote, Placement, Plan,
+    Priority, Proposal, QueueConfig, RankPlacement, Rejection, StateLimits, Stop, StopReason,
 };
 
 const NODES: u64 = 4;
@@ -87,8 +87,10 @@ fn command(mix: &mut Mix, state: &ClusterState, now_ms: u64) -> Command {
         9 => Command::AllocStarted { alloc_id, rank: mix.below(3) as u32 },
         10 if mix.below(4) == 0 => Command::AllocLost { alloc_id, rank: mix.below(3) as u32 },
         10 => Command::AllocExited { alloc_id, rank: mix.below(3) as u32, exit_code: *pick(mix, &[0, 1, -9, 137]) },
-        _ => match mix.below(3) {
+        _ => match mix.below(5) {
             0 => Command::Checkpoint { alloc_id, at_ms: mix.next_u64() },
+            3 => Command::SetClusterVersion { version: mix.below(6) as u16 },
+            4 => Command::SetAlarm { replica: mix.below(4), kind: AlarmKind::NoSpace, raised: mix.below(3) == 0 },
             1 => Command::SetQueue(QueueConfig { weight: mix.below(3) as u32, ..QueueConfig::defaults()[1].clone() }),
             _ => Command::SetQuota(GroupQuota {
                 group: pick(mix, &["a", "b", ""]).to_string(),
@@ -107,7 +109,7 @@ fn refusal_names_something(rejection: &Rejection) -> bool {
         Rejection::Invalid { field, message } => !field.is_empty() && !message.is_empty(),
         Rejection::NotFound { what } | Rejection::Exhausted { what, .. } => !what.is_empty(),
         Rejection::RequestIdReused { request_id, .. } => !request_id.is_empty(),
-        Rejection::Conflict { message } => !message.is_empty(),
+        Rejection::Conflict { message } | Rejection::Alarmed { message } => !message.is_empty(),
     }
 }
 

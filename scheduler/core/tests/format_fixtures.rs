@@ -12,8 +12,8 @@ use std::path::PathBuf;
 
 use rota_core::state::codec::{self, FIRST_FORMAT_VERSION, FORMAT_VERSION};
 use rota_core::state::{
-    ClusterState, Command, GpuInfo, GroupQuota, JobSpec, NodeRegistration, PendingNote, Placement, Plan, Priority, Proposal, QueueConfig,
-    RankPlacement, Stop, StopReason,
+    AlarmKind, ClusterState, Command, GpuInfo, GroupQuota, JobSpec, NodeRegistration, PendingNote, Placement, Plan, Priority, Proposal,
+    QueueConfig, RankPlacement, Stop, StopReason,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -51,6 +51,9 @@ fn every_command(version: u16) -> Proposal {
     let mut proposal = every_command_of_the_first_format();
     if version >= 2 {
         proposal.commands.push(Command::SetClusterVersion { version: 2 });
+    }
+    if version >= 3 {
+        proposal.commands.push(Command::SetAlarm { replica: 2, kind: AlarmKind::NoSpace, raised: true });
     }
     proposal
 }
@@ -103,6 +106,10 @@ fn small_cluster(version: u16) -> ClusterState {
     state.apply_proposal(2, &Proposal { now_ms: 1_700_000_001_000, commands: vec![Command::ApplyPlan(plan)] });
     if version >= 2 {
         state.apply_proposal(3, &Proposal { now_ms: 1_700_000_002_000, commands: vec![Command::SetClusterVersion { version }] });
+    }
+    if version >= 3 {
+        let alarm = Command::SetAlarm { replica: 2, kind: AlarmKind::NoSpace, raised: true };
+        state.apply_proposal(4, &Proposal { now_ms: 1_700_000_003_000, commands: vec![alarm] });
     }
     state.check_invariants().expect("a consistent fixture");
     state

@@ -12,7 +12,7 @@ use crate::forward::{serve_or_forward, Failure};
 use crate::status::rejection;
 use crate::Context;
 use rota_client::convert::{node_to_pb, queue_from_pb, queue_to_pb, quota_from_pb, quota_to_pb};
-use rota_core::state::{Command, CommandResult, GroupQuota};
+use rota_core::state::{AlarmKind, Command, CommandResult, GroupQuota};
 
 /// Most replicas in one cluster; Raft gains nothing from more than 7 voters.
 const MAX_MEMBERS: usize = 7;
@@ -174,6 +174,43 @@ impl ClusterApi {
         Ok(pb::ListQuotasResponse { quotas })
     }
 
+    fn alarms(&self) -> pb::ListAlarmsResponse {
+        let alarms = self.ctx.read(|state| {
+            state.alarms.iter().map(|(replica_id, kind)| pb::Alarm { replica_id: *replica_id, kind: kind.as_str().into() }).collect()
+        });
+        pb::ListAlarmsResponse { alarms }
+    }
+
+    async fn alarms_here(&self) -> Result<pb::ListAlarmsResponse, Failure> {
+        self.linearizable().await?;
+        Ok(self.alarms())
+    }
+
+    /// Raise one replica's alarm, or clear one replica's (or, with replica
+    /// id 0, every raised alarm of the kind).
+    async fn set_alarm_here(&self, message: &pb::SetAlarmRequest) -> Result<pb::ListAlarmsResponse, Failure> {
+        let kind = AlarmKind::parse(&message.kind)
+            .ok_or_else(|| Status::invalid_argument(format!("kind: unknown alarm {:?}; known: nospace", message.kind)))?;
+        let targets: Vec<u64> = if message.replica_id == 0 {
+            if message.raised {
+                return Err(Status::invalid_argument("replica_id: an alarm is raised by one replica; 0 only clears").into());
+            }
+            self.ctx.read(|state| state.alarms.iter().filter(|(_, k)| *k == kind).map(|(id, _)| *id).collect())
+        } else {
+            let members = self.ctx.replica.status().members;
+            if message.raised && !members.iter().any(|m| m.id == message.replica_id) {
+                return Err(Status::invalid_argument(format!("replica_id: {} is not a member", message.replica_id)).into());
+            }
+            vec![message.replica_id]
+        };
+        for replica in targets {
+            self.propose_config(Command::SetAlarm { replica, kind, raised: message.raised }).await?;
+            let verb = if message.raised { "raised" } else { "cleared" };
+            tracing::warn!(replica, kind = kind.as_str(), "alarm {verb}");
+        }
+        Ok(self.alarms())
+    }
+
     async fn usage_here(&self) -> Result<pb::GetUsageResponse, Failure> {
         self.linearizable().await?;
         let lines = self.ctx.read(|state| {
@@ -252,6 +289,18 @@ impl ClusterService for ClusterApi {
         let here = |_| async move { self.usage_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.get_usage(request).await };
         serve_or_forward("get_usage", request, here, forward).await
+    }
+
+    async fn list_alarms(&self, request: Request<pb::ListAlarmsRequest>) -> Result<Response<pb::ListAlarmsResponse>, Status> {
+        let here = |_| async move { self.alarms_here().await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_alarms(request).await };
+        serve_or_forward("list_alarms", request, here, forward).await
+    }
+
+    async fn set_alarm(&self, request: Request<pb::SetAlarmRequest>) -> Result<Response<pb::ListAlarmsResponse>, Status> {
+        let here = |message: pb::SetAlarmRequest| async move { self.set_alarm_here(&message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_alarm(request).await };
+        serve_or_forward("set_alarm", request, here, forward).await
     }
 
     async fn remove_member(&self, request: Request<pb::RemoveMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {

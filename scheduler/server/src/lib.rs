@@ -2,6 +2,7 @@
 //! (public API and Raft transport), the proposer, metrics, and bootstrap.
 
 mod agents;
+pub mod alarms;
 pub mod clock;
 mod cluster;
 mod forward;
@@ -79,6 +80,9 @@ pub struct ServerConfig {
     /// A replica whose clock is further than this from a majority of its
     /// peers' refuses to lead.
     pub max_clock_skew_ms: u64,
+    /// Free bytes in the data directory below which this replica raises the
+    /// `nospace` alarm (the cluster then takes no new work).
+    pub min_free_bytes: u64,
 }
 
 /// What the services share.
@@ -155,6 +159,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     tokio::spawn(metrics_loop::run(replica.clone()));
     tokio::spawn(exit_on_fatal(replica.clone()));
     tokio::spawn(leader::run(ctx.clone()));
+    tokio::spawn(alarms::watch_disk(ctx.clone(), config.data_dir.clone(), config.min_free_bytes));
     // Clients that give up on slow attempts during a failover reset their
     // streams; hyper's default allowance for that (20 pending resets) is made
     // for hostile peers and would cut off honest clients with GOAWAY.

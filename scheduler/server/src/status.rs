@@ -15,6 +15,7 @@ pub fn rejection(rejection: &Rejection) -> Status {
         Rejection::Exhausted { .. } => Code::ResourceExhausted,
         Rejection::RequestIdReused { .. } => Code::AlreadyExists,
         Rejection::Conflict { .. } => Code::FailedPrecondition,
+        Rejection::Alarmed { .. } => Code::ResourceExhausted,
     };
     let mut status = Status::new(code, rejection.to_string());
     let metadata = status.metadata_mut();

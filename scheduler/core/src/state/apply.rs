@@ -29,6 +29,7 @@ impl ClusterState {
             Command::SetQuota(quota) => self.set_quota(quota),
             Command::AllocLost { alloc_id, rank } => self.alloc_lost(index, *alloc_id, *rank),
             Command::SetClusterVersion { version } => self.set_cluster_version(*version),
+            Command::SetAlarm { replica, kind, raised } => Ok(self.set_alarm(*replica, *kind, *raised)),
         };
         result.unwrap_or_else(CommandResult::Rejected)
     }
@@ -48,6 +49,30 @@ impl ClusterState {
         Ok(CommandResult::Done)
     }
 
+    /// Raising a raised alarm or clearing a clear one changes nothing.
+    fn set_alarm(&mut self, replica: u64, kind: AlarmKind, raised: bool) -> CommandResult {
+        if raised {
+            self.alarms.insert((replica, kind));
+        } else {
+            self.alarms.remove(&(replica, kind));
+        }
+        CommandResult::Done
+    }
+
+    /// New work is refused while an alarm is raised: a replica short of
+    /// disk must not be pushed into failing its log writes.
+    fn check_no_alarm(&self) -> Result<(), Rejection> {
+        match self.alarms.iter().next() {
+            None => Ok(()),
+            Some((replica, kind)) => Err(Rejection::Alarmed {
+                message: format!(
+                    "alarm {} raised by replica {replica}: the cluster takes no new work until an operator frees space and runs `rota alarm disarm`",
+                    kind.as_str()
+                ),
+            }),
+        }
+    }
+
     fn submit(&mut self, index: u64, request_id: Option<&str>, spec: &JobSpec) -> Result<CommandResult, Rejection> {
         validate_request_id(request_id)?;
         if let Some(id) = request_id {
@@ -59,6 +84,7 @@ impl ClusterState {
             }
         }
         validate_spec(spec, &self.queues)?;
+        self.check_no_alarm()?;
         if self.live_jobs >= self.limits.max_live_jobs {
             return Err(Rejection::Exhausted { what: "live jobs".into(), limit: self.limits.max_live_jobs as u64 });
         }
@@ -462,6 +488,7 @@ impl ClusterState {
 
     fn set_queue(&mut self, queue: &QueueConfig) -> Result<CommandResult, Rejection> {
         validate_queue(queue)?;
+        self.check_no_alarm()?;
         if !self.queues.contains_key(&queue.name) && self.queues.len() >= self.limits.max_queues {
             return Err(Rejection::Exhausted { what: "queues".into(), limit: self.limits.max_queues as u64 });
         }
@@ -471,6 +498,7 @@ impl ClusterState {
 
     fn set_quota(&mut self, quota: &GroupQuota) -> Result<CommandResult, Rejection> {
         validate_quota(quota)?;
+        self.check_no_alarm()?;
         if !self.quotas.contains_key(&quota.group) && self.quotas.len() >= self.limits.max_quotas {
             return Err(Rejection::Exhausted { what: "quotas".into(), limit: self.limits.max_quotas as u64 });
         }

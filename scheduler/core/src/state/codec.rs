@@ -27,6 +27,7 @@
 //! |---------|------|
 //! | 1 | the first versioned layout |
 //! | 2 | `Command::SetClusterVersion`; a snapshot ends with the cluster version |
+//! | 3 | `Command::SetAlarm`; a snapshot ends with the cluster version, then the raised alarms |
 
 use serde::Serialize;
 
@@ -34,7 +35,7 @@ use super::command::Proposal;
 use super::ClusterState;
 
 /// The newest format this build reads (and writes, once the cluster runs it).
-pub const FORMAT_VERSION: u16 = 2;
+pub const FORMAT_VERSION: u16 = 3;
 /// The format of every entry whose commands existed in the first layout,
 /// and of a cluster that has not raised its version yet.
 pub const FIRST_FORMAT_VERSION: u16 = 1;
@@ -93,20 +94,27 @@ pub fn decode_proposal(bytes: &[u8]) -> Result<Proposal, CodecError> {
     decode_proposal_up_to(bytes, FORMAT_VERSION)
 }
 
-/// Decode as a build that reads formats up to `supported` would (versions 1
-/// and 2 share the entry layout; 2 only adds a command).
+/// Decode as a build that reads formats up to `supported` would (every
+/// version so far shares the entry layout and only adds commands).
 pub fn decode_proposal_up_to(bytes: &[u8], supported: u16) -> Result<Proposal, CodecError> {
     let what = "log entry";
     let (_, body) = checked_body(what, bytes, supported.min(FORMAT_VERSION))?;
     bincode::deserialize(body).map_err(corrupt(what))
 }
 
-/// A snapshot in the format of the state's cluster version.
+/// A snapshot in the format of the state's cluster version: the state's
+/// bincode, then what later formats added after it, in the order they
+/// were added.
 pub fn encode_snapshot(state: &ClusterState) -> Vec<u8> {
     let version = state.cluster_version();
     let mut bytes = encode(version, state);
     if version >= 2 {
         bincode::serialize_into(&mut bytes, &version).expect("a u16 encodes");
+    }
+    if version >= 3 {
+        bincode::serialize_into(&mut bytes, &state.alarms).expect("alarms encode");
+    } else {
+        debug_assert!(state.alarms.is_empty(), "alarms exist from format 3 on");
     }
     bytes
 }
@@ -123,10 +131,13 @@ pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterStat
     state.cluster_version = FIRST_FORMAT_VERSION;
     if version >= 2 {
         let cluster_version: u16 = bincode::deserialize_from(&mut reader).map_err(corrupt(what))?;
-        if !(2..=FORMAT_VERSION).contains(&cluster_version) {
+        if !(2..=version).contains(&cluster_version) {
             return Err(CodecError::Corrupt { what, detail: format!("cluster version {cluster_version} in a format {version} snapshot") });
         }
         state.cluster_version = cluster_version;
+    }
+    if version >= 3 {
+        state.alarms = bincode::deserialize_from(&mut reader).map_err(corrupt(what))?;
     }
     if !reader.is_empty() {
         return Err(CodecError::Corrupt { what, detail: format!("{} bytes after the state", reader.len()) });
@@ -166,6 +177,13 @@ mod tests {
         assert_eq!(second.len(), first.len() + 2);
         assert_eq!(decode_snapshot(&second).unwrap().cluster_version(), 2);
         assert!(matches!(decode_snapshot_up_to(&second, 1), Err(CodecError::TooNew { found: 2, supported: 1, .. })));
+        state.cluster_version = 3;
+        state.alarms.insert((2, crate::state::AlarmKind::NoSpace));
+        let third = encode_snapshot(&state);
+        assert_eq!(&third[..6], b"rota\x03\x00");
+        let restored = decode_snapshot(&third).unwrap();
+        assert_eq!((restored.cluster_version(), restored.alarms.len()), (3, 1));
+        assert!(matches!(decode_snapshot_up_to(&third, 2), Err(CodecError::TooNew { found: 3, supported: 2, .. })));
         let mut trailing = second.clone();
         trailing.push(0);
         assert!(matches!(decode_snapshot(&trailing), Err(CodecError::Corrupt { .. })));

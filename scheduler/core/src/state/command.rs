@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::types::{AllocId, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, StopReason};
+use super::types::{AlarmKind, AllocId, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, StopReason};
 
 /// One Raft entry's payload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,6 +74,13 @@ pub enum Command {
     SetClusterVersion {
         version: u16,
     },
+    /// Raise (a replica found the condition) or clear (an operator) an
+    /// alarm of one replica (format 3 on).
+    SetAlarm {
+        replica: u64,
+        kind: AlarmKind,
+        raised: bool,
+    },
 }
 
 impl Command {
@@ -81,6 +88,7 @@ impl Command {
     pub fn min_format(&self) -> u16 {
         match self {
             Command::SetClusterVersion { .. } => 2,
+            Command::SetAlarm { .. } => 3,
             _ => super::codec::FIRST_FORMAT_VERSION,
         }
     }
@@ -174,6 +182,10 @@ pub enum Rejection {
     Conflict {
         message: String,
     },
+    /// New work is refused while a replica's alarm is raised.
+    Alarmed {
+        message: String,
+    },
 }
 
 impl Rejection {
@@ -185,6 +197,7 @@ impl Rejection {
             Rejection::Exhausted { .. } => "exhausted",
             Rejection::RequestIdReused { .. } => "request_id_reused",
             Rejection::Conflict { .. } => "conflict",
+            Rejection::Alarmed { .. } => "alarm",
         }
     }
 
@@ -207,7 +220,7 @@ impl std::fmt::Display for Rejection {
             Rejection::RequestIdReused { request_id, job_id } => {
                 write!(f, "request_id {request_id:?} was used for job {job_id} with a different spec")
             }
-            Rejection::Conflict { message } => write!(f, "{message}"),
+            Rejection::Conflict { message } | Rejection::Alarmed { message } => write!(f, "{message}"),
         }
     }
 }

@@ -13,7 +13,7 @@ pub mod dedupe;
 pub mod types;
 pub mod validate;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -86,6 +86,11 @@ pub struct ClusterState {
     /// state from format 2 on, and sets it when reading.
     #[serde(skip)]
     pub cluster_version: u16,
+    /// Raised alarms: (replica id, kind). While any is raised, the cluster
+    /// takes no new jobs and no configuration. Written after the state from
+    /// format 3 on, like `cluster_version`.
+    #[serde(skip)]
+    pub alarms: BTreeSet<(u64, AlarmKind)>,
 }
 
 impl Default for ClusterState {
@@ -114,6 +119,7 @@ impl ClusterState {
             spec_bytes: 0,
             usage: Usage::default(),
             cluster_version: codec::FIRST_FORMAT_VERSION,
+            alarms: BTreeSet::new(),
         }
     }
 

@@ -311,3 +311,24 @@ fn a_gpu_swapped_under_the_same_index_ends_its_allocation() {
     assert_eq!(state.jobs[&1].reason.code, ReasonCode::GpuLost);
     assert!(state.allocs.is_empty());
 }
+
+#[test]
+fn a_raised_alarm_refuses_new_work_and_keeps_answering_retries() {
+    let mut state = ClusterState::default();
+    assert!(matches!(submit(&mut state, "before", gang(1, 1)), CommandResult::Submitted { deduplicated: false, .. }));
+    run(&mut state, vec![Command::SetAlarm { replica: 2, kind: AlarmKind::NoSpace, raised: true }]);
+    assert_eq!(state.alarms.iter().copied().collect::<Vec<_>>(), vec![(2, AlarmKind::NoSpace)]);
+    let refused = submit(&mut state, "during", gang(1, 1));
+    let CommandResult::Rejected(rejection @ Rejection::Alarmed { .. }) = &refused else { panic!("refused by the alarm: {refused:?}") };
+    assert!(rejection.to_string().contains("nospace") && rejection.to_string().contains("replica 2"), "{rejection}");
+    let queue = run(&mut state, vec![Command::SetQueue(QueueConfig::defaults()[0].clone())]).remove(0);
+    assert!(matches!(queue, CommandResult::Rejected(Rejection::Alarmed { .. })), "{queue:?}");
+    // A retry of a submit acknowledged before the alarm still gets its answer.
+    assert!(matches!(submit(&mut state, "before", gang(1, 1)), CommandResult::Submitted { deduplicated: true, .. }));
+    // Clearing twice is harmless; afterwards work is taken again.
+    for _ in 0..2 {
+        run(&mut state, vec![Command::SetAlarm { replica: 2, kind: AlarmKind::NoSpace, raised: false }]);
+    }
+    assert!(state.alarms.is_empty());
+    assert!(matches!(submit(&mut state, "after", gang(1, 1)), CommandResult::Submitted { deduplicated: false, .. }));
+}

@@ -430,3 +430,27 @@ impl std::fmt::Display for JobReason {
         }
     }
 }
+
+/// A condition on one replica that stops the cluster taking new work until
+/// an operator clears it (as etcd's alarms do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum AlarmKind {
+    /// The replica's data directory is short of free space: new work would
+    /// fill it, and a replica that cannot write its log stops.
+    NoSpace,
+}
+
+impl AlarmKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlarmKind::NoSpace => "nospace",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<AlarmKind> {
+        match name {
+            "nospace" => Some(AlarmKind::NoSpace),
+            _ => None,
+        }
+    }
+}
