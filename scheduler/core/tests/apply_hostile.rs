@@ -87,10 +87,11 @@ fn command(mix: &mut Mix, state: &ClusterState, now_ms: u64) -> Command {
         9 => Command::AllocStarted { alloc_id, rank: mix.below(3) as u32 },
         10 if mix.below(4) == 0 => Command::AllocLost { alloc_id, rank: mix.below(3) as u32 },
         10 => Command::AllocExited { alloc_id, rank: mix.below(3) as u32, exit_code: *pick(mix, &[0, 1, -9, 137]) },
-        _ => match mix.below(5) {
+        _ => match mix.below(6) {
             0 => Command::Checkpoint { alloc_id, at_ms: mix.next_u64() },
             3 => Command::SetClusterVersion { version: mix.below(6) as u16 },
             4 => Command::SetAlarm { replica: mix.below(4), kind: AlarmKind::NoSpace, raised: mix.below(3) == 0 },
+            5 => Command::NodesHeard { nodes: (0..mix.below(3)).map(|_| format!("n{}", mix.below(NODES + 2))).collect() },
             1 => Command::SetQueue(QueueConfig { weight: mix.below(3) as u32, ..QueueConfig::defaults()[1].clone() }),
             _ => Command::SetQuota(GroupQuota {
                 group: pick(mix, &["a", "b", ""]).to_string(),

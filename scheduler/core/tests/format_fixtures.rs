@@ -55,6 +55,9 @@ fn every_command(version: u16) -> Proposal {
     if version >= 3 {
         proposal.commands.push(Command::SetAlarm { replica: 2, kind: AlarmKind::NoSpace, raised: true });
     }
+    if version >= 4 {
+        proposal.commands.push(Command::NodesHeard { nodes: vec!["n1".into(), "gone".into()] });
+    }
     proposal
 }
 
@@ -110,6 +113,10 @@ fn small_cluster(version: u16) -> ClusterState {
     if version >= 3 {
         let alarm = Command::SetAlarm { replica: 2, kind: AlarmKind::NoSpace, raised: true };
         state.apply_proposal(4, &Proposal { now_ms: 1_700_000_003_000, commands: vec![alarm] });
+    }
+    if version >= 4 {
+        let heard = Command::NodesHeard { nodes: vec!["n1".into()] };
+        state.apply_proposal(5, &Proposal { now_ms: 1_700_000_004_000, commands: vec![heard] });
     }
     state.check_invariants().expect("a consistent fixture");
     state

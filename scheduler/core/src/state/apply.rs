@@ -30,6 +30,7 @@ impl ClusterState {
             Command::AllocLost { alloc_id, rank } => self.alloc_lost(index, *alloc_id, *rank),
             Command::SetClusterVersion { version } => self.set_cluster_version(*version),
             Command::SetAlarm { replica, kind, raised } => Ok(self.set_alarm(*replica, *kind, *raised)),
+            Command::NodesHeard { nodes } => Ok(self.nodes_heard(nodes)),
         };
         result.unwrap_or_else(CommandResult::Rejected)
     }
@@ -47,6 +48,16 @@ impl ClusterState {
         }
         self.cluster_version = version;
         Ok(CommandResult::Done)
+    }
+
+    /// Unknown names are skipped: a node may be gone by the time the record
+    /// commits. The map exists from format 4 on (older snapshots cannot
+    /// carry it, so replicas restored from one would disagree).
+    fn nodes_heard(&mut self, nodes: &[String]) -> CommandResult {
+        for name in nodes.iter().filter(|name| self.nodes.contains_key(*name)) {
+            self.node_heard_ms.insert(name.clone(), self.now_ms);
+        }
+        CommandResult::Done
     }
 
     /// Raising a raised alarm or clearing a clear one changes nothing.
@@ -168,6 +179,9 @@ impl ClusterState {
         if node.state == NodeState::Down {
             node.state = NodeState::Ready;
             node.registered_at_ms = now_ms;
+        }
+        if self.cluster_version() >= 4 {
+            self.node_heard_ms.insert(registration.name.clone(), now_ms);
         }
         Ok(CommandResult::Done)
     }

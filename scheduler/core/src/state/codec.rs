@@ -28,6 +28,7 @@
 //! | 1 | the first versioned layout |
 //! | 2 | `Command::SetClusterVersion`; a snapshot ends with the cluster version |
 //! | 3 | `Command::SetAlarm`; a snapshot ends with the cluster version, then the raised alarms |
+//! | 4 | `Command::NodesHeard`; then the nodes' last heard times |
 
 use serde::Serialize;
 
@@ -35,10 +36,8 @@ use super::command::Proposal;
 use super::ClusterState;
 
 /// The newest format this build reads (and writes, once the cluster runs it).
-pub const FORMAT_VERSION: u16 = 3;
-/// The format of every entry whose commands existed in the first layout,
-/// and of a cluster that has not raised its version yet.
-pub const FIRST_FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 4;
+pub use super::command::FIRST_FORMAT_VERSION;
 const MAGIC: &[u8; 4] = b"rota";
 const HEADER_BYTES: usize = 6;
 
@@ -116,6 +115,11 @@ pub fn encode_snapshot(state: &ClusterState) -> Vec<u8> {
     } else {
         debug_assert!(state.alarms.is_empty(), "alarms exist from format 3 on");
     }
+    if version >= 4 {
+        bincode::serialize_into(&mut bytes, &state.node_heard_ms).expect("heard times encode");
+    } else {
+        debug_assert!(state.node_heard_ms.is_empty(), "heard times exist from format 4 on");
+    }
     bytes
 }
 
@@ -138,6 +142,9 @@ pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterStat
     }
     if version >= 3 {
         state.alarms = bincode::deserialize_from(&mut reader).map_err(corrupt(what))?;
+    }
+    if version >= 4 {
+        state.node_heard_ms = bincode::deserialize_from(&mut reader).map_err(corrupt(what))?;
     }
     if !reader.is_empty() {
         return Err(CodecError::Corrupt { what, detail: format!("{} bytes after the state", reader.len()) });

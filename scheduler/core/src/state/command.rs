@@ -6,6 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use super::types::{AlarmKind, AllocId, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, StopReason};
 
+/// The format of every entry whose commands existed in the first layout,
+/// and of a cluster that has not raised its version yet (see `codec`).
+pub const FIRST_FORMAT_VERSION: u16 = 1;
+
 /// One Raft entry's payload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Proposal {
@@ -18,7 +22,7 @@ pub struct Proposal {
 impl Proposal {
     /// The oldest format that holds every command of the entry.
     pub fn min_format(&self) -> u16 {
-        self.commands.iter().map(Command::min_format).max().unwrap_or(super::codec::FIRST_FORMAT_VERSION)
+        self.commands.iter().map(Command::min_format).max().unwrap_or(FIRST_FORMAT_VERSION)
     }
 }
 
@@ -81,6 +85,13 @@ pub enum Command {
         kind: AlarmKind,
         raised: bool,
     },
+    /// The leader heard these nodes since its previous record (format 4 on).
+    /// Coarse on purpose (a few per TTL): a new leader grants a node at most
+    /// the TTL from its last record, so leaders that change more often than
+    /// the TTL still find a dead node down.
+    NodesHeard {
+        nodes: Vec<String>,
+    },
 }
 
 impl Command {
@@ -89,7 +100,8 @@ impl Command {
         match self {
             Command::SetClusterVersion { .. } => 2,
             Command::SetAlarm { .. } => 3,
-            _ => super::codec::FIRST_FORMAT_VERSION,
+            Command::NodesHeard { .. } => 4,
+            _ => FIRST_FORMAT_VERSION,
         }
     }
 }

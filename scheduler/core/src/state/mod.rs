@@ -91,6 +91,11 @@ pub struct ClusterState {
     /// format 3 on, like `cluster_version`.
     #[serde(skip)]
     pub alarms: BTreeSet<(u64, AlarmKind)>,
+    /// Node -> committed time (Unix ms) it was last recorded as heard by a
+    /// leader (`NodesHeard`, and registration). Kept from format 4 on,
+    /// written after the alarms.
+    #[serde(skip)]
+    pub node_heard_ms: BTreeMap<String, u64>,
 }
 
 impl Default for ClusterState {
@@ -120,6 +125,7 @@ impl ClusterState {
             usage: Usage::default(),
             cluster_version: codec::FIRST_FORMAT_VERSION,
             alarms: BTreeSet::new(),
+            node_heard_ms: BTreeMap::new(),
         }
     }
 

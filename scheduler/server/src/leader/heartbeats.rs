@@ -4,8 +4,11 @@
 //!
 //! Rules:
 //! - a term starts with an empty table; a node first considered in this term
-//!   starts its grace period then (one TTL), so a failover alone never marks
-//!   a node down;
+//!   starts its grace period then, so a failover alone never marks a node
+//!   down. A node with a committed heard record (`NodesHeard`, written by
+//!   every leader every `heard_record_every_ms`) has been quiet since that
+//!   record, not since this term began: if leaders change more often than
+//!   the TTL, a dead node is still declared down;
 //! - a node is silent when not heard from for more than the TTL plus the
 //!   longest grace period of the jobs running there plus a margin
 //!   (`loss_margin_ms`):
@@ -14,7 +17,7 @@
 //!   they are gone after their grace; only then may the jobs run elsewhere;
 //! - down nodes are forgotten, so one that comes back gets a fresh grace period.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use rota_core::state::{ClusterState, NodeState};
 
@@ -39,17 +42,42 @@ fn longest_grace_ms(state: &ClusterState, node: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// How often a leader records which nodes it heard: twice per TTL, so a
+/// live node's record is never older than half a TTL (plus a commit) when
+/// leadership changes.
+pub fn heard_record_every_ms(node_ttl_ms: u64) -> u64 {
+    (node_ttl_ms / 2).max(100)
+}
+
+/// How long a node has been quiet when a new leader first considers it:
+/// since its last heard record, if it has one (a record is written after
+/// the heartbeat it stands for, so this never overstates the silence),
+/// else not at all (the grace of a whole TTL from now). `committed_ms` is
+/// the committed time of the state read.
+pub fn quiet_at_first_sight_ms(heard_ms: Option<u64>, committed_ms: u64) -> u64 {
+    heard_ms.map_or(0, |heard_ms| committed_ms.saturating_sub(heard_ms))
+}
+
 #[derive(Debug)]
 pub struct HeartbeatTable {
     term: u64,
     node_ttl_ms: u64,
-    /// Node name -> monotonic ms of the last heartbeat (or of first sight).
-    last_seen_ms: HashMap<String, u64>,
+    /// Node name -> monotonic ms of the last heartbeat (or, at first sight,
+    /// the time that leaves the node its grace). Signed: a grace shorter
+    /// than a TTL puts it before this replica's monotonic epoch.
+    last_seen_ms: HashMap<String, i64>,
+    /// Nodes heard since the leader last recorded them in the log.
+    heard_since_record: BTreeSet<String>,
 }
 
 impl HeartbeatTable {
     pub fn new(term: u64, node_ttl_ms: u64) -> HeartbeatTable {
-        HeartbeatTable { term, node_ttl_ms, last_seen_ms: HashMap::new() }
+        HeartbeatTable { term, node_ttl_ms, last_seen_ms: HashMap::new(), heard_since_record: BTreeSet::new() }
+    }
+
+    /// The nodes heard since the previous call, for the next `NodesHeard`.
+    pub fn take_heard(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.heard_since_record).into_iter().collect()
     }
 
     pub fn term(&self) -> u64 {
@@ -63,11 +91,16 @@ impl HeartbeatTable {
     /// A sign of life from `node` at `now_ms`. Times only move forward: a
     /// late-arriving older sample never makes a node look staler.
     pub fn record(&mut self, node: &str, now_ms: u64) {
+        let now_ms = now_ms as i64;
         match self.last_seen_ms.get_mut(node) {
             Some(seen_ms) => *seen_ms = (*seen_ms).max(now_ms),
             None => {
                 self.last_seen_ms.insert(node.to_string(), now_ms);
             }
+        }
+        // Bounded by the nodes that send heartbeats; drained every record period.
+        if !self.heard_since_record.contains(node) {
+            self.heard_since_record.insert(node.to_string());
         }
     }
 
@@ -77,8 +110,10 @@ impl HeartbeatTable {
         self.last_seen_ms.retain(|name, _| state.nodes.get(name).is_some_and(|n| n.state != NodeState::Down));
         let mut silent = Vec::new();
         for node in state.nodes.values().filter(|n| n.state != NodeState::Down) {
-            let seen_ms = *self.last_seen_ms.entry(node.name.clone()).or_insert(now_ms);
-            let quiet_ms = now_ms.saturating_sub(seen_ms);
+            let seen_ms = *self.last_seen_ms.entry(node.name.clone()).or_insert_with(|| {
+                now_ms as i64 - quiet_at_first_sight_ms(state.node_heard_ms.get(&node.name).copied(), state.now_ms) as i64
+            });
+            let quiet_ms = (now_ms as i64).saturating_sub(seen_ms).max(0) as u64;
             // Cheap test first; the grace is looked up only for nodes past their TTL.
             let limit_ms = self.node_ttl_ms + loss_margin_ms(self.node_ttl_ms);
             if quiet_ms > limit_ms && quiet_ms > limit_ms + longest_grace_ms(state, &node.name) {
@@ -196,6 +231,60 @@ mod tests {
         let due_ms = TTL_MS + 30_000 + MARGIN_MS;
         assert!(table.silent_nodes(&state, due_ms).is_empty(), "its ranks may still be in their grace period");
         assert_eq!(table.silent_nodes(&state, due_ms + 1), ["a"]);
+    }
+
+    #[test]
+    fn a_new_leader_counts_silence_from_the_last_heard_record() {
+        let mut state = state_with(&["fresh", "stale", "never"]);
+        // Records committed at 10 s ("fresh") and 6 s ("stale"); now 10.2 s.
+        state.node_heard_ms.insert("fresh".into(), 10_000);
+        state.node_heard_ms.insert("stale".into(), 6_000);
+        state.now_ms = 10_200;
+        assert_eq!(quiet_at_first_sight_ms(Some(10_000), state.now_ms), 200);
+        assert_eq!(quiet_at_first_sight_ms(Some(11_000), state.now_ms), 0, "a record ahead of the committed time: not quiet");
+        assert_eq!(quiet_at_first_sight_ms(None, state.now_ms), 0, "no record: a whole TTL from now");
+        let mut table = HeartbeatTable::new(9, TTL_MS);
+        let start_ms = 5;
+        assert_eq!(table.silent_nodes(&state, start_ms), ["stale"], "quiet 4.2 s since its record: past TTL + margin (3.25 s) at once");
+        assert_eq!(table.silent_nodes(&state, start_ms + 3_050), ["stale"]);
+        assert_eq!(table.silent_nodes(&state, start_ms + 3_051), ["fresh", "stale"], "fresh: 0.2 s before this term");
+        assert_eq!(table.silent_nodes(&state, start_ms + 3_251), ["fresh", "never", "stale"], "never: a whole TTL from first sight");
+    }
+
+    #[test]
+    fn leaders_changing_faster_than_the_ttl_still_find_a_dead_node() {
+        let mut state = state_with(&["dead"]);
+        state.node_heard_ms.insert("dead".into(), 0);
+        // A new leader every half TTL, each with a table of its own; the
+        // committed time moves on with real time.
+        let mut declared_at_ms = None;
+        for term in 1..100u64 {
+            let term_start_ms = term * TTL_MS / 2;
+            state.now_ms = term_start_ms;
+            let mut table = HeartbeatTable::new(term, TTL_MS);
+            for step_ms in [0, TTL_MS / 4] {
+                if !table.silent_nodes(&state, 1_000_000 + step_ms).is_empty() {
+                    declared_at_ms = declared_at_ms.or(Some(term_start_ms + step_ms));
+                }
+            }
+        }
+        let declared_at_ms = declared_at_ms.expect("the dead node is declared down");
+        // Due once TTL + margin have passed since the record, seen by the
+        // first leader to look after that (each looks every quarter TTL).
+        assert!(
+            declared_at_ms > TTL_MS + MARGIN_MS && declared_at_ms <= TTL_MS + MARGIN_MS + TTL_MS / 2,
+            "declared at {declared_at_ms} ms"
+        );
+    }
+
+    #[test]
+    fn heard_nodes_are_taken_once_for_the_record() {
+        let mut table = HeartbeatTable::new(1, TTL_MS);
+        table.record("b", 1);
+        table.record("a", 2);
+        table.record("b", 3);
+        assert_eq!(table.take_heard(), ["a", "b"]);
+        assert!(table.take_heard().is_empty());
     }
 
     #[test]

@@ -102,6 +102,11 @@ impl Leadership {
         }
     }
 
+    /// Nodes heard since the previous call (none while not leading).
+    fn take_heard(&self) -> Vec<String> {
+        self.table.lock().expect("heartbeat table lock").as_mut().map(HeartbeatTable::take_heard).unwrap_or_default()
+    }
+
     /// Nodes silent past the TTL now (none while not leading).
     fn silent_nodes(&self, state: &ClusterState) -> Vec<String> {
         let now_ms = self.now_ms();
@@ -159,6 +164,8 @@ async fn lead(ctx: &Context, term: u64) {
         }
     };
     let mut clock_checked_at: Option<Instant> = None;
+    let mut heard_recorded_at = Instant::now();
+    let heard_every = Duration::from_millis(heartbeats::heard_record_every_ms(ctx.leader.node_ttl_ms));
     while still_leader(ctx, term) {
         if clock_checked_at.is_none_or(|at| at.elapsed() >= Duration::from_millis(clock::CHECK_EVERY_MS)) {
             clock_checked_at = Some(Instant::now());
@@ -184,6 +191,12 @@ async fn lead(ctx: &Context, term: u64) {
         }
         if !propose_node_downs(ctx).await {
             break;
+        }
+        if heard_recorded_at.elapsed() >= heard_every {
+            heard_recorded_at = Instant::now();
+            if !record_heard(ctx).await {
+                break;
+            }
         }
         let _ = tokio::time::timeout(Duration::from_millis(TICK_MS), applied.changed()).await;
         tokio::time::sleep(Duration::from_millis(PLAN_MIN_INTERVAL_MS)).await;
@@ -415,6 +428,26 @@ async fn propose_node_downs(ctx: &Context) -> bool {
         }
     }
     true
+}
+
+/// Record in the log, coarsely, which nodes this leader heard since its
+/// previous record, so the next leader counts their silence from there.
+/// False when leadership is lost.
+async fn record_heard(ctx: &Context) -> bool {
+    // Older clusters have no record; their next leader grants a whole TTL.
+    if ctx.read(|state| state.cluster_version()) < (Command::NodesHeard { nodes: Vec::new() }).min_format() {
+        return true;
+    }
+    let heard = ctx.leader.take_heard();
+    // Only registered nodes: the record is bounded by the node table.
+    let nodes: Vec<String> = ctx.read(|state| heard.into_iter().filter(|node| state.nodes.contains_key(node)).collect());
+    if nodes.is_empty() {
+        return true;
+    }
+    match ctx.proposer.propose(Command::NodesHeard { nodes }).await {
+        Ok(_) => true,
+        Err(error) => proposal_failed("heard nodes", &error),
+    }
 }
 
 fn proposal_failed(what: &str, error: &WriteError) -> bool {
