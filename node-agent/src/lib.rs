@@ -28,6 +28,7 @@
 //! the job's grace period, then SIGKILL.
 
 pub mod agent;
+pub mod contain;
 pub mod control;
 pub mod exec;
 pub mod freshness;
