@@ -49,7 +49,7 @@ impl Reconciler {
     /// Re-adopt every rank recorded on disk; nothing is started or stopped
     /// until the first assignment set arrives.
     pub fn adopt(shared: Arc<Shared>) -> Reconciler {
-        let local = LocalRanks::adopt(&shared.ranks_root, &shared.config.containment);
+        let local = LocalRanks::adopt(&shared.config.data_dir, &shared.ranks_root, &shared.config.containment);
         let lease = if shared.lease_held() { Lease::Held } else { Lease::Expired };
         Reconciler { shared, local, desired: None, lease }
     }
@@ -136,7 +136,11 @@ impl Reconciler {
             Action::KillLeftovers { key } => {
                 let Some(known) = self.local.get_mut(key) else { return };
                 if signal::kill_leftovers(&known.dir, &RankTree::of_spec(&known.spec)) {
-                    tracing::warn!(alloc_id = key.alloc_id, rank = key.rank, "the rank's shim is gone and processes of it are left; SIGKILL");
+                    tracing::warn!(
+                        alloc_id = key.alloc_id,
+                        rank = key.rank,
+                        "the rank's shim is gone and processes of it are left; SIGKILL"
+                    );
                 }
             }
             Action::CollectGarbage { key } => {

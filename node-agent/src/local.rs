@@ -112,9 +112,10 @@ struct Adopted<'a> {
 /// found, still runs and records the real exit in the rebuilt directory (it
 /// writes to the same path); without one the rank counts as lost once none
 /// of its processes is left (they are killed first; see `reconcile`).
-fn adopt_unrecorded(ranks_root: &Path, key: RankKey, found: &FoundRank, containment: &Containment) -> Option<Known> {
+fn adopt_unrecorded(ranks_root: &Path, key: RankKey, found: &FoundRank, containment: &Containment, agent: &str) -> Option<Known> {
     let dir = RankDir::new(ranks_root, key.alloc_id, key.rank);
-    let tag = found.tag.unwrap_or(RankTag { alloc_id: key.alloc_id, rank: key.rank, attempt: 0, job_id: 0 });
+    let unknown = RankTag { alloc_id: key.alloc_id, rank: key.rank, attempt: 0, job_id: 0, agent: agent.to_string() };
+    let tag = found.tag.clone().unwrap_or(unknown);
     let cgroup = found.cgroup.clone().or_else(|| containment.rank_cgroup(key.alloc_id, key.rank).filter(|p| p.exists()));
     let spec = RankSpec {
         alloc_id: key.alloc_id,
@@ -124,7 +125,8 @@ fn adopt_unrecorded(ranks_root: &Path, key: RankKey, found: &FoundRank, containm
         // Any assignment set that does not hold it stops it.
         assigned_index: 0,
         command: Vec::new(),
-        env: Default::default(),
+        // What the /proc scan finds its processes by.
+        env: [(procscan::AGENT_VAR.to_string(), agent.to_string())].into(),
         grace_period_s: ADOPTED_GRACE_S,
         log_cap_bytes: 0,
         cgroup,
@@ -194,14 +196,15 @@ impl LocalRanks {
     /// cannot be read is left alone. Then every rank found running on the
     /// host without a record (the data directory was lost) is adopted too
     /// (see `adopt_unrecorded`), so that it is never started a second time.
-    pub fn adopt(ranks_root: &Path, containment: &Containment) -> LocalRanks {
+    pub fn adopt(data_dir: &Path, ranks_root: &Path, containment: &Containment) -> LocalRanks {
         let mut local = Self::adopt_recorded(ranks_root);
-        for ((alloc_id, rank), found) in contain::live_ranks(containment) {
+        let agent = data_dir.display().to_string();
+        for ((alloc_id, rank), found) in contain::live_ranks(containment, &agent) {
             let key = RankKey { alloc_id, rank };
             if local.ranks.contains_key(&key) {
                 continue;
             }
-            if let Some(known) = adopt_unrecorded(ranks_root, key, &found, containment) {
+            if let Some(known) = adopt_unrecorded(ranks_root, key, &found, containment, &agent) {
                 local.ranks.insert(key, known);
             }
         }
@@ -286,7 +289,7 @@ mod tests {
         running.write(rankdir::SPEC, &spec(1)).unwrap();
         ended.write(rankdir::SPEC, &spec(2)).unwrap();
         ended.write(rankdir::EXIT, &ExitStatus { exit_code: 0, finished_at_ms: 1 }).unwrap();
-        let mut local = LocalRanks::adopt(root.path(), &Containment::ProcScan);
+        let mut local = LocalRanks::adopt(root.path(), root.path(), &Containment::ProcScan);
         assert!(!empty.path.exists());
         assert_eq!(local.running(), 1);
         let on_disk = local.observe(5);

@@ -68,13 +68,7 @@ pub fn run(dir: &Path) -> Result<i32, ShimError> {
         None => None,
     };
     let mut command = Command::new(program);
-    command
-        .args(args)
-        .envs(&spec.env)
-        .current_dir(rank.work_dir())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    command.args(args).envs(&spec.env).current_dir(rank.work_dir()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     // SAFETY: only async-signal-safe calls (setpgid, open, write, close) on
     // memory prepared before the fork.
     unsafe {

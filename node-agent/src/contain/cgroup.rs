@@ -106,11 +106,7 @@ pub fn remove(dir: &Path) {
 /// Every rank cgroup under the agent's subtree `parent_dir`: (alloc id, rank) -> path.
 pub fn rank_cgroups(parent_dir: &Path) -> Vec<((u64, u32), PathBuf)> {
     let Ok(entries) = std::fs::read_dir(parent_dir) else { return Vec::new() };
-    entries
-        .flatten()
-        .filter_map(|e| Some((e.file_name().to_str().and_then(parse_rank_name)?, e.path())))
-        .take(MAX_LISTED_PIDS)
-        .collect()
+    entries.flatten().filter_map(|e| Some((e.file_name().to_str().and_then(parse_rank_name)?, e.path()))).take(MAX_LISTED_PIDS).collect()
 }
 
 #[cfg(test)]

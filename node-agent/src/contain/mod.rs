@@ -85,20 +85,23 @@ pub fn alive(pid: u32) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RankTree {
     pub cgroup: Option<PathBuf>,
+    /// The data directory of the agent running the rank (`ROTA_AGENT_DIR`).
+    pub agent: String,
     pub alloc_id: u64,
     pub rank: u32,
 }
 
 impl RankTree {
     pub fn of_spec(spec: &RankSpec) -> RankTree {
-        RankTree { cgroup: spec.cgroup.clone(), alloc_id: spec.alloc_id, rank: spec.rank }
+        let agent = spec.env.get(procscan::AGENT_VAR).cloned().unwrap_or_default();
+        RankTree { cgroup: spec.cgroup.clone(), agent, alloc_id: spec.alloc_id, rank: spec.rank }
     }
 
     /// Every live process of the rank, by pid (this process never among them).
     pub fn live_pids(&self) -> Vec<u32> {
         let own = std::process::id();
         let mut pids: Vec<u32> = self.cgroup.as_deref().map(cgroup::procs).unwrap_or_default();
-        pids.extend(procscan::pids_of(&procscan::scan(), self.alloc_id, self.rank));
+        pids.extend(procscan::pids_of(&procscan::scan(), &self.agent, self.alloc_id, self.rank));
         pids.sort_unstable();
         pids.dedup();
         pids.retain(|&pid| pid > 1 && pid != own && alive(pid));
@@ -201,14 +204,15 @@ pub struct FoundRank {
 }
 
 /// Every rank with a live process on this host: the rank cgroups under the
-/// agent's subtree and the /proc scan. What a restarted agent checks its
-/// records against, so that losing them never starts a running rank twice.
-pub fn live_ranks(containment: &Containment) -> BTreeMap<(u64, u32), FoundRank> {
+/// agent's subtree and the /proc scan for the ranks of the agent `agent`
+/// (its data directory). What a restarted agent checks its records
+/// against, so that losing them never starts a running rank twice.
+pub fn live_ranks(containment: &Containment, agent: &str) -> BTreeMap<(u64, u32), FoundRank> {
     let scanned = procscan::scan();
     let mut found: BTreeMap<(u64, u32), FoundRank> = BTreeMap::new();
-    for (&pid, tag) in &scanned {
+    for (&pid, tag) in scanned.iter().filter(|(_, tag)| tag.agent == agent) {
         let rank = found.entry((tag.alloc_id, tag.rank)).or_default();
-        rank.tag.get_or_insert(*tag);
+        rank.tag.get_or_insert_with(|| tag.clone());
         rank.pids.push(pid);
     }
     if let Containment::Cgroups { subtree } = containment {

@@ -61,7 +61,7 @@ mod tests {
 
     /// A rank no process carries the tags of.
     fn empty_tree() -> RankTree {
-        RankTree { cgroup: None, alloc_id: u64::MAX, rank: u32::MAX }
+        RankTree { cgroup: None, agent: "/nowhere".into(), alloc_id: u64::MAX, rank: u32::MAX }
     }
 
     #[test]
@@ -79,11 +79,17 @@ mod tests {
 
     #[test]
     fn sigterm_and_sigkill_reach_a_process_outside_the_group_by_its_tags() {
-        let tree = RankTree { cgroup: None, alloc_id: 555_000_111, rank: 2 };
+        let tree = RankTree { cgroup: None, agent: "/data".into(), alloc_id: 555_000_111, rank: 2 };
         let tagged = || {
             Command::new("sleep")
                 .arg("30")
-                .envs([("ROTA_ALLOC_ID", "555000111"), ("ROTA_RANK", "2"), ("ROTA_ATTEMPT", "1"), ("ROTA_JOB_ID", "9")])
+                .envs([
+                    ("ROTA_ALLOC_ID", "555000111"),
+                    ("ROTA_RANK", "2"),
+                    ("ROTA_ATTEMPT", "1"),
+                    ("ROTA_JOB_ID", "9"),
+                    ("ROTA_AGENT_DIR", "/data"),
+                ])
                 .process_group(0)
                 .spawn()
                 .expect("sleep")

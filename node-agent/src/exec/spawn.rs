@@ -31,6 +31,7 @@ pub fn rank_spec(config: &AgentConfig, key: RankKey, index: u64, rank: &DesiredR
     let gpus: Vec<String> = rank.gpus.iter().map(u32::to_string).collect();
     for (name, value) in [
         (procscan::JOB_VAR, rank.job_id.to_string()),
+        (procscan::AGENT_VAR, config.data_dir.display().to_string()),
         // The tags the /proc scan finds the rank's processes by (see `contain::procscan`).
         (procscan::ALLOC_VAR, key.alloc_id.to_string()),
         (procscan::RANK_VAR, key.rank.to_string()),
