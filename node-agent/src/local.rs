@@ -298,4 +298,29 @@ mod tests {
         assert!(matches!(live.shim, ShimState::Unrecorded { spec_written_ms: Some(_) }));
         assert_eq!(on_disk.ranks[&RankKey { alloc_id: 2, rank: 0 }], LocalRank::Exited { acked: false });
     }
+
+    #[test]
+    fn a_rank_running_without_a_record_is_adopted_never_started_again() {
+        let data = tempfile::tempdir().unwrap();
+        let ranks_root = data.path().join("ranks");
+        let agent = data.path().display().to_string();
+        let tags = [("ROTA_ALLOC_ID", "31337"), ("ROTA_RANK", "1"), ("ROTA_ATTEMPT", "2"), ("ROTA_JOB_ID", "8"), ("ROTA_AGENT_DIR", &agent)];
+        let mut orphan = std::process::Command::new("sleep").arg("30").envs(tags).spawn().unwrap();
+        let mut local = LocalRanks::adopt(data.path(), &ranks_root, &Containment::ProcScan);
+        let key = RankKey { alloc_id: 31_337, rank: 1 };
+        let on_disk = local.observe(5);
+        let Some(LocalRank::Live(live)) = on_disk.ranks.get(&key) else { panic!("not adopted: {on_disk:?}") };
+        assert_eq!(live.assigned_index, 0, "any set that does not hold it stops it");
+        let dir = RankDir::new(&ranks_root, key.alloc_id, key.rank);
+        let spec = dir.spec().unwrap().unwrap();
+        assert_eq!((spec.job_id, spec.attempt, spec.grace_period_s), (8, 2, ADOPTED_GRACE_S));
+        assert!(dir.has(rankdir::ADOPTED) && dir.has(rankdir::STARTED_ACK));
+        assert!(!dir.has(rankdir::PIDS), "no shim runs it");
+        assert!(RankTree::of_spec(&spec).live_pids().contains(&orphan.id()), "its processes are found by its tags");
+        // A reconcile pass that is asked to run it starts nothing.
+        let desired = crate::reconcile::Desired { index: 3, ranks: [(key, Default::default())].into() };
+        assert!(crate::reconcile::reconcile(Some(&desired), &on_disk, rankdir::now_ms()).is_empty());
+        orphan.kill().unwrap();
+        orphan.wait().unwrap();
+    }
 }

@@ -9,11 +9,14 @@
 //! and with `--no-cgroups`, where the /proc scan of the ranks' environment
 //! alone finds their processes.
 //!
-//! Every one of them failed on commit 81169b9 (before ranks were contained):
+//! Every one of them failed on commit 81169b9 (before ranks were contained;
+//! its agent given the two new flags as no-ops), in both variants:
 //! - the background child: "job Succeeded while its background child ... still runs";
-//! - the setsid grandchild: "job Cancelled while its setsid grandchild ... still runs";
-//! - the control files: the job wrote exit.json into its working directory
-//!   (then the rank directory) and was reported Succeeded while it ran on;
+//! - the setsid grandchild: "job Cancelled while its setsid grandchild ...
+//!   still runs" (the cgroup variant stops earlier: "pid ... is in no rank cgroup");
+//! - the control files: "an exit was committed for a rank that runs" (the
+//!   job's exit.json, written into its working directory, then the rank
+//!   directory, was reported while the job ran on);
 //! - the wiped data dir: the restarted agent started the running rank again
 //!   ("the rank was started again: pid ... instead of ...").
 
@@ -23,6 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use rota_chaos::agents::{writable_cgroup2, AgentOptions, LocalAgent};
 use rota_chaos::cluster::{ClusterOptions, LocalCluster};
+use rota_chaos::proxy::LinkProxy;
 use rota_e2e::{pid_alive, shell_job, wait_nodes_ready, wait_number, wait_until, AnyReplica};
 use rota_proto::v1 as pb;
 
@@ -175,6 +179,52 @@ async fn control_files_written_by_a_job_change_nothing() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn control_files_written_by_a_job_change_nothing_without_cgroups() -> Result<()> {
     control_files(false).await
+}
+
+/// The lease path: a node cut off from every replica (its agent alive)
+/// stops its ranks once its lease runs out, setsid grandchild included.
+async fn setsid_grandchild_at_lease_expiry(cgroups: bool) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let marks = dir.path().join("marks");
+    std::fs::create_dir_all(&marks)?;
+    let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions { node_ttl_ms: 2_000, ..ClusterOptions::default() })?;
+    cluster.wait_leader(WAIT).await?;
+    let mut links = Vec::new();
+    for replica in cluster.replicas.values() {
+        links.push(LinkProxy::start(100, replica.id, replica.addr.clone()).await?);
+    }
+    let endpoints: Vec<String> = links.iter().map(|l| l.listen_addr.clone()).collect();
+    let agent = LocalAgent::start(dir.path(), "node-a", &endpoints.join(","), AgentOptions { cgroups, ..AgentOptions::default() })?;
+    wait_nodes_ready(&cluster, 1, WAIT).await?;
+    let any = AnyReplica::new(&cluster)?;
+    let script = r#"trap '' TERM
+setsid sh -c 'echo $$ > "$MARK_DIR/gc.tmp"; mv "$MARK_DIR/gc.tmp" "$MARK_DIR/gc"; while true; do sleep 0.05; done' &
+while true; do sleep 0.05; done"#;
+    let job_id = any.submit(job(&marks, script)).await?.job_id;
+    let grandchild = wait_number(&marks.join("gc"), WAIT).await?;
+    any.wait_job_state(job_id, pb::JobState::Running, WAIT).await?;
+    for link in &links {
+        link.cut();
+    }
+    // TTL, then the grace period, then SIGKILL to the whole rank.
+    wait_until("the setsid grandchild to be killed at the end of the lease", WAIT, || async { Ok((!pid_alive(grandchild)).then_some(())) })
+        .await
+        .with_context(|| agent.log_tail(4_000))?;
+    for link in &links {
+        link.heal();
+    }
+    drop(agent);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_setsid_grandchild_ignoring_sigterm_is_killed_when_the_lease_runs_out() -> Result<()> {
+    setsid_grandchild_at_lease_expiry(true).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_setsid_grandchild_ignoring_sigterm_is_killed_when_the_lease_runs_out_without_cgroups() -> Result<()> {
+    setsid_grandchild_at_lease_expiry(false).await
 }
 
 /// `start-ATTEMPT-PID` markers: one per start of a rank.
