@@ -304,7 +304,8 @@ mod tests {
         let data = tempfile::tempdir().unwrap();
         let ranks_root = data.path().join("ranks");
         let agent = data.path().display().to_string();
-        let tags = [("ROTA_ALLOC_ID", "31337"), ("ROTA_RANK", "1"), ("ROTA_ATTEMPT", "2"), ("ROTA_JOB_ID", "8"), ("ROTA_AGENT_DIR", &agent)];
+        let tags =
+            [("ROTA_ALLOC_ID", "31337"), ("ROTA_RANK", "1"), ("ROTA_ATTEMPT", "2"), ("ROTA_JOB_ID", "8"), ("ROTA_AGENT_DIR", &agent)];
         let mut orphan = std::process::Command::new("sleep").arg("30").envs(tags).spawn().unwrap();
         let mut local = LocalRanks::adopt(data.path(), &ranks_root, &Containment::ProcScan);
         let key = RankKey { alloc_id: 31_337, rank: 1 };

@@ -9,9 +9,9 @@
 //! - a rank in the set that the node does not know yet is started once; one
 //!   the set already asks to stop is recorded as ended without running;
 //! - a live rank the set asks to stop is stopped: the stop is recorded with
-//!   its SIGKILL deadline (now + the job's grace period) and its process
-//!   group gets SIGTERM, then SIGKILL on every pass once the deadline is
-//!   reached, until its exit is recorded;
+//!   its SIGKILL deadline (now + the job's grace period) and its processes
+//!   get SIGTERM, then SIGKILL on every pass once the deadline is reached,
+//!   until its exit is recorded (which the shim does only once none is left);
 //! - a live rank absent from the set is stopped only when the set is newer
 //!   than the rank's own assignment (the node was declared lost);
 //! - with no set received yet nothing is started or stopped: losing the
@@ -156,9 +156,9 @@ pub enum Action {
     EndUnstarted { key: RankKey, index: u64, rank: DesiredRank, reason: String, now_ms: u64 },
     /// Record the stop request (so a restarted agent continues it).
     Stop { key: RankKey, cause: StopCause, requested_at_ms: u64, kill_at_ms: u64, grace_ms: u64 },
-    /// SIGTERM to the rank's process group.
+    /// SIGTERM to every process of the rank (its group, its cgroup, its tags).
     Terminate { key: RankKey, pgid: u32 },
-    /// SIGKILL to the rank's process group: the grace period is over.
+    /// SIGKILL to every process of the rank: the grace period is over.
     Kill { key: RankKey, pgid: u32 },
     /// The shim vanished without recording an exit and no process of the
     /// rank is left: record the exit as lost.

@@ -13,7 +13,9 @@
 //! its agent given the two new flags as no-ops), in both variants:
 //! - the background child: "job Succeeded while its background child ... still runs";
 //! - the setsid grandchild: "job Cancelled while its setsid grandchild ...
-//!   still runs" (the cgroup variant stops earlier: "pid ... is in no rank cgroup");
+//!   still runs" (the cgroup variant stops earlier: "pid ... is in no rank
+//!   cgroup"); at the end of the lease: "timed out after 60s waiting for
+//!   the setsid grandchild to be killed at the end of the lease";
 //! - the control files: "an exit was committed for a rank that runs" (the
 //!   job's exit.json, written into its working directory, then the rank
 //!   directory, was reported while the job ran on);

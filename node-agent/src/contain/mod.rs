@@ -218,6 +218,11 @@ pub fn live_ranks(containment: &Containment, agent: &str) -> BTreeMap<(u64, u32)
     if let Containment::Cgroups { subtree } = containment {
         for (key, dir) in cgroup::rank_cgroups(subtree) {
             let pids: Vec<u32> = cgroup::procs(&dir).into_iter().filter(|&p| alive(p)).collect();
+            // Another agent's rank (two agents given one subtree): not ours to adopt.
+            if pids.iter().any(|pid| scanned.get(pid).is_some_and(|tag| tag.agent != agent)) {
+                tracing::warn!(cgroup = %dir.display(), "a rank cgroup of another agent in this agent's subtree: left alone");
+                continue;
+            }
             if pids.is_empty() && !found.contains_key(&key) {
                 // An empty cgroup left by a rank that ended unrecorded.
                 cgroup::remove(&dir);
