@@ -13,7 +13,7 @@ use std::os::unix::ffi::OsStrExt;
 use serde::Serialize;
 
 use crate::contain::procscan::{self, RankTag};
-use crate::contain::{self, Containment, FoundRank, RankTree};
+use crate::contain::{self, cgroup, Containment, FoundRank, RankTree};
 use crate::rankdir::{self, rank_dirs, Pids, RankDir, RankSpec, StopRequest};
 use crate::reconcile::{LiveRank, LocalRank, OnDisk, RankKey, ShimState, StopState};
 
@@ -140,6 +140,12 @@ fn adopt_unrecorded(ranks_root: &Path, key: RankKey, found: &FoundRank, containm
         }
         // Its start was reported by the agent that lost the records.
         dir.ack(rankdir::STARTED_ACK, "adopted")?;
+        if found.tag.is_none() {
+            // Without its job and attempt its exit cannot be reported (the
+            // control plane would refuse the whole report): it is only kept
+            // from starting again, and stopped if the assignment set says so.
+            dir.ack(rankdir::EXITED_ACK, "unreported: adopted without its tags")?;
+        }
         dir.write(rankdir::SPEC, &spec)
     });
     if let Err(error) = written {
@@ -206,6 +212,14 @@ impl LocalRanks {
             }
             if let Some(known) = adopt_unrecorded(ranks_root, key, &found, containment, &agent) {
                 local.ranks.insert(key, known);
+            }
+        }
+        // Empty cgroups of ranks without a record: they ended unrecorded.
+        if let Containment::Cgroups { subtree } = containment {
+            for ((alloc_id, rank), dir) in cgroup::rank_cgroups(subtree) {
+                if !local.ranks.contains_key(&RankKey { alloc_id, rank }) && cgroup::procs(&dir).is_empty() {
+                    cgroup::remove(&dir);
+                }
             }
         }
         local

@@ -224,8 +224,6 @@ pub fn live_ranks(containment: &Containment, agent: &str) -> BTreeMap<(u64, u32)
                 continue;
             }
             if pids.is_empty() && !found.contains_key(&key) {
-                // An empty cgroup left by a rank that ended unrecorded.
-                cgroup::remove(&dir);
                 continue;
             }
             let rank = found.entry(key).or_default();

@@ -175,7 +175,9 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let key = RankKey { alloc_id: 1, rank: 0 };
         let dir = RankDir::new(root.path(), key.alloc_id, key.rank);
-        let spec = rank_spec(&config(), key, 7, &DesiredRank::default(), &dir);
+        // No cgroup: this test must not create one on the host.
+        let config = AgentConfig { containment: Containment::ProcScan, ..config() };
+        let spec = rank_spec(&config, key, 7, &DesiredRank::default(), &dir);
         assert_eq!(end_unstarted(&dir, &spec, "cancelled", 99), Launch::Ended);
         assert_eq!(dir.spec().unwrap(), Some(spec));
         assert_eq!(dir.stop().unwrap().reason, "cancelled");
