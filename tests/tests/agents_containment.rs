@@ -315,3 +315,33 @@ async fn a_wiped_agent_data_dir_does_not_start_a_running_rank_twice() -> Result<
 async fn a_wiped_agent_data_dir_does_not_start_a_running_rank_twice_without_cgroups() -> Result<()> {
     wiped_data_dir(false).await
 }
+
+/// A `--cgroup-parent` outside the cgroup mount is refused at start-up,
+/// with an error naming the flag.
+#[test]
+fn the_agent_refuses_a_cgroup_parent_outside_the_mount() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut child = std::process::Command::new(rota_chaos::agents::agent_bin()?)
+        .args(["--endpoints", "127.0.0.1:1", "--node-name", "node-a", "--fake-gpus", "1xH100-80GB", "--cgroup-parent", "../escape"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("stderr"))?)
+        .spawn()?;
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill()?;
+            child.wait()?;
+            bail!("the agent started with a cgroup parent outside the mount");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = std::fs::read_to_string(dir.path().join("stderr"))?;
+    ensure!(!status.success() && stderr.contains("--cgroup-parent \"../escape\""), "{status}: {stderr}");
+    Ok(())
+}

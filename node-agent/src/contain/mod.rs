@@ -237,3 +237,51 @@ pub fn live_ranks(containment: &Containment, agent: &str) -> BTreeMap<(u64, u32)
     }
     found
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn a_bad_parent_is_refused_and_no_cgroups_means_the_proc_scan() {
+        let error = Containment::init("../escape", false).unwrap_err().to_string();
+        assert!(error.contains("--cgroup-parent"), "{error}");
+        assert_eq!(Containment::init("../ignored", true).unwrap(), Containment::ProcScan);
+    }
+
+    /// With a writable cgroup2 hierarchy: a process in the rank's cgroup is
+    /// found and killed whatever its environment. Without one, the same
+    /// through the /proc scan (the test then says which it checked).
+    #[test]
+    fn a_ranks_process_is_found_and_killed_by_its_cgroup_or_its_tags() {
+        let parent = format!("rota-unit-{}", std::process::id());
+        let agent = "/unit-test-agent";
+        let (tree, mut child) = match Containment::init(&parent, false) {
+            Ok(containment) => {
+                let cgroup = containment.rank_cgroup(7, 0).expect("a rank cgroup");
+                cgroup::create(&cgroup).unwrap();
+                // No tags: only the cgroup leads to it.
+                let child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+                std::fs::write(cgroup.join("cgroup.procs"), child.id().to_string()).unwrap();
+                (RankTree { cgroup: Some(cgroup), agent: agent.into(), alloc_id: 7, rank: 0 }, child)
+            }
+            Err(error) => {
+                eprintln!("no writable cgroup v2 ({error}): checking the /proc scan instead");
+                let tags =
+                    [("ROTA_ALLOC_ID", "7"), ("ROTA_RANK", "0"), ("ROTA_ATTEMPT", "1"), ("ROTA_JOB_ID", "1"), ("ROTA_AGENT_DIR", agent)];
+                let child = std::process::Command::new("sleep").arg("30").envs(tags).spawn().unwrap();
+                (RankTree { cgroup: None, agent: agent.into(), alloc_id: 7, rank: 0 }, child)
+            }
+        };
+        assert_eq!(tree.live_pids(), vec![child.id()]);
+        tree.kill();
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+        assert!(tree.is_empty());
+        tree.remove_cgroup();
+        if let Some(cgroup) = &tree.cgroup {
+            assert!(!cgroup.exists(), "the empty rank cgroup is removed");
+            cgroup::remove(cgroup.parent().unwrap());
+        }
+    }
+}
