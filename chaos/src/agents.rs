@@ -1,7 +1,8 @@
 //! `rota-agent` processes on 127.0.0.1, each with its own data directory and
 //! a fixed port, started, killed, paused and restarted by PID. Ranks run
 //! under shims in their own sessions and survive their agent on purpose; a
-//! dropped `LocalAgent` ends them too (by the PIDs its shims recorded).
+//! dropped `LocalAgent` ends them too (by the PIDs its shims recorded, and by
+//! the rank cgroups of its own cgroup subtree, which it then removes).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -24,12 +25,29 @@ pub struct AgentOptions {
     pub extra_args: Vec<String>,
     /// Extra environment (test switches).
     pub env: Vec<(String, String)>,
+    /// Ranks in cgroups, under a cgroup subtree of this agent's own, where the
+    /// host has a writable cgroup v2 hierarchy; else (or when false) the
+    /// agent runs with `--no-cgroups`.
+    pub cgroups: bool,
 }
 
 impl Default for AgentOptions {
     fn default() -> Self {
-        Self { fake_gpus: Some("8xH100-80GB".into()), heartbeat_ms: 200, extra_args: Vec::new(), env: Vec::new() }
+        Self { fake_gpus: Some("8xH100-80GB".into()), heartbeat_ms: 200, extra_args: Vec::new(), env: Vec::new(), cgroups: true }
     }
+}
+
+/// The host's cgroup v2 mount, if it has one this process can create cgroups in.
+pub fn writable_cgroup2() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+    let mount = mounts.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(fields[1]))
+    })?;
+    let probe = mount.join(format!("rota-e2e-probe-{}", std::process::id()));
+    let created = std::fs::create_dir(&probe).is_ok() && probe.join("cgroup.procs").exists();
+    let _ = std::fs::remove_dir(&probe);
+    created.then_some(mount)
 }
 
 pub struct LocalAgent {
@@ -42,20 +60,29 @@ pub struct LocalAgent {
     bin: PathBuf,
     child: Option<Child>,
     paused: bool,
+    /// The agent's cgroup subtree (absolute), when its ranks run in cgroups.
+    pub cgroup_dir: Option<PathBuf>,
+    cgroup_parent: Option<String>,
 }
 
 impl LocalAgent {
     /// Start an agent named `name` under `root/agent-NAME`.
     pub fn start(root: &Path, name: &str, endpoints_csv: &str, options: AgentOptions) -> Result<LocalAgent> {
+        let port = free_port()?;
+        // A subtree per agent, named so that concurrent tests never share one.
+        let cgroup_parent = format!("rota-e2e-{}-{name}-{port}", std::process::id());
+        let cgroup_dir = if options.cgroups { writable_cgroup2().map(|mount| mount.join(&cgroup_parent)) } else { None };
         let mut agent = LocalAgent {
             name: name.to_string(),
             data_dir: root.join(format!("agent-{name}")),
-            address: format!("127.0.0.1:{}", free_port()?),
+            address: format!("127.0.0.1:{port}"),
             endpoints: endpoints_csv.to_string(),
             options,
             bin: agent_bin()?,
             child: None,
             paused: false,
+            cgroup_parent: cgroup_dir.is_some().then_some(cgroup_parent),
+            cgroup_dir,
         };
         agent.spawn()?;
         Ok(agent)
@@ -72,6 +99,10 @@ impl LocalAgent {
             .arg(&self.data_dir)
             .args(["--advertise-addr", "127.0.0.1", "--port", &port])
             .args(["--heartbeat-ms", &self.options.heartbeat_ms.to_string()])
+            .args(match &self.cgroup_parent {
+                Some(parent) => vec!["--cgroup-parent", parent.as_str()],
+                None => vec!["--no-cgroups"],
+            })
             .args(&self.options.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -154,12 +185,30 @@ impl LocalAgent {
             }
         }
     }
+
+    /// SIGKILL everything in the agent's rank cgroups and remove them and
+    /// its subtree (a cgroup is removable once its processes are gone).
+    pub fn remove_cgroups(&self) {
+        let Some(subtree) = &self.cgroup_dir else { return };
+        let ranks: Vec<PathBuf> =
+            std::fs::read_dir(subtree).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
+        for rank in &ranks {
+            let _ = std::fs::write(rank.join("cgroup.kill"), "1");
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        for dir in ranks.iter().chain([subtree]) {
+            while std::fs::remove_dir(dir).is_err() && dir.exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
 }
 
 impl Drop for LocalAgent {
     fn drop(&mut self) {
         let _ = self.kill();
         self.kill_ranks();
+        self.remove_cgroups();
     }
 }
 

@@ -56,8 +56,11 @@ agents() {
     local adir="$dir/agent-node-$i"
     mkdir -p "$adir"
     if [ -f "$adir/pid" ] && kill -0 "$(cat "$adir/pid")" 2>/dev/null; then continue; fi
+    # Ranks in cgroups (a subtree per agent) when root can create them; else the /proc scan alone.
+    local contain="--no-cgroups"
+    [ "$(id -u)" = 0 ] && grep -q " cgroup2 " /proc/mounts && contain="--cgroup-parent=rota-local-node-$i"
     nohup "$agent_bin" --endpoints "$(cat "$dir/endpoints")" --node-name "node-$i" --data-dir "$adir/data" \
-      --fake-gpus "$gpus" --heartbeat-ms 500 >>"$adir/agent.log" 2>&1 &
+      --fake-gpus "$gpus" --heartbeat-ms 500 "$contain" >>"$adir/agent.log" 2>&1 &
     echo $! >"$adir/pid"
     echo "agent node-$i: pid $!, $gpus"
   done

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::contain::RankTree;
 use crate::exec::{record, signal, spawn};
 use crate::local::{Known, LocalRanks};
 use crate::rankdir::{self, RankDir};
@@ -48,7 +49,7 @@ impl Reconciler {
     /// Re-adopt every rank recorded on disk; nothing is started or stopped
     /// until the first assignment set arrives.
     pub fn adopt(shared: Arc<Shared>) -> Reconciler {
-        let local = LocalRanks::adopt(&shared.ranks_root);
+        let local = LocalRanks::adopt(&shared.config.data_dir, &shared.ranks_root, &shared.config.containment);
         let lease = if shared.lease_held() { Lease::Held } else { Lease::Expired };
         Reconciler { shared, local, desired: None, lease }
     }
@@ -116,12 +117,12 @@ impl Reconciler {
             }
             Action::Terminate { key, pgid } => {
                 let Some(known) = self.local.get_mut(key) else { return };
-                signal::terminate(pgid);
+                signal::terminate(&RankTree::of_spec(&known.spec), pgid);
                 known.term_sent = true;
             }
             Action::Kill { key, pgid } => {
                 let Some(known) = self.local.get_mut(key) else { return };
-                if signal::kill(&known.dir, pgid) {
+                if signal::kill(&known.dir, &RankTree::of_spec(&known.spec), pgid) {
                     tracing::warn!(alloc_id = key.alloc_id, rank = key.rank, "grace period over; SIGKILL");
                 }
             }
@@ -129,10 +130,22 @@ impl Reconciler {
                 let Some(known) = self.local.get_mut(key) else { return };
                 tracing::error!(alloc_id = key.alloc_id, rank = key.rank, "the rank's shim vanished without recording an exit");
                 record::lost(&known.dir, now_ms);
+                RankTree::of_spec(&known.spec).remove_cgroup();
                 known.exited = true;
+            }
+            Action::KillLeftovers { key } => {
+                let Some(known) = self.local.get_mut(key) else { return };
+                if signal::kill_leftovers(&known.dir, &RankTree::of_spec(&known.spec)) {
+                    tracing::warn!(
+                        alloc_id = key.alloc_id,
+                        rank = key.rank,
+                        "the rank's shim is gone and processes of it are left; SIGKILL"
+                    );
+                }
             }
             Action::CollectGarbage { key } => {
                 if let Some(known) = self.local.remove(key) {
+                    RankTree::of_spec(&known.spec).remove_cgroup();
                     record::remove(&known.dir);
                 }
             }

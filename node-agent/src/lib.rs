@@ -5,8 +5,10 @@
 //! - `reconcile`: the pure decision: desired assignment set + local ranks +
 //!   time in, actions out (start, stop, SIGTERM, SIGKILL, lost, collect).
 //! - `local`: what the agent knows of its ranks, read from their directories.
-//! - `exec`: the executors: `spawn` starts a rank's shim, `signal` signals a
-//!   rank's process group, `record` writes the agent's records on disk.
+//! - `exec`: the executors: `spawn` starts a rank's shim, `signal` signals
+//!   every process of a rank, `record` writes the agent's records on disk.
+//! - `contain`: finds every process of a rank: its cgroup v2 (`cgroup`) and
+//!   the /proc scan of its environment tags (`procscan`); stops leftovers.
 //! - `shared`: what the tasks share (configuration, control plane, index guard).
 //! - `session`: registration and heartbeats (telemetry, never logged).
 //! - `watch`: the assignment watch (resumable on any replica), moved on when
@@ -15,7 +17,8 @@
 //! - `control`: the leader-following client of the replicas (AgentService).
 //! - `inventory`: GPUs from NVML, or declared with `--fake-gpus 8xH100-80GB`.
 //! - `shim`: each rank runs under `rota-agent shim`, in its own session,
-//!   which records the exit status on disk and caps/rotates the logs.
+//!   which stops what the rank left when its main process ends, records the
+//!   exit status on disk only then, and caps/rotates the logs.
 //! - `rankdir`: the on-disk record of each rank that makes agent restarts safe.
 //! - `logs`: the agent's small gRPC server that serves rank logs.
 //!
@@ -24,10 +27,14 @@
 //! only when the update is newer than the rank's assignment; losing the
 //! control plane for less than the node TTL never stops a rank, and for
 //! longer (the lease ran out) stops them all, so a job never runs on two
-//! sets of nodes at once. Stopping is SIGTERM to the rank's process group,
-//! the job's grace period, then SIGKILL.
+//! sets of nodes at once. Stopping is SIGTERM to every process of the rank
+//! (its cgroup, its process group, whatever carries its tags), the job's
+//! grace period, then SIGKILL; a rank's exit is recorded only once none is
+//! left. A rank found running without a record is adopted, never started
+//! again.
 
 pub mod agent;
+pub mod contain;
 pub mod control;
 pub mod exec;
 pub mod freshness;

@@ -139,6 +139,7 @@ mod tests {
             env: Default::default(),
             grace_period_s: 0,
             log_cap_bytes: 4_096,
+            cgroup: None,
         };
         dir.write(rankdir::SPEC, &spec).unwrap();
         dir

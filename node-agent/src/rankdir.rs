@@ -1,5 +1,8 @@
 //! The on-disk record of one rank, shared by the agent and the rank's shim:
-//! `<data-dir>/ranks/<alloc_id>-<rank>/`. Every file is written atomically
+//! `<data-dir>/ranks/<alloc_id>-<rank>/`, mode 0700, owned by the agent.
+//! The rank's command runs in `work/` below it, never in the directory
+//! itself: a job that writes files named like these records changes nothing.
+//! Every file is written atomically
 //! (temporary file + rename), so a reader sees all of it or none of it, and
 //! a restarted agent rebuilds everything it knows about its ranks from here.
 //!
@@ -12,7 +15,9 @@
 //! | started.ack     | agent      | the start is committed                          |
 //! | exited.ack      | agent      | the exit is committed                           |
 //! | checkpoint.ack  | agent      | last committed checkpoint time (Unix ms)        |
-//! | checkpoint      | the job    | ROTA_CHECKPOINT_FILE; its mtime is reported     |
+//! | adopted.json    | agent      | found running after the records were lost       |
+//! | work/           | the job    | the command's working directory                 |
+//! | work/checkpoint | the job    | ROTA_CHECKPOINT_FILE; its mtime is reported     |
 //! | stdout.log(.1)  | shim       | output, capped and rotated                      |
 
 use std::collections::BTreeMap;
@@ -47,6 +52,10 @@ pub struct RankSpec {
     pub grace_period_s: u64,
     /// Each of stdout and stderr keeps at most this much (current + one rotated file).
     pub log_cap_bytes: u64,
+    /// The rank's cgroup (absolute path); `None` when the agent runs
+    /// without cgroups, and the /proc scan alone finds its processes.
+    #[serde(default)]
+    pub cgroup: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +92,10 @@ pub const STOP: &str = "stop.json";
 pub const STARTED_ACK: &str = "started.ack";
 pub const EXITED_ACK: &str = "exited.ack";
 pub const CHECKPOINT_ACK: &str = "checkpoint.ack";
+pub const ADOPTED: &str = "adopted.json";
+/// The command's working directory, inside the rank directory.
+pub const WORK: &str = "work";
+/// ROTA_CHECKPOINT_FILE, inside the working directory.
 pub const CHECKPOINT: &str = "checkpoint";
 
 /// Exit code the agent records when a shim vanished without recording one.
@@ -142,6 +155,25 @@ impl RankDir {
         write_atomic(&self.file(name), content.as_bytes())
     }
 
+    /// The command's working directory.
+    pub fn work_dir(&self) -> PathBuf {
+        self.path.join(WORK)
+    }
+
+    /// ROTA_CHECKPOINT_FILE of the rank.
+    pub fn checkpoint_file(&self) -> PathBuf {
+        self.work_dir().join(CHECKPOINT)
+    }
+
+    /// Create the directory (mode 0700: the agent's records are its own)
+    /// and the command's working directory in it.
+    pub fn create(&self) -> Result<(), RankDirError> {
+        use std::os::unix::fs::PermissionsExt;
+        let io = |source| RankDirError::Io { path: self.path.clone(), source };
+        std::fs::create_dir_all(self.work_dir()).map_err(io)?;
+        std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(0o700)).map_err(io)
+    }
+
     /// The last committed checkpoint time, 0 when none.
     pub fn checkpoint_acked_ms(&self) -> u64 {
         std::fs::read_to_string(self.file(CHECKPOINT_ACK)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
@@ -149,7 +181,7 @@ impl RankDir {
 
     /// Modification time of ROTA_CHECKPOINT_FILE, if the job wrote it.
     pub fn checkpoint_ms(&self) -> Option<u64> {
-        let modified = std::fs::metadata(self.file(CHECKPOINT)).ok()?.modified().ok()?;
+        let modified = std::fs::metadata(self.checkpoint_file()).ok()?.modified().ok()?;
         Some(modified.duration_since(UNIX_EPOCH).ok()?.as_millis() as u64)
     }
 }

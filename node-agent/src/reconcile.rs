@@ -9,9 +9,9 @@
 //! - a rank in the set that the node does not know yet is started once; one
 //!   the set already asks to stop is recorded as ended without running;
 //! - a live rank the set asks to stop is stopped: the stop is recorded with
-//!   its SIGKILL deadline (now + the job's grace period) and its process
-//!   group gets SIGTERM, then SIGKILL on every pass once the deadline is
-//!   reached, until its exit is recorded;
+//!   its SIGKILL deadline (now + the job's grace period) and its processes
+//!   get SIGTERM, then SIGKILL on every pass once the deadline is reached,
+//!   until its exit is recorded (which the shim does only once none is left);
 //! - a live rank absent from the set is stopped only when the set is newer
 //!   than the rank's own assignment (the node was declared lost);
 //! - with no set received yet nothing is started or stopped: losing the
@@ -19,7 +19,10 @@
 //! - once the lease has expired (no heartbeat acknowledged for a TTL,
 //!   counted from its sending) nothing starts and every rank is stopped
 //!   (`reconcile_in_lease`), before the scheduler may run its job elsewhere;
-//! - a shim that vanished without recording an exit is declared lost;
+//! - a shim that vanished without recording an exit is declared lost, once
+//!   no process of its rank is left (those left get SIGKILL on every pass);
+//! - every signal reaches the rank's whole tree (its cgroup and the processes
+//!   carrying its tags), not only its process group (see `contain`);
 //! - finished ranks whose exit is committed and which the set no longer
 //!   holds are collected, oldest first, beyond the number the node keeps.
 
@@ -93,6 +96,9 @@ pub struct LiveRank {
     pub stop: StopState,
     /// SIGTERM already sent by this agent process.
     pub term_sent: bool,
+    /// Processes of the rank are left although its shim is not running
+    /// (only looked at then: a running shim stops them itself).
+    pub leftovers: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,12 +156,16 @@ pub enum Action {
     EndUnstarted { key: RankKey, index: u64, rank: DesiredRank, reason: String, now_ms: u64 },
     /// Record the stop request (so a restarted agent continues it).
     Stop { key: RankKey, cause: StopCause, requested_at_ms: u64, kill_at_ms: u64, grace_ms: u64 },
-    /// SIGTERM to the rank's process group.
+    /// SIGTERM to every process of the rank (its group, its cgroup, its tags).
     Terminate { key: RankKey, pgid: u32 },
-    /// SIGKILL to the rank's process group: the grace period is over.
+    /// SIGKILL to every process of the rank: the grace period is over.
     Kill { key: RankKey, pgid: u32 },
-    /// The shim vanished without recording an exit: record one as lost.
+    /// The shim vanished without recording an exit and no process of the
+    /// rank is left: record the exit as lost.
     DeclareLost { key: RankKey, now_ms: u64 },
+    /// The shim vanished and processes of the rank are left: SIGKILL them
+    /// (the exit is declared lost once none is).
+    KillLeftovers { key: RankKey },
     /// Remove a finished rank's directory.
     CollectGarbage { key: RankKey },
 }
@@ -247,7 +257,10 @@ fn tend_live_rank(key: RankKey, live: &LiveRank, cause: Option<StopCause>, now_m
     }
     let lost = shim_vanished(live.shim, now_ms);
     if lost {
-        actions.push(Action::DeclareLost { key, now_ms });
+        actions.push(match live.leftovers {
+            true => Action::KillLeftovers { key },
+            false => Action::DeclareLost { key, now_ms },
+        });
     }
     if let (StopState::Requested { kill_at_ms }, Some(pgid)) = (stop, live.pgid) {
         if !terminated {
@@ -325,6 +338,7 @@ mod tests {
             shim: ShimState::Running,
             stop: StopState::NotRequested,
             term_sent: false,
+            leftovers: false,
         }
     }
 
@@ -489,6 +503,21 @@ mod tests {
     fn a_vanished_shim_is_declared_lost_and_never_killed() {
         let gone = LiveRank { shim: ShimState::Gone, ..stopping(NOW_MS) };
         let actions = reconcile(None, &disk(&[(key(1), LocalRank::Live(gone))]), NOW_MS);
+        assert_eq!(actions, vec![Action::DeclareLost { key: key(1), now_ms: NOW_MS }]);
+    }
+
+    #[test]
+    fn a_vanished_shim_is_declared_lost_only_once_no_process_of_its_rank_is_left() {
+        let left = LiveRank { shim: ShimState::Gone, leftovers: true, ..live(5) };
+        let actions = reconcile(None, &disk(&[(key(1), LocalRank::Live(left.clone()))]), NOW_MS);
+        assert_eq!(actions, vec![Action::KillLeftovers { key: key(1) }]);
+        let actions = reconcile(None, &disk(&[(key(1), LocalRank::Live(left.clone()))]), NOW_MS + 200);
+        assert_eq!(actions, vec![Action::KillLeftovers { key: key(1) }], "on every pass until none is left");
+        let stopping_left = LiveRank { shim: ShimState::Gone, leftovers: true, ..stopping(NOW_MS) };
+        let actions = reconcile(None, &disk(&[(key(1), LocalRank::Live(stopping_left))]), NOW_MS);
+        assert_eq!(actions, vec![Action::KillLeftovers { key: key(1) }]);
+        let none_left = LiveRank { leftovers: false, ..left };
+        let actions = reconcile(None, &disk(&[(key(1), LocalRank::Live(none_left))]), NOW_MS);
         assert_eq!(actions, vec![Action::DeclareLost { key: key(1), now_ms: NOW_MS }]);
     }
 

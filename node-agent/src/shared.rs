@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::contain::Containment;
 use crate::control::ControlPlane;
 use crate::freshness::LeaderIndexes;
 use crate::inventory::{Gpu, GpuSource};
@@ -49,6 +50,8 @@ pub struct AgentConfig {
     pub log_cap_bytes: u64,
     /// Finished rank directories (logs) kept once their exit is committed.
     pub keep_finished_ranks: usize,
+    /// How the processes of a rank are found and stopped.
+    pub containment: Containment,
 }
 
 /// What the agent's tasks share.

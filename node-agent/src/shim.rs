@@ -1,19 +1,27 @@
 //! `rota-agent shim --dir DIR`: runs one rank. The agent starts it in its own
 //! session (setsid), so neither the agent's death nor a signal to the agent's
 //! process group reaches it. The shim
-//! 1. starts the command in its own process group (the agent signals that group),
+//! 1. starts the command in its own process group, in the rank's cgroup (it
+//!    joins before it executes) and in `DIR/work/`, never in DIR itself,
 //! 2. records its own and the command's PIDs in pids.json,
 //! 3. copies stdout/stderr into size-capped, rotated log files,
-//! 4. records the exit status in exit.json (atomically) when the command ends.
+//! 4. when the command ends, stops whatever it left running (SIGTERM, the
+//!    job's grace, SIGKILL; see `contain::stop_leftovers`), reaping the
+//!    orphans it adopts as their subreaper,
+//! 5. only then records the exit status in exit.json (atomically): a
+//!    recorded exit means no process of the rank is left.
 
+use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use crate::contain::{self, RankTree};
 use crate::rankdir::{self, ExitStatus, Pids, RankDir, RankDirError};
 
 /// How long the shim waits for output still in the pipes after the command
@@ -33,6 +41,8 @@ pub enum ShimError {
     Spawn { command: String, source: std::io::Error },
     #[error("waiting for the command: {0}")]
     Wait(std::io::Error),
+    #[error("{0}: a cgroup path cannot hold a NUL byte")]
+    CgroupPath(PathBuf),
 }
 
 /// Exit code recorded when the command could not be started at all.
@@ -43,13 +53,31 @@ pub fn run(dir: &Path) -> Result<i32, ShimError> {
     let rank = RankDir { path: dir.to_path_buf() };
     let spec = rank.spec()?.ok_or_else(|| ShimError::NoSpec(dir.to_path_buf()))?;
     let (program, args) = spec.command.split_first().ok_or(ShimError::EmptyCommand)?;
+    become_subreaper();
+    rank.create()?;
+    // The path the command writes itself into, made before the fork: after
+    // it, only async-signal-safe calls are allowed.
+    let cgroup_procs = match &spec.cgroup {
+        Some(cgroup) => {
+            if let Err(error) = contain::cgroup::create(cgroup) {
+                tracing::error!(%error, "cannot create the rank's cgroup");
+            }
+            let procs = cgroup.join("cgroup.procs");
+            Some(CString::new(procs.as_os_str().as_bytes()).map_err(|_| ShimError::CgroupPath(cgroup.clone()))?)
+        }
+        None => None,
+    };
     let mut command = Command::new(program);
-    command.args(args).envs(&spec.env).current_dir(dir).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    // SAFETY: setpgid is async-signal-safe; the command gets its own process group.
+    command.args(args).envs(&spec.env).current_dir(rank.work_dir()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // SAFETY: only async-signal-safe calls (setpgid, open, write, close) on
+    // memory prepared before the fork.
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
             if libc::setpgid(0, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            if let Some(procs) = &cgroup_procs {
+                join_cgroup(procs)?;
             }
             Ok(())
         });
@@ -81,6 +109,11 @@ pub fn run(dir: &Path) -> Result<i32, ShimError> {
     drop(done_tx);
     let status = child.wait().map_err(ShimError::Wait)?;
     let exit_code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    let tree = RankTree::of_spec(&spec);
+    let left = contain::stop_leftovers(&tree, spec.grace_period_s.saturating_mul(1_000), reap_orphans);
+    if left > 0 {
+        tracing::info!(left, "every process the rank left is gone");
+    }
     // Let the copiers finish what is buffered, but never wait on a pipe a
     // stray background process keeps open.
     let deadline = std::time::Instant::now() + Duration::from_millis(DRAIN_TIMEOUT_MS);
@@ -90,8 +123,51 @@ pub fn run(dir: &Path) -> Result<i32, ShimError> {
             break;
         }
     }
+    tree.remove_cgroup();
     record_exit(&rank, exit_code)?;
     Ok(exit_code)
+}
+
+/// Orphaned descendants of the command are re-parented to the shim rather
+/// than to init, so that the shim reaps them (a zombie left unreaped would
+/// still look like a process to wait for on hosts whose init is slow to reap).
+fn become_subreaper() {
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) only sets a flag of this process.
+    let result = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if result != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot become the subreaper of the rank's processes");
+    }
+}
+
+/// Reap every ended child, without blocking (called once the command itself was waited for).
+fn reap_orphans() {
+    // Bounded: each round reaps one child, and a shim has few.
+    for _ in 0..contain::cgroup::MAX_LISTED_PIDS {
+        let mut status = 0;
+        // SAFETY: waitpid on any child of this process, without blocking.
+        if unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } <= 0 {
+            return;
+        }
+    }
+}
+
+/// Move the calling process into the cgroup whose `cgroup.procs` is
+/// `procs` (writing "0" moves the writer). Runs between fork and exec.
+fn join_cgroup(procs: &CString) -> std::io::Result<()> {
+    // SAFETY: open/write/close with a NUL-terminated path owned by the caller.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+        let error = std::io::Error::last_os_error();
+        libc::close(fd);
+        if written != 1 {
+            return Err(error);
+        }
+    }
+    Ok(())
 }
 
 fn record_exit(rank: &RankDir, exit_code: i32) -> Result<(), RankDirError> {

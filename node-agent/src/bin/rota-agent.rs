@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use rota_agent::agent::{self, AgentConfig, Shared};
+use rota_agent::contain::Containment;
 use rota_agent::inventory::GpuSource;
 use rota_agent::logs::LogServer;
 use rota_proto::v1::node_agent_service_server::NodeAgentServiceServer;
@@ -48,6 +49,15 @@ struct Args {
     /// Finished ranks (and their logs) kept on disk.
     #[arg(long, default_value_t = 256)]
     keep_finished_ranks: usize,
+    /// The agent's cgroup subtree, relative to the cgroup v2 mount: each rank
+    /// runs in a cgroup of its own below it.
+    #[arg(long, default_value = "rota-agent")]
+    cgroup_parent: String,
+    /// Run ranks without cgroups (no writable cgroup v2 hierarchy): their
+    /// processes are then found only by the /proc scan of their environment,
+    /// which misses a process that replaced its environment.
+    #[arg(long)]
+    no_cgroups: bool,
 }
 
 fn run_shim() -> Result<()> {
@@ -66,6 +76,14 @@ async fn run_agent(args: Args) -> Result<()> {
     let source = GpuSource::open(args.fake_gpus.as_deref())?
         .with_fake_unhealthy_file(args.data_dir.join(rota_agent::inventory::FAKE_UNHEALTHY_FILE));
     let inventory = source.inventory()?;
+    let containment = Containment::init(&args.cgroup_parent, args.no_cgroups)?;
+    match &containment {
+        Containment::Cgroups { subtree } => tracing::info!(subtree = %subtree.display(), "each rank runs in a cgroup of its own"),
+        Containment::ProcScan => tracing::warn!(
+            "--no-cgroups: ranks run without cgroups; their processes are found by the /proc scan of their environment \
+             (ROTA_ALLOC_ID), which misses any process that clears or replaces its environment"
+        ),
+    }
     tracing::info!(gpus = inventory.len(), model = ?inventory.first().map(|g| g.model.clone()), "GPU inventory");
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.advertise_addr, args.port))
@@ -83,6 +101,7 @@ async fn run_agent(args: Args) -> Result<()> {
         runtime_prefix: args.runtime_prefix.split_whitespace().map(str::to_string).collect(),
         log_cap_bytes: args.log_cap_mib.max(1) * 1024 * 1024,
         keep_finished_ranks: args.keep_finished_ranks,
+        containment,
     };
     let shared = Shared::new(config, source, inventory)?;
     let logs = NodeAgentServiceServer::new(LogServer::new(shared.ranks_root.clone()));

@@ -3,7 +3,8 @@
 //! that guard against a shim recording an exit while the pass runs.
 //!
 //! - `spawn`: write a rank's spec and start its shim (or record it as ended).
-//! - `signal`: SIGTERM / SIGKILL to a rank's process group.
+//! - `signal`: SIGTERM / SIGKILL to every process of a rank (its process
+//!   group, its cgroup, the processes carrying its tags).
 //! - `record`: the agent's own records in a rank directory (stop requests,
 //!   lost exits) and the removal of collected ranks.
 

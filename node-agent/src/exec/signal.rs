@@ -1,21 +1,37 @@
-//! Signals to a rank's process group, which the shim created for the rank's
-//! command (its id is the command's PID).
+//! Signals to every process of a rank: its process group (which the shim
+//! created for the rank's command; its id is the command's PID) and every
+//! process of its tree (its cgroup and the /proc scan, see `contain`), so a
+//! process that left the group (setsid) is stopped all the same.
 
+use crate::contain::RankTree;
 use crate::rankdir::{self, RankDir};
 
-/// SIGTERM to the rank's process group: the start of its grace period.
-pub fn terminate(pgid: u32) {
+/// SIGTERM to every process of the rank: the start of its grace period.
+pub fn terminate(tree: &RankTree, pgid: u32) {
     signal_group(pgid, libc::SIGTERM);
+    tree.signal(libc::SIGTERM);
 }
 
-/// SIGKILL to the rank's process group, unless its shim recorded the exit
-/// since the pass was planned: the group is then gone and its id may be
-/// reused. Returns whether the signal was sent.
-pub fn kill(dir: &RankDir, pgid: u32) -> bool {
+/// SIGKILL to every process of the rank, unless its shim recorded the exit
+/// since the pass was planned: the shim records it only once no process of
+/// the rank is left, and the group id may since have been reused. Returns
+/// whether the signal was sent.
+pub fn kill(dir: &RankDir, tree: &RankTree, pgid: u32) -> bool {
     if dir.has(rankdir::EXIT) {
         return false;
     }
     signal_group(pgid, libc::SIGKILL);
+    tree.kill();
+    true
+}
+
+/// SIGKILL to what is left of a rank whose shim vanished (no group to
+/// signal: the tree alone). Returns whether any process was left.
+pub fn kill_leftovers(dir: &RankDir, tree: &RankTree) -> bool {
+    if dir.has(rankdir::EXIT) || tree.is_empty() {
+        return false;
+    }
+    tree.kill();
     true
 }
 
@@ -43,17 +59,52 @@ mod tests {
         Command::new("sleep").arg("30").process_group(0).spawn().expect("sleep")
     }
 
+    /// A rank no process carries the tags of.
+    fn empty_tree() -> RankTree {
+        RankTree { cgroup: None, agent: "/nowhere".into(), alloc_id: u64::MAX, rank: u32::MAX }
+    }
+
     #[test]
     fn sigterm_and_sigkill_reach_the_process_group() {
         let mut child = group_leader();
-        terminate(child.id());
+        terminate(&empty_tree(), child.id());
         assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGTERM));
 
         let root = tempfile::tempdir().unwrap();
         let dir = RankDir { path: root.path().to_path_buf() };
         let mut child = group_leader();
-        assert!(kill(&dir, child.id()));
+        assert!(kill(&dir, &empty_tree(), child.id()));
         assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+    }
+
+    #[test]
+    fn sigterm_and_sigkill_reach_a_process_outside_the_group_by_its_tags() {
+        let tree = RankTree { cgroup: None, agent: "/data".into(), alloc_id: 555_000_111, rank: 2 };
+        let tagged = || {
+            Command::new("sleep")
+                .arg("30")
+                .envs([
+                    ("ROTA_ALLOC_ID", "555000111"),
+                    ("ROTA_RANK", "2"),
+                    ("ROTA_ATTEMPT", "1"),
+                    ("ROTA_JOB_ID", "9"),
+                    ("ROTA_AGENT_DIR", "/data"),
+                ])
+                .process_group(0)
+                .spawn()
+                .expect("sleep")
+        };
+        let mut child = tagged();
+        // Group 0 is never signalled: only the tags lead to the process.
+        terminate(&tree, 0);
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGTERM));
+
+        let root = tempfile::tempdir().unwrap();
+        let dir = RankDir { path: root.path().to_path_buf() };
+        let mut child = tagged();
+        assert!(kill_leftovers(&dir, &tree));
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+        assert!(!kill_leftovers(&dir, &tree), "nothing is left");
     }
 
     #[test]
@@ -62,9 +113,9 @@ mod tests {
         let dir = RankDir { path: root.path().to_path_buf() };
         dir.write(rankdir::EXIT, &rankdir::ExitStatus { exit_code: 0, finished_at_ms: 1 }).unwrap();
         let mut child = group_leader();
-        assert!(!kill(&dir, child.id()));
+        assert!(!kill(&dir, &empty_tree(), child.id()));
         assert!(child.try_wait().unwrap().is_none(), "the group was signalled");
-        terminate(child.id());
+        terminate(&empty_tree(), child.id());
         child.wait().unwrap();
     }
 }

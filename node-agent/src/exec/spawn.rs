@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
+use crate::contain::{cgroup, procscan};
 use crate::rankdir::{self, ExitStatus, RankDir, RankSpec, StopRequest};
 use crate::reconcile::{DesiredRank, RankKey};
 use crate::shared::AgentConfig;
@@ -29,9 +30,12 @@ pub fn rank_spec(config: &AgentConfig, key: RankKey, index: u64, rank: &DesiredR
     let mut env: BTreeMap<String, String> = rank.env.clone();
     let gpus: Vec<String> = rank.gpus.iter().map(u32::to_string).collect();
     for (name, value) in [
-        ("ROTA_JOB_ID", rank.job_id.to_string()),
-        ("ROTA_ALLOC_ID", key.alloc_id.to_string()),
-        ("ROTA_ATTEMPT", rank.attempt.to_string()),
+        (procscan::JOB_VAR, rank.job_id.to_string()),
+        (procscan::AGENT_VAR, config.data_dir.display().to_string()),
+        // The tags the /proc scan finds the rank's processes by (see `contain::procscan`).
+        (procscan::ALLOC_VAR, key.alloc_id.to_string()),
+        (procscan::RANK_VAR, key.rank.to_string()),
+        (procscan::ATTEMPT_VAR, rank.attempt.to_string()),
         ("ROTA_NODE", config.node_name.clone()),
         ("RANK", key.rank.to_string()),
         ("WORLD_SIZE", rank.world_size.to_string()),
@@ -40,7 +44,7 @@ pub fn rank_spec(config: &AgentConfig, key: RankKey, index: u64, rank: &DesiredR
         ("MASTER_ADDR", rank.master_addr.clone()),
         ("MASTER_PORT", rank.master_port.to_string()),
         ("CUDA_VISIBLE_DEVICES", gpus.join(",")),
-        ("ROTA_CHECKPOINT_FILE", dir.file(rankdir::CHECKPOINT).display().to_string()),
+        ("ROTA_CHECKPOINT_FILE", dir.checkpoint_file().display().to_string()),
     ] {
         env.insert(name.to_string(), value);
     }
@@ -54,6 +58,7 @@ pub fn rank_spec(config: &AgentConfig, key: RankKey, index: u64, rank: &DesiredR
         env,
         grace_period_s: rank.grace_period_s,
         log_cap_bytes: config.log_cap_bytes,
+        cgroup: config.containment.rank_cgroup(key.alloc_id, key.rank),
     }
 }
 
@@ -85,10 +90,12 @@ pub fn end_unstarted(dir: &RankDir, spec: &RankSpec, reason: &str, now_ms: u64) 
     Launch::Ended
 }
 
-/// Create the rank directory and write its spec.
+/// Create the rank directory and its cgroup, and write its spec.
 fn prepare(dir: &RankDir, spec: &RankSpec) -> bool {
-    let prepared = std::fs::create_dir_all(&dir.path)
+    let prepared = dir
+        .create()
         .map_err(|e| e.to_string())
+        .and_then(|()| spec.cgroup.as_deref().map_or(Ok(()), cgroup::create).map_err(|e| e.to_string()))
         .and_then(|()| dir.write(rankdir::SPEC, spec).map_err(|e| e.to_string()));
     if let Err(error) = &prepared {
         tracing::error!(%error, "cannot prepare the rank directory");
@@ -121,6 +128,7 @@ fn spawn_shim(dir: &RankDir) -> std::io::Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contain::Containment;
     use std::path::{Path, PathBuf};
 
     fn config() -> AgentConfig {
@@ -135,6 +143,7 @@ mod tests {
             runtime_prefix: vec!["podman".into(), "run".into()],
             log_cap_bytes: 4_096,
             keep_finished_ranks: 1,
+            containment: Containment::Cgroups { subtree: "/cg/rota".into() },
         }
     }
 
@@ -156,7 +165,9 @@ mod tests {
         assert_eq!(spec.env["RANK"], "3");
         assert_eq!(spec.env["LR"], "0.1");
         assert_eq!(spec.env["CUDA_VISIBLE_DEVICES"], "0,2");
-        assert_eq!(spec.env["ROTA_CHECKPOINT_FILE"], "/data/ranks/12-3/checkpoint");
+        assert_eq!(spec.env["ROTA_CHECKPOINT_FILE"], "/data/ranks/12-3/work/checkpoint");
+        assert_eq!((spec.env["ROTA_ALLOC_ID"].as_str(), spec.env["ROTA_RANK"].as_str()), ("12", "3"));
+        assert_eq!(spec.cgroup, Some(PathBuf::from("/cg/rota/rank-12-3")));
     }
 
     #[test]
@@ -164,7 +175,9 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let key = RankKey { alloc_id: 1, rank: 0 };
         let dir = RankDir::new(root.path(), key.alloc_id, key.rank);
-        let spec = rank_spec(&config(), key, 7, &DesiredRank::default(), &dir);
+        // No cgroup: this test must not create one on the host.
+        let config = AgentConfig { containment: Containment::ProcScan, ..config() };
+        let spec = rank_spec(&config, key, 7, &DesiredRank::default(), &dir);
         assert_eq!(end_unstarted(&dir, &spec, "cancelled", 99), Launch::Ended);
         assert_eq!(dir.spec().unwrap(), Some(spec));
         assert_eq!(dir.stop().unwrap().reason, "cancelled");
