@@ -128,13 +128,18 @@ fn parse_start(text: &str) -> Option<RankRun> {
 
 /// No GPU was held by two running ranks at once. A rank that wrote no end
 /// marker is taken to hold its GPUs until its job's recorded finish (or
-/// forever, if it never finished): the conservative reading.
-pub fn gpus_exclusive(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>) -> Check {
+/// forever, if it never finished): the conservative reading. A rank cut off
+/// by an `outage` past the TTL was stopped by its agent within the outage
+/// (its lease ran out): it is taken to hold them until the outage healed.
+pub fn gpus_exclusive(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, outages: &[Outage]) -> Check {
     /// (start, end, rank) of each use of one GPU.
     type Spans<'a> = Vec<(u64, u64, &'a RankRun)>;
     let mut by_gpu: BTreeMap<(&str, u32), Spans> = BTreeMap::new();
     for run in runs {
-        let end = run.end_ms.or_else(|| jobs.get(&run.job_id).map(|j| j.finished_at_ms).filter(|&t| t > 0)).unwrap_or(u64::MAX);
+        let cut_off_until =
+            outages.iter().filter(|o| o.node == run.node && run.start_ms < o.to_ms && run.end_ms.is_none()).map(|o| o.to_ms).min();
+        let end =
+            run.end_ms.or(cut_off_until).or_else(|| jobs.get(&run.job_id).map(|j| j.finished_at_ms).filter(|&t| t > 0)).unwrap_or(u64::MAX);
         for &gpu in &run.gpus {
             by_gpu.entry((run.node.as_str(), gpu)).or_default().push((run.start_ms, end, run));
         }
@@ -155,11 +160,26 @@ pub fn gpus_exclusive(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>) -> Check
     Check::new("no_gpu_held_by_two_running_ranks", violations)
 }
 
+/// A fault that cut `node` off for longer than the node TTL.
+#[derive(Debug, Clone)]
+pub struct Outage {
+    pub node: String,
+    pub from_ms: u64,
+    pub to_ms: u64,
+}
+
+/// Whether `run` was on a node cut off for longer than the TTL while it ran.
+fn hit_by_outage(run: &RankRun, outages: &[Outage]) -> bool {
+    outages.iter().any(|o| o.node == run.node && run.start_ms < o.to_ms && run.end_ms.is_none_or(|end| end > o.from_ms))
+}
+
 /// No running rank was killed or restarted by a fault shorter than the node
-/// TTL (every fault this harness injects into the control plane is): every
-/// rank of a job that was not cancelled started once and finished its work
-/// itself. Beyond the TTL an agent stops its ranks by rule (its lease ran out).
-pub fn no_rank_killed(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, cancelled: &BTreeSet<u64>) -> Check {
+/// TTL: every rank of a job that was not cancelled started once and
+/// finished its work itself. Beyond the TTL an agent stops its ranks by
+/// rule (its lease ran out): jobs with a rank on a node in such an `outage`
+/// are not judged here (`no_two_attempts_alive` judges them).
+pub fn no_rank_killed(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, cancelled: &BTreeSet<u64>, outages: &[Outage]) -> Check {
+    let excused: BTreeSet<u64> = runs.iter().filter(|run| hit_by_outage(run, outages)).map(|run| run.job_id).collect();
     let mut by_rank: BTreeMap<(u64, u32), Vec<&RankRun>> = BTreeMap::new();
     for run in runs {
         by_rank.entry((run.job_id, run.rank)).or_default().push(run);
@@ -168,7 +188,7 @@ pub fn no_rank_killed(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, cancelle
     for ((job_id, rank), starts) in by_rank {
         // A cancelled job's ranks may die; a job that never ended is the liveness check's to report.
         let ended = jobs.get(&job_id).is_some_and(|j| matches!(j.state.as_str(), "succeeded" | "failed"));
-        if cancelled.contains(&job_id) || !ended {
+        if cancelled.contains(&job_id) || !ended || excused.contains(&job_id) {
             continue;
         }
         if starts.len() > 1 {
@@ -252,9 +272,9 @@ mod tests {
     fn overlapping_gpu_use_is_caught() {
         let jobs = BTreeMap::from([(1, job(1, "succeeded", 0)), (2, job(2, "succeeded", 0))]);
         let fine = [run(1, 10, &[0, 1], 100, Some(200)), run(2, 11, &[1], 250, Some(300))];
-        assert!(gpus_exclusive(&fine, &jobs).passed);
+        assert!(gpus_exclusive(&fine, &jobs, &[]).passed);
         let clash = [run(1, 10, &[0, 1], 100, Some(200)), run(2, 11, &[1], 150, Some(300))];
-        let check = gpus_exclusive(&clash, &jobs);
+        let check = gpus_exclusive(&clash, &jobs, &[]);
         assert!(!check.passed);
         assert!(check.details[0].contains("n1:1"));
     }
@@ -263,17 +283,25 @@ mod tests {
     fn a_rank_without_end_holds_its_gpus_until_its_job_finished() {
         let jobs = BTreeMap::from([(1, job(1, "cancelled", 500)), (2, job(2, "succeeded", 0))]);
         let clash = [run(1, 10, &[0], 100, None), run(2, 11, &[0], 400, Some(600))];
-        assert!(!gpus_exclusive(&clash, &jobs).passed);
+        assert!(!gpus_exclusive(&clash, &jobs, &[]).passed);
+        let node = clash[0].node.clone();
+        let healed = [Outage { node, from_ms: 150, to_ms: 350 }];
+        assert!(gpus_exclusive(&clash, &jobs, &healed).passed, "a rank cut off past the TTL was stopped before the outage healed");
     }
 
     #[test]
     fn killed_and_restarted_ranks_are_caught() {
         let jobs = BTreeMap::from([(1, job(1, "succeeded", 900)), (2, job(2, "failed", 900))]);
         let restarted = [run(1, 10, &[0], 100, None), run(1, 12, &[0], 300, Some(400))];
-        assert!(!no_rank_killed(&restarted, &jobs, &BTreeSet::new()).passed);
+        assert!(!no_rank_killed(&restarted, &jobs, &BTreeSet::new(), &[]).passed);
         let killed = [run(2, 11, &[1], 100, None)];
-        assert!(!no_rank_killed(&killed, &jobs, &BTreeSet::new()).passed);
-        assert!(no_rank_killed(&killed, &jobs, &BTreeSet::from([2])).passed, "a cancelled job's rank may die");
+        assert!(!no_rank_killed(&killed, &jobs, &BTreeSet::new(), &[]).passed);
+        assert!(no_rank_killed(&killed, &jobs, &BTreeSet::from([2]), &[]).passed, "a cancelled job's rank may die");
+        let node = killed[0].node.clone();
+        let cut_off = [Outage { node: node.clone(), from_ms: 500, to_ms: 9_000 }];
+        assert!(no_rank_killed(&killed, &jobs, &BTreeSet::new(), &cut_off).passed, "a rank cut off past the TTL stops by rule");
+        let before = [Outage { node, from_ms: 0, to_ms: 50 }];
+        assert!(!no_rank_killed(&killed, &jobs, &BTreeSet::new(), &before).passed, "an outage before the rank started excuses nothing");
     }
 
     #[test]
@@ -289,4 +317,23 @@ mod tests {
         let d = distribution((1..=100).collect());
         assert_eq!((d.min_ms, d.median_ms, d.p99_ms, d.max_ms), (1, 51, 99, 100));
     }
+}
+
+/// No two attempts of one job were alive at once, as seen from the live
+/// processes themselves (`procs`). A run whose sampler saw no rank at all
+/// fails too: the check would otherwise pass for a sampler that sees nothing.
+pub fn no_two_attempts_alive(samples: &crate::procs::Samples) -> Check {
+    let mut violations: Vec<String> = samples
+        .overlaps
+        .iter()
+        .map(|o| format!("job {} had attempts {:?} alive at {} ms (pids {:?})", o.job_id, o.attempts, o.at_ms, o.pids))
+        .collect();
+    let unlisted = samples.overlaps_total.saturating_sub(samples.overlaps.len() as u64);
+    if unlisted > 0 {
+        violations.push(format!("and {unlisted} more samples with overlapping attempts"));
+    }
+    if samples.attempts_seen == 0 {
+        violations.push(format!("the process sampler saw no rank in {} samples", samples.samples));
+    }
+    Check::new("no_two_attempts_of_a_job_alive_at_once", violations)
 }

@@ -21,6 +21,10 @@ pub enum FaultKind {
     KillFollower,
     /// SIGKILL an agent while its ranks run, restart it.
     RestartAgent,
+    /// Cut every link from one agent to the replicas for longer than the
+    /// node TTL (the agent and its ranks keep running): its lease runs out,
+    /// it stops its ranks, and only then may their jobs run elsewhere.
+    PartitionAgent,
 }
 
 impl FaultKind {
@@ -31,6 +35,7 @@ impl FaultKind {
             FaultKind::PartitionLeader => "partition-leader",
             FaultKind::KillFollower => "kill-follower",
             FaultKind::RestartAgent => "restart-agent",
+            FaultKind::PartitionAgent => "partition-agent",
         }
     }
 
@@ -38,13 +43,26 @@ impl FaultKind {
         matches!(self, FaultKind::KillLeader | FaultKind::PauseLeader | FaultKind::PartitionLeader)
     }
 
+    /// Whether the fault outlasts the node TTL, so that stopping the ranks
+    /// it cuts off is the rule, not a fault of rota's.
+    pub fn outlasts_ttl(self) -> bool {
+        matches!(self, FaultKind::PartitionAgent)
+    }
+
     /// How long the fault lasts before it is healed (process restarted,
-    /// resumed, links healed).
-    pub fn duration(self) -> Duration {
+    /// resumed, links healed). An agent partition lasts until its node is
+    /// declared down (TTL + the leader's margin of 2 s + TTL/4 + the
+    /// workload's grace period) and one more TTL, so requeued jobs start
+    /// elsewhere while the partition lasts.
+    pub fn duration(self, node_ttl_ms: u64) -> Duration {
         match self {
             FaultKind::KillLeader | FaultKind::KillFollower => Duration::from_millis(2_000),
             FaultKind::PauseLeader | FaultKind::PartitionLeader => Duration::from_millis(3_000),
             FaultKind::RestartAgent => Duration::from_millis(1_000),
+            FaultKind::PartitionAgent => {
+                let declared_down_ms = node_ttl_ms + 2_000 + node_ttl_ms / 4 + crate::workload::GRACE_PERIOD_S * 1_000;
+                Duration::from_millis(declared_down_ms + node_ttl_ms + 1_000)
+            }
         }
     }
 }
@@ -59,7 +77,10 @@ impl FromStr for FaultKind {
             "partition-leader" => FaultKind::PartitionLeader,
             "kill-follower" => FaultKind::KillFollower,
             "restart-agent" => FaultKind::RestartAgent,
-            other => bail!("--faults: unknown fault {other:?} (kill-leader, pause-leader, partition-leader, kill-follower, restart-agent)"),
+            "partition-agent" => FaultKind::PartitionAgent,
+            other => bail!(
+                "--faults: unknown fault {other:?} (kill-leader, pause-leader, partition-leader, kill-follower, restart-agent, partition-agent)"
+            ),
         })
     }
 }

@@ -14,6 +14,7 @@ pub mod check;
 pub mod cluster;
 pub mod faults;
 pub mod history;
+pub mod procs;
 pub mod proxy;
 pub mod report;
 pub mod run;

@@ -26,6 +26,8 @@ use crate::workload::{self, Clients, WorkloadConfig};
 pub const FAILOVER_LIMIT_MS: u64 = 60_000;
 const ELECTION_WAIT: Duration = Duration::from_secs(60);
 const LIST_PAGE: u32 = 5_000;
+/// `LinkProxy::from` of agent i's links is this plus i.
+const AGENT_LINK_BASE: u64 = 1_000_000;
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -51,21 +53,39 @@ struct Targets<'a> {
     cluster: &'a mut LocalCluster,
     links: &'a [LinkProxy],
     agents: &'a mut Vec<LocalAgent>,
+    /// Per agent, its links to each replica.
+    agent_links: &'a [Vec<LinkProxy>],
 }
 
-/// Start `count` agents with 8 fake H100s each, and wait until all registered.
-async fn start_agents(dir: &std::path::Path, cluster: &LocalCluster, count: u32, env: &[(String, String)]) -> Result<Vec<LocalAgent>> {
+/// Start `count` agents with 8 fake H100s each, each reaching the replicas
+/// through links of its own (so one agent can be cut off), and wait until
+/// all registered.
+async fn start_agents(
+    dir: &std::path::Path,
+    cluster: &LocalCluster,
+    count: u32,
+    env: &[(String, String)],
+) -> Result<(Vec<LocalAgent>, Vec<Vec<LinkProxy>>)> {
     let options = AgentOptions { env: env.to_vec(), ..AgentOptions::default() };
-    let agents = (1..=count)
-        .map(|i| LocalAgent::start(dir, &format!("node-{i}"), &cluster.endpoints_csv(), options.clone()))
-        .collect::<Result<Vec<_>>>()?;
+    let mut agents = Vec::new();
+    let mut agent_links = Vec::new();
+    for i in 1..=count {
+        let mut links = Vec::new();
+        for (&id, replica) in &cluster.replicas {
+            // `from` names the agent by its number, far from replica ids.
+            links.push(LinkProxy::start(AGENT_LINK_BASE + u64::from(i), id, replica.addr.clone()).await?);
+        }
+        let endpoints: Vec<&str> = links.iter().map(|l| l.listen_addr.as_str()).collect();
+        agents.push(LocalAgent::start(dir, &format!("node-{i}"), &endpoints.join(","), options.clone())?);
+        agent_links.push(links);
+    }
     let deadline = Instant::now() + ELECTION_WAIT;
     loop {
         let leader = cluster.wait_leader(ELECTION_WAIT).await?;
         let listed = cluster.cluster_client(leader)?.list_nodes(pb::ListNodesRequest {}).await;
         let ready = listed.map(|r| r.into_inner().nodes.iter().filter(|n| n.state == "ready").count()).unwrap_or(0);
         if ready >= count as usize {
-            return Ok(agents);
+            return Ok((agents, agent_links));
         }
         anyhow::ensure!(Instant::now() < deadline, "{ready} of {count} agents registered in time");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -80,9 +100,11 @@ pub async fn run(config: RunConfig) -> Result<Report> {
     let (mut cluster, links) = LocalCluster::start_proxied(&dir, config.replicas, config.cluster.clone()).await?;
     cluster.wait_leader(ELECTION_WAIT).await.context("first election")?;
     let clients = Clients::new(&cluster.endpoints())?;
-    let mut agents = start_agents(&dir, &cluster, config.agents, &config.agent_env).await?;
+    let (mut agents, agent_links) = start_agents(&dir, &cluster, config.agents, &config.agent_env).await?;
     let history = Arc::new(History::default());
     let stop = Arc::new(AtomicBool::new(false));
+    let sampling = Arc::new(AtomicBool::new(false));
+    let sampler = crate::procs::spawn_sampler(dir.clone(), sampling.clone());
     let workload_config = WorkloadConfig {
         seed: config.seed,
         submitters: config.submitters,
@@ -96,7 +118,7 @@ pub async fn run(config: RunConfig) -> Result<Report> {
         tasks.push(tokio::spawn(workload::submitter(i, clients.clone(), history.clone(), workload_config.clone(), stop.clone())));
     }
 
-    let mut targets = Targets { cluster: &mut cluster, links: &links, agents: &mut agents };
+    let mut targets = Targets { cluster: &mut cluster, links: &links, agents: &mut agents, agent_links: &agent_links };
     inject_faults(&mut targets, &history, &config).await?;
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
@@ -111,8 +133,10 @@ pub async fn run(config: RunConfig) -> Result<Report> {
     if workload_config.runnable {
         settle(&clients, &acked, Duration::from_secs(config.settle_s)).await;
     }
+    sampling.store(true, Ordering::Relaxed);
+    let samples = sampler.join().map_err(|_| anyhow::anyhow!("the process sampler panicked"))?;
     let jobs = read_all_jobs(&clients).await?;
-    let report = build_report(&config, &history, &jobs, &markers, dir.display().to_string());
+    let report = build_report(&config, &history, &jobs, &markers, &samples, dir.display().to_string());
     if config.dir.is_none() && !report.passed {
         // Keep the evidence of a failed run.
         let kept = temp.keep();
@@ -133,7 +157,7 @@ async fn inject_faults(targets: &mut Targets<'_>, history: &History, config: &Ru
         tokio::time::sleep_until(next.into()).await;
         let kind = config.faults[rng.gen_range(0..config.faults.len())];
         let leader = targets.cluster.wait_leader(ELECTION_WAIT).await.context("leader before a fault")?;
-        inject_one(targets, history, kind, leader, &mut rng).await?;
+        inject_one(targets, history, kind, leader, &mut rng, config.cluster.node_ttl_ms).await?;
         targets.cluster.wait_leader(ELECTION_WAIT).await.with_context(|| format!("leader after {}", kind.name()))?;
         next = Instant::now().max(next + interval);
     }
@@ -141,15 +165,22 @@ async fn inject_faults(targets: &mut Targets<'_>, history: &History, config: &Ru
     Ok(())
 }
 
-async fn inject_one(targets: &mut Targets<'_>, history: &History, kind: FaultKind, leader: u64, rng: &mut StdRng) -> Result<()> {
+async fn inject_one(
+    targets: &mut Targets<'_>,
+    history: &History,
+    kind: FaultKind,
+    leader: u64,
+    rng: &mut StdRng,
+    node_ttl_ms: u64,
+) -> Result<()> {
     let followers: Vec<u64> = targets.cluster.replicas.keys().copied().filter(|id| *id != leader).collect();
     let (target, name) = match kind {
         FaultKind::KillFollower => {
             let id = followers[rng.gen_range(0..followers.len())];
             (id, format!("replica-{id}"))
         }
-        FaultKind::RestartAgent => {
-            anyhow::ensure!(!targets.agents.is_empty(), "restart-agent needs agents (--agents N)");
+        FaultKind::RestartAgent | FaultKind::PartitionAgent => {
+            anyhow::ensure!(!targets.agents.is_empty(), "{} needs agents (--agents N)", kind.name());
             let i = rng.gen_range(0..targets.agents.len());
             (i as u64, targets.agents[i].name.clone())
         }
@@ -164,13 +195,15 @@ async fn inject_one(targets: &mut Targets<'_>, history: &History, kind: FaultKin
         FaultKind::PauseLeader => targets.cluster.pause(target)?,
         FaultKind::PartitionLeader => links_of(target).for_each(LinkProxy::cut),
         FaultKind::RestartAgent => targets.agents[target as usize].kill()?,
+        FaultKind::PartitionAgent => targets.agent_links[target as usize].iter().for_each(LinkProxy::cut),
     }
-    tokio::time::sleep(kind.duration()).await;
+    tokio::time::sleep(kind.duration(node_ttl_ms)).await;
     match kind {
         FaultKind::KillLeader | FaultKind::KillFollower => targets.cluster.restart(target)?,
         FaultKind::PauseLeader => targets.cluster.resume(target)?,
         FaultKind::PartitionLeader => links_of(target).for_each(LinkProxy::heal),
         FaultKind::RestartAgent => targets.agents[target as usize].restart()?,
+        FaultKind::PartitionAgent => targets.agent_links[target as usize].iter().for_each(LinkProxy::heal),
     }
     history.heal_fault(index);
     Ok(())
@@ -228,7 +261,14 @@ async fn read_all_jobs(clients: &Clients) -> Result<Vec<FinalJob>> {
     Ok(jobs)
 }
 
-fn build_report(config: &RunConfig, history: &History, jobs: &[FinalJob], markers: &std::path::Path, dir: String) -> Report {
+fn build_report(
+    config: &RunConfig,
+    history: &History,
+    jobs: &[FinalJob],
+    markers: &std::path::Path,
+    samples: &crate::procs::Samples,
+    dir: String,
+) -> Report {
     let acks = history.acks.lock().expect("history lock").clone();
     let probes = history.probes.lock().expect("history lock").clone();
     let resubmits = history.resubmits.lock().expect("history lock").clone();
@@ -242,11 +282,24 @@ fn build_report(config: &RunConfig, history: &History, jobs: &[FinalJob], marker
         let runs = check::read_markers(markers);
         let cancelled: BTreeSet<u64> = cancels.iter().map(|c| c.0).chain(probes.iter().map(|p| p.job_id)).collect();
         let acked: BTreeSet<u64> = acks.iter().chain(probes.iter()).map(|a| a.job_id).collect();
-        checks.push(check::gpus_exclusive(&runs, &by_id));
-        checks.push(check::no_rank_killed(&runs, &by_id, &cancelled));
+        // Outages past the TTL stop ranks by rule: the ranks they cut off are
+        // not counted as killed.
+        let outages: Vec<check::Outage> = faults
+            .iter()
+            .filter(|f| f.kind.parse::<FaultKind>().is_ok_and(FaultKind::outlasts_ttl))
+            .map(|f| check::Outage { node: f.target.clone(), from_ms: f.at_ms, to_ms: f.healed_ms.unwrap_or(u64::MAX) })
+            .collect();
+        checks.push(check::gpus_exclusive(&runs, &by_id, &outages));
+        checks.push(check::no_rank_killed(&runs, &by_id, &cancelled, &outages));
+        checks.push(check::no_two_attempts_alive(samples));
         checks.push(check::liveness(jobs, &acked));
     } else {
-        for name in ["no_gpu_held_by_two_running_ranks", "no_running_rank_killed_or_restarted", "every_job_reaches_a_final_state"] {
+        for name in [
+            "no_gpu_held_by_two_running_ranks",
+            "no_running_rank_killed_or_restarted",
+            "no_two_attempts_of_a_job_alive_at_once",
+            "every_job_reaches_a_final_state",
+        ] {
             checks.push(Check::skipped(name, "no agents in this run (--agents 0): no job runs"));
         }
     }

@@ -119,6 +119,9 @@ fn job_command(duration_s: u64, checkpoints: bool) -> Vec<String> {
     vec!["sh".into(), "-c".into(), script]
 }
 
+/// The grace period of every job of the workload (SIGTERM to SIGKILL).
+pub const GRACE_PERIOD_S: u64 = 5;
+
 fn job_spec(rng: &mut StdRng, config: &WorkloadConfig) -> pb::JobSpec {
     let shapes: [(u32, u32); 6] = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 4), (2, 8)];
     let (replicas, gpus) = loop {
@@ -141,7 +144,7 @@ fn job_spec(rng: &mut StdRng, config: &WorkloadConfig) -> pb::JobSpec {
         // Limits close to the real durations, as users who know their jobs
         // give: reservations and backfill then work with true end times.
         runtime_limit_s: duration_s + 30,
-        grace_period_s: 5,
+        grace_period_s: GRACE_PERIOD_S,
         ..Default::default()
     }
 }

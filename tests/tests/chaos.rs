@@ -1,6 +1,7 @@
-//! The chaos harness against real processes: a short run passes, and a
-//! deliberately broken build (acknowledging submits before they commit)
-//! makes its checkers fail, proving they catch what they claim to.
+//! The chaos harness against real processes: short runs pass, and
+//! deliberately broken builds (acknowledging submits before they commit,
+//! stopping ranks when the watch breaks, keeping ranks past the lease)
+//! make its checkers fail, proving they catch what they claim to.
 
 use anyhow::{ensure, Result};
 use rota_chaos::cluster::ClusterOptions;
@@ -84,5 +85,39 @@ async fn checkers_catch_submits_acknowledged_before_commit() -> Result<()> {
     let check = report.checks.iter().find(|c| c.name == "acknowledged_submits_exist_exactly_once").expect("check ran");
     ensure!(!report.passed && !check.passed, "the broken build passed:\n{}", summary(&report));
     ensure!(check.details.iter().any(|d| d.contains("lost")), "violations name no lost submit: {:?}", check.details);
+    Ok(())
+}
+
+/// An agent cut off from every replica past the node TTL: its ranks stop at
+/// the end of its lease, and their jobs run elsewhere only afterwards.
+fn partition_agent_config(seed: u64) -> RunConfig {
+    let mut config = config(seed, 36, vec![FaultKind::PartitionAgent]);
+    config.interval_s = 3;
+    config.agents = 3;
+    config.submitters = 1;
+    config.submit_interval_ms = 1_500;
+    config.settle_s = 120;
+    config.cluster.node_ttl_ms = 2_000;
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn agents_cut_off_past_the_ttl_never_leave_two_attempts_alive() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let report = run(partition_agent_config(15)).await?;
+    println!("{}", summary(&report));
+    ensure!(report.passed, "chaos run failed:\n{}", summary(&report));
+    ensure!(report.faults.iter().any(|f| f.kind == "partition-agent"), "an agent was cut off");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn checkers_catch_agents_that_outlive_their_lease() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let mut config = partition_agent_config(16);
+    config.agent_env.push(("ROTA_TEST_IGNORE_LEASE".into(), "1".into()));
+    let report = run(config).await?;
+    let check = report.checks.iter().find(|c| c.name == "no_two_attempts_of_a_job_alive_at_once").expect("check ran");
+    ensure!(!report.passed && !check.passed, "the broken agent passed:\n{}", summary(&report));
     Ok(())
 }
