@@ -9,7 +9,10 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, Result};
 
+use rota_tls::IdentityKind;
+
 use crate::cluster::{binary, free_port};
+use crate::pki::Pki;
 
 /// Find the `rota-agent` binary: $ROTA_AGENT_BIN, else beside the running test.
 pub fn agent_bin() -> Result<PathBuf> {
@@ -24,11 +27,13 @@ pub struct AgentOptions {
     pub extra_args: Vec<String>,
     /// Extra environment (test switches).
     pub env: Vec<(String, String)>,
+    /// `--insecure` (with a cluster started so) instead of the node's certificate.
+    pub insecure: bool,
 }
 
 impl Default for AgentOptions {
     fn default() -> Self {
-        Self { fake_gpus: Some("8xH100-80GB".into()), heartbeat_ms: 200, extra_args: Vec::new(), env: Vec::new() }
+        Self { fake_gpus: Some("8xH100-80GB".into()), heartbeat_ms: 200, extra_args: Vec::new(), env: Vec::new(), insecure: false }
     }
 }
 
@@ -39,6 +44,8 @@ pub struct LocalAgent {
     pub address: String,
     endpoints: String,
     options: AgentOptions,
+    /// `--tls-*` flags (the node's certificate from the cluster's PKI) or `--insecure`.
+    tls_flags: Vec<String>,
     bin: PathBuf,
     child: Option<Child>,
     paused: bool,
@@ -46,8 +53,12 @@ pub struct LocalAgent {
 
 impl LocalAgent {
     /// Start an agent named `name` under `root/agent-NAME`.
+    /// Its certificate (`rota://agent/NAME`) comes from the PKI under `root`,
+    /// the cluster's.
     pub fn start(root: &Path, name: &str, endpoints_csv: &str, options: AgentOptions) -> Result<LocalAgent> {
+        let tls_flags = if options.insecure { vec!["--insecure".to_string()] } else { Pki::at(root)?.flags(IdentityKind::Agent, name)? };
         let mut agent = LocalAgent {
+            tls_flags,
             name: name.to_string(),
             data_dir: root.join(format!("agent-{name}")),
             address: format!("127.0.0.1:{}", free_port()?),
@@ -72,6 +83,7 @@ impl LocalAgent {
             .arg(&self.data_dir)
             .args(["--advertise-addr", "127.0.0.1", "--port", &port])
             .args(["--heartbeat-ms", &self.options.heartbeat_ms.to_string()])
+            .args(&self.tls_flags)
             .args(&self.options.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -55,7 +55,7 @@ struct Targets<'a> {
 
 /// Start `count` agents with 8 fake H100s each, and wait until all registered.
 async fn start_agents(dir: &std::path::Path, cluster: &LocalCluster, count: u32, env: &[(String, String)]) -> Result<Vec<LocalAgent>> {
-    let options = AgentOptions { env: env.to_vec(), ..AgentOptions::default() };
+    let options = AgentOptions { env: env.to_vec(), insecure: cluster.is_insecure(), ..AgentOptions::default() };
     let agents = (1..=count)
         .map(|i| LocalAgent::start(dir, &format!("node-{i}"), &cluster.endpoints_csv(), options.clone()))
         .collect::<Result<Vec<_>>>()?;
@@ -79,7 +79,7 @@ pub async fn run(config: RunConfig) -> Result<Report> {
     std::fs::create_dir_all(&markers)?;
     let (mut cluster, links) = LocalCluster::start_proxied(&dir, config.replicas, config.cluster.clone()).await?;
     cluster.wait_leader(ELECTION_WAIT).await.context("first election")?;
-    let clients = Clients::new(&cluster.endpoints())?;
+    let clients = Clients::new(&cluster.endpoints(), cluster.security())?;
     let mut agents = start_agents(&dir, &cluster, config.agents, &config.agent_env).await?;
     let history = Arc::new(History::default());
     let stop = Arc::new(AtomicBool::new(false));

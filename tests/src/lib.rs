@@ -5,7 +5,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use rota_chaos::cluster::{channel, LocalCluster};
+use rota_chaos::cluster::LocalCluster;
 use rota_client::retry;
 use rota_proto::v1 as pb;
 use rota_proto::v1::job_service_client::JobServiceClient;
@@ -21,7 +21,7 @@ pub struct AnyReplica {
 
 impl AnyReplica {
     pub fn new(cluster: &LocalCluster) -> Result<AnyReplica> {
-        let clients = cluster.endpoints().iter().map(|e| Ok(JobServiceClient::new(channel(e)?))).collect::<Result<Vec<_>>>()?;
+        let clients = cluster.endpoints().iter().map(|e| Ok(JobServiceClient::new(cluster.channel(e)?))).collect::<Result<Vec<_>>>()?;
         Ok(AnyReplica { clients, deadline: Duration::from_secs(60) })
     }
 

@@ -100,9 +100,9 @@ pub fn issue(ca_key_pem: &str, identity: &Identity, extra_sans: &[String], days:
         for san in extra_sans {
             let entry = match san.parse::<IpAddr>() {
                 Ok(ip) => SanType::IpAddress(ip),
-                Err(_) => SanType::DnsName(
-                    san.clone().try_into().map_err(|e| TlsError::Flags { flag: "--san", why: format!("{san:?}: {e}") })?,
-                ),
+                Err(_) => {
+                    SanType::DnsName(san.clone().try_into().map_err(|e| TlsError::Flags { flag: "--san", why: format!("{san:?}: {e}") })?)
+                }
             };
             params.subject_alt_names.push(entry);
         }

@@ -195,7 +195,8 @@ impl Security {
         let Security::Tls(setup) = self else {
             return Err(TlsError::Setup("plaintext has no certificates".into()));
         };
-        let uri: Uri = format!("http://{addr}").parse().map_err(|e| TlsError::BadEndpoint { endpoint: addr.into(), why: format!("{e}") })?;
+        let uri: Uri =
+            format!("http://{addr}").parse().map_err(|e| TlsError::BadEndpoint { endpoint: addr.into(), why: format!("{e}") })?;
         let stream = connect_tls(setup.client.clone(), uri).await.map_err(|e| TlsError::Setup(format!("{addr}: {e}")))?;
         let (_, connection) = stream.into_inner().into_inner();
         let certs = connection.peer_certificates().ok_or_else(|| TlsError::Setup(format!("{addr} presented no certificate")))?;
