@@ -38,10 +38,9 @@ async fn cluster_status(addr: &str, security: &Security) -> Result<pb::ClusterSt
 
 /// A plaintext gRPC client gets nothing from a TLS replica: the connection
 /// never gets past the handshake. Prevents a replica answering (and taking
-/// submits from) anyone without TLS. Shown to fail without the fix: run
-/// against a replica started `--insecure` (ClusterOptions::insecure), the
-/// plaintext call succeeds and the test fails with "a plaintext client was
-/// answered".
+/// submits from) anyone without TLS. Failed against a replica started
+/// `--insecure` (on commit a8e65a5, ClusterOptions::insecure) with "a
+/// plaintext client was answered: ClusterStatus { ... }".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plaintext_client_is_refused() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -58,10 +57,9 @@ async fn a_plaintext_client_is_refused() -> Result<()> {
 
 /// A TLS client that presents no certificate is refused UNAUTHENTICATED,
 /// on the client API as on the agent API. Prevents anonymous callers from
-/// submitting jobs (commands run on GPU hosts). Shown to fail without the
-/// fix: with the interceptors removed from the replica's services (commit
-/// d7e1bce's lib.rs, services added bare) the call succeeds: "an anonymous
-/// client was answered".
+/// submitting jobs (commands run on GPU hosts). Failed on commit a8e65a5
+/// with `authenticate` letting certificate-less callers through, with "an
+/// anonymous client was answered: ClusterStatus { ... }".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_without_a_certificate_is_refused() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -81,9 +79,9 @@ async fn a_client_without_a_certificate_is_refused() -> Result<()> {
 /// naming a replica: a user's or an agent's certificate, though signed by
 /// the same CA, gets PERMISSION_DENIED before the request is even decoded.
 /// Prevents forged appends and votes from any machine of the cluster.
-/// Shown to fail without the fix: with RAFT_CALLERS allowing users and
-/// agents, the user's append is decoded and refused as INVALID_ARGUMENT
-/// ("undecodable append_entries request") instead.
+/// Failed on commit a8e65a5 with RAFT_CALLERS allowing users and agents:
+/// "User mallory: append_entries got ... InvalidArgument, undecodable
+/// append_entries request" (the forged request reached Raft).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_without_a_replica_certificate_cannot_send_raft_rpcs() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -110,10 +108,8 @@ async fn a_peer_without_a_replica_certificate_cannot_send_raft_rpcs() -> Result<
 /// An agent's certificate names its node: it may register, heartbeat,
 /// watch and report for that node only. Prevents one compromised GPU host
 /// from posing as another (taking its assignments, keeping a dead node
-/// alive). Shown to fail without the fix: without the may_act_for_node
-/// checks in the AgentService handlers, node-a's heartbeat as node-b is
-/// answered (must_register) and the test fails with "heartbeat as node-b
-/// was accepted".
+/// alive). Failed on commit a8e65a5 without the may_act_for_node checks
+/// in the AgentService handlers with "heartbeat as node-b was accepted".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_certificate_for_one_node_cannot_heartbeat_as_another() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -154,10 +150,9 @@ async fn an_agent_certificate_for_one_node_cannot_heartbeat_as_another() -> Resu
 /// Replacing a replica's certificate files is enough: new connections get
 /// the new certificate (its serial) without a restart, and the replica keeps
 /// serving. Prevents certificate rotation from needing downtime (or expired
-/// certificates lingering until one). Shown to fail without the fix: with
-/// ReloadingKey::current never re-reading the files, the old serial is
-/// presented until the wait times out ("the new certificate ... is
-/// served").
+/// certificates lingering until one). Failed on commit a8e65a5 with
+/// ReloadingKey::current never re-reading the files: "timed out after 30s
+/// waiting for the new certificate (serial ..., was ...) is served".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_certificate_is_served_without_restart() -> Result<()> {
     let dir = tempfile::tempdir()?;

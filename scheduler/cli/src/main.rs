@@ -155,16 +155,15 @@ enum TlsCertAction {
 }
 
 #[derive(clap::Args)]
-#[group(id = "identity", required = true, multiple = false)]
 struct CertCreateArgs {
     /// A replica's certificate (rota://replica/ID), serving 127.0.0.1, localhost and each --san.
-    #[arg(long, alias = "peer", group = "identity")]
+    #[arg(long, alias = "peer", conflicts_with_all = ["agent", "client"], required_unless_present_any = ["agent", "client"])]
     server: Option<u64>,
     /// A node agent's certificate (rota://agent/NODE), serving 127.0.0.1, localhost and each --san.
-    #[arg(long, group = "identity")]
+    #[arg(long, conflicts_with = "client")]
     agent: Option<String>,
     /// A user's client certificate (rota://user/NAME).
-    #[arg(long, group = "identity")]
+    #[arg(long)]
     client: Option<String>,
     /// Extra IP address or DNS name the certificate serves (replicas and agents).
     #[arg(long)]

@@ -45,6 +45,8 @@ fn code_name(code: Code) -> &'static str {
         Code::FailedPrecondition => "failed precondition",
         Code::Unavailable => "unavailable",
         Code::DeadlineExceeded => "deadline exceeded",
+        Code::Unauthenticated => "unauthenticated",
+        Code::PermissionDenied => "permission denied",
         _ => "error",
     }
 }
