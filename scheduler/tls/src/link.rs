@@ -37,7 +37,7 @@ const ACCEPTED_QUEUE: usize = 64;
 /// Pause after a failed accept (e.g. out of file descriptors).
 const ACCEPT_ERROR_PAUSE_MS: u64 = 50;
 
-fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
@@ -395,4 +395,42 @@ pub(crate) fn verify_server_cert(ca_pem: &[u8], der: &CertificateDer<'_>, name: 
     let name = ServerName::try_from(name.to_string()).map_err(|e| e.to_string())?;
     let now = rustls::pki_types::UnixTime::now();
     verifier.verify_server_cert(der, &[], &name, &[], now).map(|_| ()).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(ca: bool, cert: bool, key: bool, insecure: bool) -> TlsFlags {
+        let path = |on: bool, name: &str| on.then(|| PathBuf::from(name));
+        TlsFlags {
+            ca: path(ca, "/nonexistent/ca.pem"),
+            cert: path(cert, "/nonexistent/c.pem"),
+            key: path(key, "/nonexistent/k.pem"),
+            insecure,
+        }
+    }
+
+    fn error_of(result: Result<Security, TlsError>) -> String {
+        result.expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn missing_or_conflicting_flags_are_named() {
+        assert!(error_of(flags(false, true, true, false).for_machine()).starts_with("--tls-ca: is required"));
+        assert!(error_of(flags(true, false, true, false).for_machine()).starts_with("--tls-cert: is required"));
+        assert!(error_of(flags(true, true, false, false).for_machine()).starts_with("--tls-key: is required"));
+        assert!(error_of(flags(true, false, false, true).for_machine()).starts_with("--insecure: cannot be combined"));
+        assert!(error_of(flags(false, false, false, false).for_client()).starts_with("--tls-ca: is required"));
+        assert!(error_of(flags(true, true, false, false).for_client()).starts_with("--tls-key: is required with --tls-cert"));
+        assert!(error_of(flags(true, false, false, false).for_client()).contains("/nonexistent/ca.pem"));
+        assert!(!flags(false, false, false, true).for_machine().expect("plaintext").is_tls());
+    }
+
+    #[test]
+    fn endpoints_take_host_port_with_or_without_a_scheme() {
+        assert_eq!(endpoint("127.0.0.1:7001").expect("valid").uri().to_string(), "http://127.0.0.1:7001/");
+        assert_eq!(endpoint("https://127.0.0.1:7001").expect("valid").uri().to_string(), "http://127.0.0.1:7001/");
+        assert!(endpoint("not a host").is_err());
+    }
 }

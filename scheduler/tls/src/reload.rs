@@ -36,18 +36,30 @@ pub struct ReloadingKey {
     cert_path: PathBuf,
     key_path: PathBuf,
     provider: Arc<CryptoProvider>,
+    /// How often the files are looked at, at most (RELOAD_CHECK_MS).
+    check_every: Duration,
     loaded: Mutex<Loaded>,
 }
 
 impl ReloadingKey {
     /// Load the pair now; an error here names the file.
     pub fn open(cert_path: &Path, key_path: &Path, provider: Arc<CryptoProvider>) -> Result<ReloadingKey, TlsError> {
+        Self::open_checking_every(cert_path, key_path, provider, Duration::from_millis(RELOAD_CHECK_MS))
+    }
+
+    fn open_checking_every(
+        cert_path: &Path,
+        key_path: &Path,
+        provider: Arc<CryptoProvider>,
+        check_every: Duration,
+    ) -> Result<ReloadingKey, TlsError> {
         let stamps = (stamp(cert_path), stamp(key_path));
         let key = load(cert_path, key_path, &provider)?;
         Ok(ReloadingKey {
             cert_path: cert_path.to_path_buf(),
             key_path: key_path.to_path_buf(),
             provider,
+            check_every,
             loaded: Mutex::new(Loaded { key, stamps, checked: Instant::now() }),
         })
     }
@@ -58,7 +70,7 @@ impl ReloadingKey {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         };
-        if loaded.checked.elapsed() >= Duration::from_millis(RELOAD_CHECK_MS) {
+        if loaded.checked.elapsed() >= self.check_every {
             loaded.checked = Instant::now();
             let stamps = (stamp(&self.cert_path), stamp(&self.key_path));
             if stamps != loaded.stamps {
@@ -106,5 +118,38 @@ impl rustls::client::ResolvesClientCert for ClientResolver {
 
     fn has_certs(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::certs::{cert_files, issue, new_ca, write_pair};
+    use crate::identity::{serial_hex, Identity, IdentityKind};
+
+    fn serial_of(key: &CertifiedKey) -> String {
+        serial_hex(&key.cert[0]).expect("serial")
+    }
+
+    #[test]
+    fn new_files_are_served_and_a_half_written_pair_is_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = new_ca(1).expect("ca");
+        let replica = Identity::new(IdentityKind::Replica, "1").expect("identity");
+        let files = cert_files(dir.path(), &replica);
+        let first = issue(&ca.key_pem, &replica, &[], 1).expect("first");
+        write_pair(&files, &first).expect("written");
+        let key = ReloadingKey::open_checking_every(&files.cert, &files.key, crate::link::provider(), Duration::ZERO).expect("opened");
+        let first_serial = serial_of(&key.current());
+
+        // Only the certificate replaced: it does not match the key yet.
+        let second = issue(&ca.key_pem, &replica, &[], 1).expect("second");
+        std::fs::write(&files.cert, &second.cert_pem).expect("cert written");
+        assert_eq!(serial_of(&key.current()), first_serial, "a mismatched pair is not taken");
+
+        std::fs::write(&files.key, &second.key_pem).expect("key written");
+        let second_serial = serial_of(&key.current());
+        assert_ne!(second_serial, first_serial, "the new pair is served");
+        assert_eq!(second_serial, serial_hex(&crate::pem::certificates(&files.cert).expect("cert")[0]).expect("serial"));
     }
 }
