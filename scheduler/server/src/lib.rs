@@ -171,14 +171,14 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     tokio::spawn(metrics_loop::run(replica.clone()));
     tokio::spawn(exit_on_fatal(replica.clone()));
     tokio::spawn(leader::run(ctx.clone()));
-    // Clients that give up on slow attempts during a failover reset their
-    // streams; hyper's default allowance for that (20 pending resets) is made
-    // for hostile peers and would cut off honest clients with GOAWAY.
     let listener =
         tokio::net::TcpListener::bind(config.listen).await.map_err(|e| ServerError::Config(format!("--listen {}: {e}", config.listen)))?;
     let incoming = config.security.incoming(listener).map_err(|e| ServerError::Config(e.to_string()))?;
     // Every service first establishes its caller from the connection's
     // certificate (rota_tls::auth) and refuses callers of the wrong kind.
+    // Clients that give up on slow attempts during a failover reset their
+    // streams; hyper's default allowance for that (20 pending resets) is made
+    // for hostile peers and would cut off honest clients with GOAWAY.
     let server = Server::builder()
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .add_service(InterceptedService::new(replica.raft_service(), interceptor(RAFT_CALLERS)))
