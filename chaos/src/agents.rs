@@ -10,7 +10,10 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, Result};
 
+use rota_tls::IdentityKind;
+
 use crate::cluster::{binary, free_port};
+use crate::pki::Pki;
 
 /// Find the `rota-agent` binary: $ROTA_AGENT_BIN, else beside the running test.
 pub fn agent_bin() -> Result<PathBuf> {
@@ -29,11 +32,20 @@ pub struct AgentOptions {
     /// host has a writable cgroup v2 hierarchy; else (or when false) the
     /// agent runs with `--no-cgroups`.
     pub cgroups: bool,
+    /// `--insecure` (with a cluster started so) instead of the node's certificate.
+    pub insecure: bool,
 }
 
 impl Default for AgentOptions {
     fn default() -> Self {
-        Self { fake_gpus: Some("8xH100-80GB".into()), heartbeat_ms: 200, extra_args: Vec::new(), env: Vec::new(), cgroups: true }
+        Self {
+            fake_gpus: Some("8xH100-80GB".into()),
+            heartbeat_ms: 200,
+            extra_args: Vec::new(),
+            env: Vec::new(),
+            cgroups: true,
+            insecure: false,
+        }
     }
 }
 
@@ -57,6 +69,8 @@ pub struct LocalAgent {
     pub address: String,
     endpoints: String,
     options: AgentOptions,
+    /// `--tls-*` flags (the node's certificate from the cluster's PKI) or `--insecure`.
+    tls_flags: Vec<String>,
     bin: PathBuf,
     child: Option<Child>,
     paused: bool,
@@ -67,12 +81,16 @@ pub struct LocalAgent {
 
 impl LocalAgent {
     /// Start an agent named `name` under `root/agent-NAME`.
+    /// Its certificate (`rota://agent/NAME`) comes from the PKI under `root`,
+    /// the cluster's.
     pub fn start(root: &Path, name: &str, endpoints_csv: &str, options: AgentOptions) -> Result<LocalAgent> {
         let port = free_port()?;
         // A subtree per agent, named so that concurrent tests never share one.
         let cgroup_parent = format!("rota-e2e-{}-{name}-{port}", std::process::id());
         let cgroup_dir = if options.cgroups { writable_cgroup2().map(|mount| mount.join(&cgroup_parent)) } else { None };
+        let tls_flags = if options.insecure { vec!["--insecure".to_string()] } else { Pki::at(root)?.flags(IdentityKind::Agent, name)? };
         let mut agent = LocalAgent {
+            tls_flags,
             name: name.to_string(),
             data_dir: root.join(format!("agent-{name}")),
             address: format!("127.0.0.1:{port}"),
@@ -103,6 +121,7 @@ impl LocalAgent {
                 Some(parent) => vec!["--cgroup-parent", parent.as_str()],
                 None => vec!["--no-cgroups"],
             })
+            .args(&self.tls_flags)
             .args(&self.options.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -256,6 +256,25 @@ pub fn distribution(mut values: Vec<u64>) -> Distribution {
     Distribution { count: values.len(), min_ms: values[0], median_ms: at(0.5), p99_ms: at(0.99), max_ms: values[values.len() - 1] }
 }
 
+/// No two attempts of one job were alive at once, as seen from the live
+/// processes themselves (`procs`). A run whose sampler saw no rank at all
+/// fails too: the check would otherwise pass for a sampler that sees nothing.
+pub fn no_two_attempts_alive(samples: &crate::procs::Samples) -> Check {
+    let mut violations: Vec<String> = samples
+        .overlaps
+        .iter()
+        .map(|o| format!("job {} had attempts {:?} alive at {} ms (pids {:?})", o.job_id, o.attempts, o.at_ms, o.pids))
+        .collect();
+    let unlisted = samples.overlaps_total.saturating_sub(samples.overlaps.len() as u64);
+    if unlisted > 0 {
+        violations.push(format!("and {unlisted} more samples with overlapping attempts"));
+    }
+    if samples.attempts_seen == 0 {
+        violations.push(format!("the process sampler saw no rank in {} samples", samples.samples));
+    }
+    Check::new("no_two_attempts_of_a_job_alive_at_once", violations)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,23 +336,4 @@ mod tests {
         let d = distribution((1..=100).collect());
         assert_eq!((d.min_ms, d.median_ms, d.p99_ms, d.max_ms), (1, 51, 99, 100));
     }
-}
-
-/// No two attempts of one job were alive at once, as seen from the live
-/// processes themselves (`procs`). A run whose sampler saw no rank at all
-/// fails too: the check would otherwise pass for a sampler that sees nothing.
-pub fn no_two_attempts_alive(samples: &crate::procs::Samples) -> Check {
-    let mut violations: Vec<String> = samples
-        .overlaps
-        .iter()
-        .map(|o| format!("job {} had attempts {:?} alive at {} ms (pids {:?})", o.job_id, o.attempts, o.at_ms, o.pids))
-        .collect();
-    let unlisted = samples.overlaps_total.saturating_sub(samples.overlaps.len() as u64);
-    if unlisted > 0 {
-        violations.push(format!("and {unlisted} more samples with overlapping attempts"));
-    }
-    if samples.attempts_seen == 0 {
-        violations.push(format!("the process sampler saw no rank in {} samples", samples.samples));
-    }
-    Check::new("no_two_attempts_of_a_job_alive_at_once", violations)
 }

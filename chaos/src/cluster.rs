@@ -13,8 +13,10 @@ use anyhow::{bail, Context, Result};
 use rota_proto::v1 as pb;
 use rota_proto::v1::cluster_service_client::ClusterServiceClient;
 use rota_proto::v1::job_service_client::JobServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use rota_tls::{IdentityKind, Security};
+use tonic::transport::Channel;
 
+use crate::pki::{Pki, HARNESS_USER};
 use crate::proxy::LinkProxy;
 
 /// Find the `rota` binary: $ROTA_BIN, else beside the running test or tool
@@ -81,6 +83,9 @@ pub struct ClusterOptions {
     pub env: Vec<(String, String)>,
     /// Extra environment for one replica (by id), after `env`.
     pub env_of: BTreeMap<u64, Vec<(String, String)>>,
+    /// Plaintext links (`--insecure`) instead of TLS with certificates; only
+    /// for tests that need plaintext, each saying why.
+    pub insecure: bool,
 }
 
 impl Default for ClusterOptions {
@@ -94,6 +99,7 @@ impl Default for ClusterOptions {
             node_ttl_ms: 30_000,
             env: vec![],
             env_of: BTreeMap::new(),
+            insecure: false,
         }
     }
 }
@@ -130,9 +136,56 @@ pub struct LocalCluster {
     /// Per-replica --peers, where replicas reach each other through proxies.
     peers_of: BTreeMap<u64, String>,
     pub replicas: BTreeMap<u64, Replica>,
+    /// The cluster's CA and certificates (under `root/tls`).
+    pub pki: Pki,
+    /// How the harness's own clients connect (as user `harness`).
+    security: Security,
 }
 
 impl LocalCluster {
+    fn new(
+        root: &Path,
+        options: ClusterOptions,
+        founding_peers: String,
+        peers_of: BTreeMap<u64, String>,
+        replicas: BTreeMap<u64, Replica>,
+    ) -> Result<LocalCluster> {
+        let pki = Pki::at(root)?;
+        let security = if options.insecure { Security::Plaintext } else { pki.security(IdentityKind::User, HARNESS_USER)? };
+        Ok(LocalCluster { bin: rota_bin()?, root: root.to_path_buf(), options, founding_peers, peers_of, replicas, pki, security })
+    }
+
+    /// How the harness's clients connect: TLS as user `harness`, or plaintext.
+    pub fn security(&self) -> &Security {
+        &self.security
+    }
+
+    /// Started `--insecure` (plaintext)?
+    pub fn is_insecure(&self) -> bool {
+        self.options.insecure
+    }
+
+    /// How a client acting as `kind`/`name` connects (plaintext for an insecure cluster).
+    pub fn security_of(&self, kind: IdentityKind, name: &str) -> Result<Security> {
+        if self.options.insecure {
+            return Ok(Security::Plaintext);
+        }
+        self.pki.security(kind, name)
+    }
+
+    /// The flags a `rota` CLI command needs to reach this cluster (as user `harness`).
+    pub fn cli_flags(&self) -> Result<Vec<String>> {
+        if self.options.insecure {
+            return Ok(vec!["--insecure".into()]);
+        }
+        self.pki.flags(IdentityKind::User, HARNESS_USER)
+    }
+
+    /// A lazily connected channel to `addr` as the harness's user.
+    pub fn channel(&self, addr: &str) -> Result<Channel> {
+        channel(addr, &self.security)
+    }
+
     /// Start `n` replicas (ids 1..=n) under `root`.
     pub fn start(root: &Path, n: u64, options: ClusterOptions) -> Result<LocalCluster> {
         let mut replicas = BTreeMap::new();
@@ -140,8 +193,7 @@ impl LocalCluster {
             replicas.insert(id, new_replica(root, id)?);
         }
         let founding_peers = replicas.values().map(|r| format!("{}={}", r.id, r.addr)).collect::<Vec<_>>().join(",");
-        let mut cluster =
-            LocalCluster { bin: rota_bin()?, root: root.to_path_buf(), options, founding_peers, peers_of: BTreeMap::new(), replicas };
+        let mut cluster = LocalCluster::new(root, options, founding_peers, BTreeMap::new(), replicas)?;
         for id in 1..=n {
             cluster.spawn(id, false)?;
         }
@@ -167,7 +219,7 @@ impl LocalCluster {
             peers_of.insert(from, peers.join(","));
         }
         let founding_peers = replicas.values().map(|r| format!("{}={}", r.id, r.addr)).collect::<Vec<_>>().join(",");
-        let mut cluster = LocalCluster { bin: rota_bin()?, root: root.to_path_buf(), options, founding_peers, peers_of, replicas };
+        let mut cluster = LocalCluster::new(root, options, founding_peers, peers_of, replicas)?;
         for id in 1..=n {
             cluster.spawn(id, false)?;
         }
@@ -183,12 +235,15 @@ impl LocalCluster {
     }
 
     fn spawn(&mut self, id: u64, join: bool) -> Result<()> {
+        let tls_flags =
+            if self.options.insecure { vec!["--insecure".to_string()] } else { self.pki.flags(IdentityKind::Replica, &id.to_string())? };
         let replica = self.replicas.get_mut(&id).context("unknown replica")?;
         std::fs::create_dir_all(&replica.data_dir)?;
         let log = File::options().create(true).append(true).open(replica.data_dir.join("server.log"))?;
         let mut command = Command::new(&self.bin);
         command
             .arg("server")
+            .args(&tls_flags)
             .args(["--id", &id.to_string(), "--listen", &replica.addr])
             .arg("--data-dir")
             .arg(replica.data_dir.join("db"))
@@ -285,7 +340,7 @@ impl LocalCluster {
         if !replica.is_running() || replica.paused {
             return None;
         }
-        let channel = channel(&replica.addr).ok()?;
+        let channel = self.channel(&replica.addr).ok()?;
         let mut client = ClusterServiceClient::new(channel);
         let call = client.get_cluster_status(pb::GetClusterStatusRequest {});
         tokio::time::timeout(Duration::from_secs(1), call).await.ok()?.ok().map(|r| r.into_inner())
@@ -354,11 +409,11 @@ impl LocalCluster {
     }
 
     pub fn jobs_client(&self, id: u64) -> Result<JobServiceClient<Channel>> {
-        Ok(JobServiceClient::new(channel(&self.replicas.get(&id).context("unknown replica")?.addr)?))
+        Ok(JobServiceClient::new(self.channel(&self.replicas.get(&id).context("unknown replica")?.addr)?))
     }
 
     pub fn cluster_client(&self, id: u64) -> Result<ClusterServiceClient<Channel>> {
-        Ok(ClusterServiceClient::new(channel(&self.replicas.get(&id).context("unknown replica")?.addr)?))
+        Ok(ClusterServiceClient::new(self.channel(&self.replicas.get(&id).context("unknown replica")?.addr)?))
     }
 
     /// A replica's server log, for failure messages.
@@ -389,12 +444,10 @@ fn new_replica(root: &Path, id: u64) -> Result<Replica> {
     })
 }
 
-pub fn channel(addr: &str) -> Result<Channel> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_timeout(Duration::from_millis(500))
-        .timeout(Duration::from_secs(10))
-        .tcp_nodelay(true)
-        .connect_lazy())
+/// A lazily connected channel to `addr` (host:port), TLS or plaintext as `security` says.
+pub fn channel(addr: &str, security: &Security) -> Result<Channel> {
+    let endpoint = rota_tls::endpoint(addr)?.connect_timeout(Duration::from_millis(500)).timeout(Duration::from_secs(10)).tcp_nodelay(true);
+    Ok(security.channel(endpoint))
 }
 
 /// Is a process with this PID alive (not a zombie)?

@@ -5,6 +5,7 @@
 //! - `agents`: node agents (fake GPUs) started, killed and restarted by PID
 //! - `proxy`: a TCP proxy per replica-to-replica link, to cut and heal links
 //! - `workload`: submits, resubmits, cancels, probes; jobs write marker files
+//! - `pki`: the cluster's CA and certificates (every link is TLS)
 //! - `faults`: the fault kinds
 //! - `history`: what the harness saw, on its own clock
 //! - `check`: the checkers; `run`: one run; `report`: its summary
@@ -14,6 +15,7 @@ pub mod check;
 pub mod cluster;
 pub mod faults;
 pub mod history;
+pub mod pki;
 pub mod procs;
 pub mod proxy;
 pub mod report;

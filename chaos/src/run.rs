@@ -66,7 +66,7 @@ async fn start_agents(
     count: u32,
     env: &[(String, String)],
 ) -> Result<(Vec<LocalAgent>, Vec<Vec<LinkProxy>>)> {
-    let options = AgentOptions { env: env.to_vec(), ..AgentOptions::default() };
+    let options = AgentOptions { env: env.to_vec(), insecure: cluster.is_insecure(), ..AgentOptions::default() };
     let mut agents = Vec::new();
     let mut agent_links = Vec::new();
     for i in 1..=count {
@@ -99,7 +99,7 @@ pub async fn run(config: RunConfig) -> Result<Report> {
     std::fs::create_dir_all(&markers)?;
     let (mut cluster, links) = LocalCluster::start_proxied(&dir, config.replicas, config.cluster.clone()).await?;
     cluster.wait_leader(ELECTION_WAIT).await.context("first election")?;
-    let clients = Clients::new(&cluster.endpoints())?;
+    let clients = Clients::new(&cluster.endpoints(), cluster.security())?;
     let (mut agents, agent_links) = start_agents(&dir, &cluster, config.agents, &config.agent_env).await?;
     let history = Arc::new(History::default());
     let stop = Arc::new(AtomicBool::new(false));

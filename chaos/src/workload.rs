@@ -35,8 +35,8 @@ pub struct Clients {
 }
 
 impl Clients {
-    pub fn new(endpoints: &[String]) -> anyhow::Result<Clients> {
-        let jobs = endpoints.iter().map(|e| Ok(JobServiceClient::new(channel(e)?))).collect::<anyhow::Result<_>>()?;
+    pub fn new(endpoints: &[String], security: &rota_tls::Security) -> anyhow::Result<Clients> {
+        let jobs = endpoints.iter().map(|e| Ok(JobServiceClient::new(channel(e, security)?))).collect::<anyhow::Result<_>>()?;
         Ok(Clients { jobs })
     }
 

@@ -10,6 +10,8 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 mod error;
 mod log_store;
@@ -69,6 +71,23 @@ pub struct ConsensusConfig {
     /// Timeout of one Raft RPC to a peer.
     pub rpc_timeout_ms: u64,
     pub install_snapshot_timeout_ms: u64,
+    /// How a channel to a peer is made (TLS, certificates): the embedding
+    /// program's business. None: plaintext.
+    pub peer_channels: Option<PeerChannels>,
+}
+
+/// Makes a lazily connected channel to a peer's `host:port`, connecting
+/// within the given timeout.
+pub type MakeChannel = dyn Fn(&str, Duration) -> Result<tonic::transport::Channel, String> + Send + Sync;
+
+/// The embedder's channel maker for Raft RPCs to peers.
+#[derive(Clone)]
+pub struct PeerChannels(pub Arc<MakeChannel>);
+
+impl std::fmt::Debug for PeerChannels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerChannels")
+    }
 }
 
 /// Default timings and log bounds (what `ConsensusConfig::new` sets, and the
@@ -92,6 +111,7 @@ impl ConsensusConfig {
             keep_logs_behind_snapshot: DEFAULT_KEEP_LOGS_BEHIND_SNAPSHOT,
             rpc_timeout_ms: 1_000,
             install_snapshot_timeout_ms: 10_000,
+            peer_channels: None,
         }
     }
 }

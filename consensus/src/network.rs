@@ -22,7 +22,7 @@ use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::types::TypeConfig;
-use crate::NodeId;
+use crate::{NodeId, PeerChannels};
 
 /// Largest Raft message accepted or sent (tonic encode/decode limit).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
@@ -37,6 +37,7 @@ struct NetInner {
     peer_addrs: BTreeMap<NodeId, String>,
     rpc_timeout: Duration,
     snapshot_timeout: Duration,
+    make_channel: Option<PeerChannels>,
     channels: Mutex<HashMap<String, Channel>>,
 }
 
@@ -47,8 +48,15 @@ pub struct NetworkFactory {
 }
 
 impl NetworkFactory {
-    pub fn new(self_id: NodeId, peer_addrs: BTreeMap<NodeId, String>, rpc_timeout: Duration, snapshot_timeout: Duration) -> Self {
-        Self { inner: Arc::new(NetInner { self_id, peer_addrs, rpc_timeout, snapshot_timeout, channels: Mutex::new(HashMap::new()) }) }
+    pub fn new(
+        self_id: NodeId,
+        peer_addrs: BTreeMap<NodeId, String>,
+        rpc_timeout: Duration,
+        snapshot_timeout: Duration,
+        make_channel: Option<PeerChannels>,
+    ) -> Self {
+        let channels = Mutex::new(HashMap::new());
+        Self { inner: Arc::new(NetInner { self_id, peer_addrs, rpc_timeout, snapshot_timeout, make_channel, channels }) }
     }
 
     /// The address to reach `target` at: configured peer address first,
@@ -63,6 +71,11 @@ impl NetInner {
         let mut channels = self.channels.lock().map_err(|_| "channel cache poisoned".to_string())?;
         if let Some(ch) = channels.get(addr) {
             return Ok(ch.clone());
+        }
+        if let Some(PeerChannels(make)) = &self.make_channel {
+            let ch = make(addr, self.rpc_timeout)?;
+            channels.insert(addr.to_string(), ch.clone());
+            return Ok(ch);
         }
         let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
         let ch = Endpoint::from_shared(uri)

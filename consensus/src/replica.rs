@@ -181,6 +181,7 @@ impl<S: StateMachine> Replica<S> {
             cfg.peer_addrs.clone(),
             Duration::from_millis(cfg.rpc_timeout_ms),
             Duration::from_millis(cfg.install_snapshot_timeout_ms),
+            cfg.peer_channels.clone(),
         );
         let raft = openraft::Raft::new(cfg.node_id, Arc::new(config), network.clone(), log, sm).await.map_err(fatal)?;
         let quorum_contact = Arc::new(std::sync::Mutex::new(QuorumContact { age_ms: None, read_at: std::time::Instant::now() }));

@@ -6,14 +6,39 @@
 #   deploy/local/cluster.sh stop DIR                                  # replicas and agents
 #
 # Replica i listens on BASE_PORT+i-1 (API and Raft) and BASE_PORT+100+i-1
-# (Prometheus metrics); its data and log live in DIR/replica-i. The
-# endpoints are written to DIR/endpoints (use: export ROTA_ENDPOINTS=$(cat DIR/endpoints)).
+# (Prometheus metrics); its data and log live in DIR/replica-i. Every link is
+# TLS: a CA and certificates are made in DIR/tls on first start (replica-i,
+# agent-node-i, and user-operator for the CLI). DIR/env sets ROTA_ENDPOINTS,
+# ROTA_CA, ROTA_CERT and ROTA_KEY for the CLI (use: . DIR/env).
 # ROTA_SERVER_ARGS adds flags to every `rota server` (e.g. "--snapshot-every 50000").
+# ROTA_INSECURE=1 starts plaintext processes instead (--insecure; never in production).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROTA="${ROTA_BIN:-${CARGO_TARGET_DIR:-/var/tmp/rota-target}/release/rota}"
 cmd="${1:-}"; dir="${2:-}"
-[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,10p' "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,14p' "$0"; exit 2; }
+tls="$dir/tls"
+
+# tls_flags KIND NAME: the --tls-* flags of a process (making its certificate
+# on first use), or --insecure.
+tls_flags() {
+  if [ "${ROTA_INSECURE:-0}" = 1 ]; then echo "--insecure"; return; fi
+  local stem="$1-$2"
+  [ -f "$tls/ca.pem" ] || "$ROTA" tls ca create --dir "$tls" >/dev/null
+  local flag
+  case "$1" in
+    replica) flag=--server;; agent) flag=--agent;; user) flag=--client;;
+  esac
+  [ -f "$tls/$stem.pem" ] || "$ROTA" tls cert create "$flag" "$2" --dir "$tls" >/dev/null
+  echo "--tls-ca $tls/ca.pem --tls-cert $tls/$stem.pem --tls-key $tls/$stem-key.pem"
+}
+
+# rota_cli ARGS...: the CLI as user operator.
+rota_cli() {
+  local flags; flags=$(tls_flags user operator)
+  # shellcheck disable=SC2086
+  "$ROTA" $flags "$@"
+}
 
 start() {
   local n="${3:-3}" base="${4:-7001}" peers="" endpoints=""
@@ -30,17 +55,28 @@ start() {
     if [ -f "$rdir/pid" ] && kill -0 "$(cat "$rdir/pid")" 2>/dev/null; then
       echo "replica $i already running (pid $(cat "$rdir/pid"))"; continue
     fi
-    nohup "$ROTA" server --id "$i" --listen "127.0.0.1:$((base + i - 1))" \
+    local flags; flags=$(tls_flags replica "$i")
+    # shellcheck disable=SC2086
+    nohup "$ROTA" server $flags --id "$i" --listen "127.0.0.1:$((base + i - 1))" \
       --data-dir "$rdir/db" --peers "$peers" \
       --metrics-listen "127.0.0.1:$((base + 100 + i - 1))" ${ROTA_SERVER_ARGS:-} >>"$rdir/server.log" 2>&1 &
     echo $! >"$rdir/pid"
     echo "replica $i: pid $!, api 127.0.0.1:$((base + i - 1)), metrics 127.0.0.1:$((base + 100 + i - 1))"
   done
   echo "$endpoints" >"$dir/endpoints"
+  tls_flags user operator >/dev/null
+  {
+    echo "export ROTA_ENDPOINTS=$endpoints"
+    if [ "${ROTA_INSECURE:-0}" = 1 ]; then
+      echo "# plaintext cluster: pass --insecure to rota"
+    else
+      echo "export ROTA_CA=$(realpath "$tls/ca.pem") ROTA_CERT=$(realpath "$tls/user-operator.pem") ROTA_KEY=$(realpath "$tls/user-operator-key.pem")"
+    fi
+  } >"$dir/env"
   # Wait (bounded) until the replicas agree on a leader.
   for _ in $(seq 1 100); do
-    if "$ROTA" --endpoints "$endpoints" --timeout-s 1 cluster --output json 2>/dev/null | grep -q '"role": "leader"'; then
-      "$ROTA" --endpoints "$endpoints" cluster; return 0
+    if rota_cli --endpoints "$endpoints" --timeout-s 1 cluster --output json 2>/dev/null | grep -q '"role": "leader"'; then
+      rota_cli --endpoints "$endpoints" cluster; return 0
     fi
     sleep 0.2
   done
@@ -59,7 +95,9 @@ agents() {
     # Ranks in cgroups (a subtree per agent) when root can create them; else the /proc scan alone.
     local contain="--no-cgroups"
     [ "$(id -u)" = 0 ] && grep -q " cgroup2 " /proc/mounts && contain="--cgroup-parent=rota-local-node-$i"
-    nohup "$agent_bin" --endpoints "$(cat "$dir/endpoints")" --node-name "node-$i" --data-dir "$adir/data" \
+    local flags; flags=$(tls_flags agent "node-$i")
+    # shellcheck disable=SC2086
+    nohup "$agent_bin" $flags --endpoints "$(cat "$dir/endpoints")" --node-name "node-$i" --data-dir "$adir/data" \
       --fake-gpus "$gpus" --heartbeat-ms 500 "$contain" >>"$adir/agent.log" 2>&1 &
     echo $! >"$adir/pid"
     echo "agent node-$i: pid $!, $gpus"
@@ -67,8 +105,8 @@ agents() {
   # Wait (bounded) until every agent has registered.
   for _ in $(seq 1 100); do
     local ready
-    ready=$("$ROTA" --endpoints "$(cat "$dir/endpoints")" nodes --output json 2>/dev/null | grep -c '"state": "ready"' || true)
-    [ "$ready" -ge "$count" ] && { "$ROTA" --endpoints "$(cat "$dir/endpoints")" nodes | grep -v "gpu "; return 0; }
+    ready=$(rota_cli --endpoints "$(cat "$dir/endpoints")" nodes --output json 2>/dev/null | grep -c '"state": "ready"' || true)
+    [ "$ready" -ge "$count" ] && { rota_cli --endpoints "$(cat "$dir/endpoints")" nodes | grep -v "gpu "; return 0; }
     sleep 0.2
   done
   echo "agents did not register; see $dir/agent-*/agent.log" >&2; exit 1

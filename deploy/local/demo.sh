@@ -12,7 +12,8 @@ cargo build --release --workspace --bins
 bash deploy/local/cluster.sh start "$dir" 3
 bash deploy/local/cluster.sh agents "$dir" 2 8xH100-80GB
 ROTA="$CARGO_TARGET_DIR/release/rota"
-export ROTA_ENDPOINTS="$(cat "$dir/endpoints")"
+# ROTA_ENDPOINTS and the CLI's certificate (ROTA_CA, ROTA_CERT, ROTA_KEY).
+. "$dir/env"
 echo '+ rota submit --replicas 2 --gpus 8 -- sh -c "echo rank \$RANK of \$WORLD_SIZE ..."'
 job=$("$ROTA" submit --replicas 2 --gpus 8 -- sh -c 'echo "rank $RANK of $WORLD_SIZE on GPUs $CUDA_VISIBLE_DEVICES, master $MASTER_ADDR:$MASTER_PORT"; sleep 2')
 echo "job $job submitted"

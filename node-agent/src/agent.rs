@@ -24,8 +24,6 @@ pub use crate::shared::{AgentConfig, Shared};
 /// How often the reconcile loop runs without a new assignment set, to
 /// notice exits and SIGKILL deadlines.
 const TICK_MS: u64 = 200;
-/// Set to "1" only by the chaos harness: see `Reconciler::unsafe_ignore_lease`.
-const IGNORE_LEASE_ENV: &str = "ROTA_TEST_IGNORE_LEASE";
 /// Run every task of the agent until the process is stopped.
 pub async fn run(shared: Arc<Shared>) -> anyhow::Result<()> {
     let (assignments_tx, assignments_rx) = watch::channel(None);
@@ -45,10 +43,6 @@ pub struct Reconciler {
     desired: Option<Desired>,
     /// The lease as of the last pass (to log its changes once).
     lease: Lease,
-    /// TEST ONLY (`ROTA_TEST_IGNORE_LEASE=1`): a deliberately broken agent
-    /// that keeps its ranks running after its lease ran out, so the chaos
-    /// harness can prove it catches two attempts of one job alive at once.
-    unsafe_ignore_lease: bool,
 }
 
 impl Reconciler {
@@ -57,11 +51,7 @@ impl Reconciler {
     pub fn adopt(shared: Arc<Shared>) -> Reconciler {
         let local = LocalRanks::adopt(&shared.config.data_dir, &shared.ranks_root, &shared.config.containment);
         let lease = if shared.lease_held() { Lease::Held } else { Lease::Expired };
-        let unsafe_ignore_lease = std::env::var(IGNORE_LEASE_ENV).is_ok_and(|v| v == "1");
-        if unsafe_ignore_lease {
-            tracing::error!("{IGNORE_LEASE_ENV}=1: ranks outlive this node's lease; never use this outside tests");
-        }
-        Reconciler { shared, local, desired: None, lease, unsafe_ignore_lease }
+        Reconciler { shared, local, desired: None, lease }
     }
 
     async fn run(&mut self, mut updates: watch::Receiver<Option<Desired>>) {
@@ -92,7 +82,7 @@ impl Reconciler {
     /// One reconcile pass: read the disk, decide, act.
     fn pass(&mut self, now_ms: u64) {
         let on_disk = self.local.observe(self.shared.config.keep_finished_ranks);
-        let lease = if self.shared.lease_held() || self.unsafe_ignore_lease { Lease::Held } else { Lease::Expired };
+        let lease = if self.shared.lease_held() { Lease::Held } else { Lease::Expired };
         if lease != self.lease {
             match lease {
                 Lease::Expired => {

@@ -16,7 +16,8 @@ use rota_client::retry::{self, Backoff};
 pub use rota_client::wire::LEADER_METADATA;
 use rota_client::wire::{CONNECT_TIMEOUT_MS, MAX_MESSAGE_BYTES};
 use rota_proto::v1::agent_service_client::AgentServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use rota_tls::Security;
+use tonic::transport::Channel;
 use tonic::Status;
 
 const CALL_TIMEOUT_MS: u64 = 5_000;
@@ -44,7 +45,7 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
-    pub fn new(endpoints: &[String]) -> Result<ControlPlane, ControlError> {
+    pub fn new(endpoints: &[String], security: &Security) -> Result<ControlPlane, ControlError> {
         let endpoints: Vec<String> = endpoints
             .iter()
             .flat_map(|e| e.split(','))
@@ -54,7 +55,7 @@ impl ControlPlane {
         if endpoints.is_empty() || endpoints.len() > MAX_ENDPOINTS {
             return Err(ControlError::Endpoints);
         }
-        let channels = endpoints.iter().map(|e| channel(e)).collect::<Result<Vec<_>, _>>()?;
+        let channels = endpoints.iter().map(|e| channel(e, security)).collect::<Result<Vec<_>, _>>()?;
         Ok(ControlPlane { endpoints: Arc::new(endpoints), channels: Arc::new(channels), current: Arc::new(AtomicUsize::new(0)) })
     }
 
@@ -111,14 +112,14 @@ pub async fn sleep_with_jitter(ms: u64) {
     tokio::time::sleep(retry::jittered(Duration::from_millis(ms.max(1)))).await;
 }
 
-fn channel(endpoint: &str) -> Result<Channel, ControlError> {
-    let parsed =
-        Endpoint::from_shared(format!("http://{endpoint}")).map_err(|e| ControlError::BadEndpoint(endpoint.to_string(), e.to_string()))?;
-    Ok(parsed
-        .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(1))
-        .keep_alive_timeout(Duration::from_secs(3))
-        .keep_alive_while_idle(true)
-        .connect_lazy())
+fn channel(endpoint: &str, security: &Security) -> Result<Channel, ControlError> {
+    let parsed = rota_tls::endpoint(endpoint).map_err(|e| ControlError::BadEndpoint(endpoint.to_string(), e.to_string()))?;
+    Ok(security.channel(
+        parsed
+            .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(3))
+            .keep_alive_while_idle(true),
+    ))
 }

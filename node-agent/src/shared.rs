@@ -76,8 +76,10 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(config: AgentConfig, source: GpuSource, inventory: Vec<Gpu>) -> anyhow::Result<Arc<Shared>> {
-        let control = ControlPlane::new(&config.endpoints)?;
+    /// `security`: how the agent reaches the replicas (TLS with its node's
+    /// certificate, or plaintext when started `--insecure`).
+    pub fn new(config: AgentConfig, security: &rota_tls::Security, source: GpuSource, inventory: Vec<Gpu>) -> anyhow::Result<Arc<Shared>> {
+        let control = ControlPlane::new(&config.endpoints, security)?;
         let ranks_root = config.data_dir.join("ranks");
         std::fs::create_dir_all(&ranks_root)?;
         let highest = std::fs::read_to_string(config.data_dir.join(INDEX_FILE)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);

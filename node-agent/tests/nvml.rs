@@ -45,7 +45,8 @@ fn without_nvml_or_fake_gpus_the_agent_exits_with_a_clear_error() {
     }
     let dir = tempfile::tempdir().unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_rota-agent"))
-        .args(["--endpoints", "127.0.0.1:1", "--node-name", "n"])
+        // --insecure: no certificates needed to reach the GPU check.
+        .args(["--insecure", "--endpoints", "127.0.0.1:1", "--node-name", "n"])
         .arg("--data-dir")
         .arg(dir.path())
         .output()

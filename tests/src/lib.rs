@@ -5,7 +5,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use rota_chaos::cluster::{channel, rota_bin, LocalCluster};
+use rota_chaos::cluster::{rota_bin, LocalCluster};
 use rota_client::retry;
 use rota_proto::v1 as pb;
 use rota_proto::v1::job_service_client::JobServiceClient;
@@ -21,7 +21,7 @@ pub struct AnyReplica {
 
 impl AnyReplica {
     pub fn new(cluster: &LocalCluster) -> Result<AnyReplica> {
-        let clients = cluster.endpoints().iter().map(|e| Ok(JobServiceClient::new(channel(e)?))).collect::<Result<Vec<_>>>()?;
+        let clients = cluster.endpoints().iter().map(|e| Ok(JobServiceClient::new(cluster.channel(e)?))).collect::<Result<Vec<_>>>()?;
         Ok(AnyReplica { clients, deadline: Duration::from_secs(60) })
     }
 
@@ -253,6 +253,7 @@ pub async fn wait_number(path: &std::path::Path, timeout: Duration) -> Result<u3
 /// Run `rota --endpoints ... --output json ARGS` and parse its JSON.
 pub fn rota_json(cluster: &LocalCluster, args: &[&str]) -> Result<serde_json::Value> {
     let output = std::process::Command::new(rota_bin()?)
+        .args(cluster.cli_flags()?)
         .args(["--endpoints", &cluster.endpoints_csv(), "--output", "json"])
         .args(args)
         .output()

@@ -51,20 +51,24 @@ env > "$MARK_DIR/env-$RANK.tmp" && mv "$MARK_DIR/env-$RANK.tmp" "$MARK_DIR/env-$
     ensure!(ranks[0]["ROTA_NODE"] == job.last_nodes[0], "rank 0 ran where the scheduler placed it");
 
     // The CLI reads each rank's output from the agent that ran it.
-    let endpoints = cluster.endpoints_csv();
-    let out = rota(&endpoints, &["logs", &job_id.to_string(), "--rank", "1"])?;
+    let out = rota(&cluster, &["logs", &job_id.to_string(), "--rank", "1"])?;
     ensure!(out == "hello from rank 1\n", "rota logs: {out:?}");
-    let err = rota(&endpoints, &["logs", &job_id.to_string(), "--rank", "0", "--stderr", "--follow"])?;
+    let err = rota(&cluster, &["logs", &job_id.to_string(), "--rank", "0", "--stderr", "--follow"])?;
     ensure!(err == "oops 0\n", "rota logs --stderr: {err:?}");
-    let status = rota(&endpoints, &["status", &job_id.to_string()])?;
+    let status = rota(&cluster, &["status", &job_id.to_string()])?;
     ensure!(status.contains("succeeded") && status.contains("node-a"), "rota status: {status}");
-    let nodes = rota(&endpoints, &["nodes"])?;
+    let nodes = rota(&cluster, &["nodes"])?;
     ensure!(nodes.contains("node-a") && nodes.contains("H100-80GB") && nodes.contains("81920 MiB"), "rota nodes: {nodes}");
     Ok(())
 }
 
-fn rota(endpoints: &str, args: &[&str]) -> Result<String> {
-    let output = std::process::Command::new(rota_bin()?).args(["--endpoints", endpoints]).args(args).output()?;
+fn rota(cluster: &LocalCluster, args: &[&str]) -> Result<String> {
+    let command = std::process::Command::new(rota_bin()?)
+        .args(cluster.cli_flags()?)
+        .args(["--endpoints", &cluster.endpoints_csv()])
+        .args(args)
+        .output();
+    let output = command?;
     ensure!(output.status.success(), "rota {args:?}: {}", String::from_utf8_lossy(&output.stderr));
     Ok(String::from_utf8(output.stdout)?)
 }

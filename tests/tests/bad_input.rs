@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use rota_chaos::cluster::{channel, ClusterOptions, LocalCluster};
+use rota_chaos::cluster::{ClusterOptions, LocalCluster};
 use rota_e2e::{spec, AnyReplica};
 use rota_proto::v1 as pb;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
@@ -88,7 +88,7 @@ async fn bad_submits_are_refused_naming_the_field() -> Result<()> {
         }
     }
     // Negative GPUs cannot be written in the API (unsigned); a malformed message is refused as such.
-    let mut raw = tonic::client::Grpc::new(channel(&cluster.replicas[&leader].addr)?);
+    let mut raw = tonic::client::Grpc::new(cluster.channel(&cluster.replicas[&leader].addr)?);
     raw.ready().await?;
     let path = http::uri::PathAndQuery::from_static("/rota.v1.JobService/SubmitJob");
     let garbage = vec![0xff, 0xff, 0xff, 0xff, 0x0f, 0x0a];

@@ -1,7 +1,7 @@
 //! The chaos harness against real processes: short runs pass, and
 //! deliberately broken builds (acknowledging submits before they commit,
-//! stopping ranks when the watch breaks, keeping ranks past the lease)
-//! make its checkers fail, proving they catch what they claim to.
+//! stopping ranks when the watch breaks) make its checkers fail, proving
+//! they catch what they claim to.
 
 use anyhow::{ensure, Result};
 use rota_chaos::cluster::ClusterOptions;
@@ -108,16 +108,5 @@ async fn agents_cut_off_past_the_ttl_never_leave_two_attempts_alive() -> Result<
     println!("{}", summary(&report));
     ensure!(report.passed, "chaos run failed:\n{}", summary(&report));
     ensure!(report.faults.iter().any(|f| f.kind == "partition-agent"), "an agent was cut off");
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn checkers_catch_agents_that_outlive_their_lease() -> Result<()> {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let mut config = partition_agent_config(16);
-    config.agent_env.push(("ROTA_TEST_IGNORE_LEASE".into(), "1".into()));
-    let report = run(config).await?;
-    let check = report.checks.iter().find(|c| c.name == "no_two_attempts_of_a_job_alive_at_once").expect("check ran");
-    ensure!(!report.passed && !check.passed, "the broken agent passed:\n{}", summary(&report));
     Ok(())
 }

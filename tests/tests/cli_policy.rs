@@ -49,7 +49,10 @@ async fn why_quota_queue_usage_and_drill_on_a_live_cluster() -> Result<()> {
     // Every replica answers with the change just acknowledged: followers
     // forward the read to the leader, which confirms it still leads.
     for endpoint in cluster.endpoints_csv().split(',') {
-        let output = Command::new(rota_bin()?).args(["--endpoints", endpoint, "--output", "json", "quota", "show"]).output()?;
+        let output = Command::new(rota_bin()?)
+            .args(cluster.cli_flags()?)
+            .args(["--endpoints", endpoint, "--output", "json", "quota", "show"])
+            .output()?;
         ensure!(output.status.success(), "quota show at {endpoint}: {}", String::from_utf8_lossy(&output.stderr));
         let shown: Value = serde_json::from_slice(&output.stdout)?;
         let seen = shown.as_array().and_then(|q| q.iter().find(|q| q["group"] == "vision")).cloned();
@@ -60,7 +63,7 @@ async fn why_quota_queue_usage_and_drill_on_a_live_cluster() -> Result<()> {
     ensure!(short["weight"] == 6 && short["max_gpus_per_job"] == 16, "only the weight changed: {short}");
 
     // The drill refuses without --confirm, then moves the leader and measures.
-    let refused = Command::new(rota_bin()?).args(["--endpoints", &cluster.endpoints_csv(), "drill"]).output()?;
+    let refused = Command::new(rota_bin()?).args(cluster.cli_flags()?).args(["--endpoints", &cluster.endpoints_csv(), "drill"]).output()?;
     ensure!(!refused.status.success(), "drill ran without --confirm");
     let leader = cluster.wait_leader(WAIT).await?;
     let drill = rota_json(&cluster, &["drill", "--confirm"])?;

@@ -42,14 +42,19 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         ("rota-core", &[][..]),
         // Generic over the state machine: knows nothing of jobs.
         ("rota-consensus", &["rota-proto"][..]),
-        ("rota-client", &["rota-core", "rota-proto"][..]),
-        ("rota-server", &["rota-core", "rota-client", "rota-proto", "rota-consensus"][..]),
-        ("rota-agent", &["rota-proto", "rota-client"][..]),
-        ("rota-chaos", &["rota-proto", "rota-client"][..]),
+        // Transport security every side shares (certificates, TLS links,
+        // identities); knows nothing of rota's API, so it sits below all.
+        ("rota-tls", &[][..]),
+        ("rota-client", &["rota-core", "rota-proto", "rota-tls"][..]),
+        // The consensus crate stays generic: the server injects its TLS
+        // channels into it, so rota-consensus does not depend on rota-tls.
+        ("rota-server", &["rota-core", "rota-client", "rota-proto", "rota-consensus", "rota-tls"][..]),
+        ("rota-agent", &["rota-proto", "rota-client", "rota-tls"][..]),
+        ("rota-chaos", &["rota-proto", "rota-client", "rota-tls"][..]),
         // The `rota` binary is the composition root: `rota server` starts
         // rota-server; every other command goes through rota-client.
-        ("rota-cli", &["rota-core", "rota-client", "rota-server", "rota-proto"][..]),
-        ("rota-e2e", &["rota-proto", "rota-client", "rota-chaos"][..]),
+        ("rota-cli", &["rota-core", "rota-client", "rota-server", "rota-proto", "rota-tls"][..]),
+        ("rota-e2e", &["rota-proto", "rota-client", "rota-chaos", "rota-tls"][..]),
     ])
 }
 

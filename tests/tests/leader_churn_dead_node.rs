@@ -16,6 +16,7 @@ use rota_chaos::cluster::{channel, ClusterOptions, LocalCluster};
 use rota_e2e::{fake_registration, list_nodes, wait_until};
 use rota_proto::v1 as pb;
 use rota_proto::v1::agent_service_client::AgentServiceClient;
+use rota_tls::IdentityKind;
 
 const WAIT: Duration = Duration::from_secs(60);
 const TTL_MS: u64 = 2_000;
@@ -31,8 +32,10 @@ async fn a_dead_node_is_declared_down_although_leaders_change_faster_than_the_tt
         Ok(cluster.status(leader).await.filter(|s| s.cluster_version == s.format_version).map(|_| ()))
     })
     .await?;
-    // A node registers and is never heard from again (its agent died).
-    let mut agents = AgentServiceClient::new(channel(&cluster.replicas[&leader].addr)?);
+    // A node registers and is never heard from again (its agent died);
+    // the test registers it with the node's own certificate.
+    let as_ghost = cluster.security_of(IdentityKind::Agent, "ghost")?;
+    let mut agents = AgentServiceClient::new(channel(&cluster.replicas[&leader].addr, &as_ghost)?);
     agents.register_node(fake_registration("ghost", 8)).await?;
     let registered = std::time::Instant::now();
 

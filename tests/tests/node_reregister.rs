@@ -12,13 +12,16 @@ use rota_chaos::cluster::{channel, ClusterOptions, LocalCluster};
 use rota_e2e::{fake_registration, spec, AnyReplica};
 use rota_proto::v1 as pb;
 use rota_proto::v1::agent_service_client::AgentServiceClient;
+use rota_tls::IdentityKind;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reregistering_with_fewer_gpus_requeues_the_jobs_on_the_vanished_ones() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
     let leader = cluster.wait_leader(Duration::from_secs(30)).await?;
-    let mut agents = AgentServiceClient::new(channel(&cluster.replicas[&leader].addr)?);
+    // The test acts as node n1's agent, with n1's certificate.
+    let as_n1 = cluster.security_of(IdentityKind::Agent, "n1")?;
+    let mut agents = AgentServiceClient::new(channel(&cluster.replicas[&leader].addr, &as_n1)?);
     agents.register_node(fake_registration("n1", 8)).await?;
     let client = AnyReplica::new(&cluster)?;
     let request = pb::SubmitJobRequest { spec: Some(pb::JobSpec { gpus_per_replica: 8, ..spec() }), request_id: "whole-node".into() };

@@ -15,6 +15,7 @@ use rota_chaos::cluster::{channel, ClusterOptions, LocalCluster};
 use rota_e2e::{fake_registration, scrape_metrics, spec, wait_until, AnyReplica};
 use rota_proto::v1 as pb;
 use rota_proto::v1::agent_service_client::AgentServiceClient;
+use rota_tls::IdentityKind;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scheduling_resumes_after_a_planner_panic() -> Result<()> {
@@ -22,7 +23,9 @@ async fn scheduling_resumes_after_a_planner_panic() -> Result<()> {
     let options = ClusterOptions { env: vec![("ROTA_TEST_PANIC_PLANNER_ONCE".into(), "1".into())], ..ClusterOptions::default() };
     let cluster = LocalCluster::start(dir.path(), 3, options)?;
     let leader = cluster.wait_leader(Duration::from_secs(30)).await?;
-    AgentServiceClient::new(channel(&cluster.replicas[&leader].addr)?).register_node(fake_registration("n1", 8)).await?;
+    // The test registers node n1 as its agent would, with n1's certificate.
+    let as_n1 = cluster.security_of(IdentityKind::Agent, "n1")?;
+    AgentServiceClient::new(channel(&cluster.replicas[&leader].addr, &as_n1)?).register_node(fake_registration("n1", 8)).await?;
     let client = AnyReplica::new(&cluster)?;
     let job_id = client.submit(pb::SubmitJobRequest { spec: Some(spec()), request_id: "after-panic".into() }).await?.job_id;
     client.wait_job_state(job_id, pb::JobState::Running, Duration::from_secs(30)).await?;

@@ -11,6 +11,8 @@ use rota_agent::contain::Containment;
 use rota_agent::inventory::GpuSource;
 use rota_agent::logs::LogServer;
 use rota_proto::v1::node_agent_service_server::NodeAgentServiceServer;
+use rota_tls::{IdentityKind, TlsFlags};
+use tonic::service::interceptor::InterceptedService;
 
 #[derive(Parser)]
 #[command(name = "rota-agent", version, about = "rota's node agent: runs job ranks on a GPU host")]
@@ -58,7 +60,23 @@ struct Args {
     /// which misses a process that replaced its environment.
     #[arg(long)]
     no_cgroups: bool,
+    /// The cluster's CA certificate (PEM).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// This node's agent certificate (rota://agent/NODE, from `rota tls cert create --agent NODE`);
+    /// re-read when it changes.
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// Plaintext, nothing verified: only with replicas started --insecure, never in production.
+    #[arg(long)]
+    insecure: bool,
 }
+
+/// Who may read this agent's logs: users (`rota logs`) and replicas.
+const LOG_READERS: &[IdentityKind] = &[IdentityKind::User, IdentityKind::Replica];
 
 fn run_shim() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(2).collect();
@@ -73,6 +91,11 @@ fn run_shim() -> Result<()> {
 
 #[tokio::main]
 async fn run_agent(args: Args) -> Result<()> {
+    let flags = TlsFlags { ca: args.tls_ca.clone(), cert: args.tls_cert.clone(), key: args.tls_key.clone(), insecure: args.insecure };
+    let security = flags.for_machine()?;
+    if !security.is_tls() {
+        tracing::warn!("--insecure: plaintext links, no certificates: anyone who reaches the replicas can act as this node, and anyone who reaches this agent can read its logs");
+    }
     let source = GpuSource::open(args.fake_gpus.as_deref())?
         .with_fake_unhealthy_file(args.data_dir.join(rota_agent::inventory::FAKE_UNHEALTHY_FILE));
     let inventory = source.inventory()?;
@@ -103,10 +126,13 @@ async fn run_agent(args: Args) -> Result<()> {
         keep_finished_ranks: args.keep_finished_ranks,
         containment,
     };
-    let shared = Shared::new(config, source, inventory)?;
-    let logs = NodeAgentServiceServer::new(LogServer::new(shared.ranks_root.clone()));
+    let shared = Shared::new(config, &security, source, inventory)?;
+    let logs = InterceptedService::new(
+        NodeAgentServiceServer::new(LogServer::new(shared.ranks_root.clone())),
+        rota_tls::auth::interceptor(LOG_READERS),
+    );
+    let incoming = security.incoming(listener)?;
     tokio::spawn(async move {
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
         if let Err(error) = tonic::transport::Server::builder().add_service(logs).serve_with_incoming(incoming).await {
             tracing::error!(%error, "log server stopped");
         }

@@ -11,7 +11,7 @@ use rota_proto::v1 as pb;
 use rota_proto::v1::job_service_client::JobServiceClient;
 use serde_json::json;
 use tokio::sync::Semaphore;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use rota_client::Client;
 
@@ -46,7 +46,7 @@ pub async fn run(client: &Client, args: &BenchSubmitArgs) -> Result<serde_json::
         bail!("the cluster has no leader");
     }
     let channels = (0..CONNECTIONS)
-        .map(|_| Ok(Endpoint::from_shared(format!("http://{leader}"))?.tcp_nodelay(true).connect_lazy()))
+        .map(|_| Ok(client.security().channel(rota_tls::endpoint(&leader)?.tcp_nodelay(true))))
         .collect::<Result<Vec<Channel>>>()?;
     let run_id = format!("bench-{:016x}", rand::random::<u64>());
     let started = Instant::now();

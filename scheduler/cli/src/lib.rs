@@ -277,10 +277,10 @@ pub async fn logs(client: &Client, job_id: u64, rank: u32, stderr: bool, follow:
         .await?;
     let address =
         nodes.nodes.iter().find(|n| n.name == node).map(|n| n.address.clone()).with_context(|| format!("node {node} is not registered"))?;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-        .with_context(|| format!("node {node} has a bad address {address:?}"))?
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .connect()
+    let endpoint = rota_tls::endpoint(&address).with_context(|| format!("node {node} has a bad address {address:?}"))?;
+    let channel = client
+        .security()
+        .connect(endpoint.connect_timeout(std::time::Duration::from_secs(5)))
         .await
         .with_context(|| format!("cannot reach the agent of node {node} at {address}"))?;
     let request = pb::ReadLogRequest { job_id, rank, stream: if stderr { "stderr" } else { "stdout" }.into(), follow };

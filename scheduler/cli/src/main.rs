@@ -23,14 +23,45 @@ struct Cli {
     /// How long a client command keeps retrying through a failover, seconds.
     #[arg(long, global = true, default_value_t = 30)]
     timeout_s: u64,
+    #[command(flatten)]
+    tls: TlsArgs,
     #[command(subcommand)]
     command: Command,
+}
+
+/// Certificates: a replica's own (`rota server`), a user's (every client
+/// command). Created with `rota tls`.
+#[derive(clap::Args)]
+struct TlsArgs {
+    /// The cluster's CA certificate (PEM).
+    #[arg(long, env = "ROTA_CA", global = true)]
+    tls_ca: Option<PathBuf>,
+    /// This process's certificate (PEM), signed by the CA; re-read when it changes.
+    #[arg(long, env = "ROTA_CERT", global = true)]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, env = "ROTA_KEY", global = true)]
+    tls_key: Option<PathBuf>,
+    /// Plaintext, nothing verified: only for a cluster started --insecure, never in production.
+    #[arg(long, global = true)]
+    insecure: bool,
+}
+
+impl TlsArgs {
+    fn flags(&self) -> rota_tls::TlsFlags {
+        rota_tls::TlsFlags { ca: self.tls_ca.clone(), cert: self.tls_cert.clone(), key: self.tls_key.clone(), insecure: self.insecure }
+    }
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Run a scheduler replica.
     Server(ServerArgs),
+    /// Create a CA and certificates for replicas, agents and users.
+    Tls {
+        #[command(subcommand)]
+        what: TlsWhat,
+    },
     /// Submit a job; prints its id.
     Submit(SubmitArgs),
     /// Show one job.
@@ -95,6 +126,78 @@ enum Command {
         #[command(subcommand)]
         what: BenchWhat,
     },
+}
+
+#[derive(Subcommand)]
+enum TlsWhat {
+    /// `rota tls ca create`: a new CA in --dir (ca.pem, ca-key.pem).
+    Ca {
+        #[command(subcommand)]
+        action: TlsCaAction,
+    },
+    /// `rota tls cert create --server ID | --agent NODE | --client NAME`.
+    Cert {
+        #[command(subcommand)]
+        action: TlsCertAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum TlsCaAction {
+    Create {
+        /// Directory to write into (created if missing).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        #[arg(long, default_value_t = rota_tls::certs::DEFAULT_CA_DAYS)]
+        days: u32,
+    },
+}
+
+#[derive(Subcommand)]
+enum TlsCertAction {
+    /// Sign a certificate with the CA in --dir; writes KIND-NAME.pem and KIND-NAME-key.pem.
+    Create(CertCreateArgs),
+}
+
+#[derive(clap::Args)]
+struct CertCreateArgs {
+    /// A replica's certificate (rota://replica/ID), serving 127.0.0.1, localhost and each --san.
+    #[arg(long, alias = "peer", conflicts_with_all = ["agent", "client"], required_unless_present_any = ["agent", "client"])]
+    server: Option<u64>,
+    /// A node agent's certificate (rota://agent/NODE), serving 127.0.0.1, localhost and each --san.
+    #[arg(long, conflicts_with = "client")]
+    agent: Option<String>,
+    /// A user's client certificate (rota://user/NAME).
+    #[arg(long)]
+    client: Option<String>,
+    /// Extra IP address or DNS name the certificate serves (replicas and agents).
+    #[arg(long)]
+    san: Vec<String>,
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    #[arg(long, default_value_t = rota_tls::certs::DEFAULT_CERT_DAYS)]
+    days: u32,
+}
+
+fn run_tls(what: TlsWhat) -> Result<()> {
+    use rota_tls::{Identity, IdentityKind};
+    match what {
+        TlsWhat::Ca { action: TlsCaAction::Create { dir, days } } => {
+            let files = rota_tls::certs::create_ca(&dir, days)?;
+            println!("{}\n{}", files.cert.display(), files.key.display());
+        }
+        TlsWhat::Cert { action: TlsCertAction::Create(args) } => {
+            let identity = match (args.server, args.agent, args.client) {
+                (Some(id), _, _) => Identity::new(IdentityKind::Replica, &id.to_string())?,
+                (_, Some(node), _) => Identity::new(IdentityKind::Agent, &node)?,
+                (_, _, Some(user)) => Identity::new(IdentityKind::User, &user)?,
+                _ => bail!("one of --server, --agent, --client is required"),
+            };
+            let files = rota_tls::certs::create_cert(&args.dir, &identity, &args.san, args.days)?;
+            println!("{}\n{}", files.cert.display(), files.key.display());
+        }
+    }
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -204,7 +307,8 @@ fn parse_peers(peers: &[String]) -> Result<BTreeMap<u64, String>> {
     Ok(parsed)
 }
 
-async fn run_server(args: ServerArgs) -> Result<()> {
+async fn run_server(args: ServerArgs, tls: &TlsArgs) -> Result<()> {
+    let security = tls.flags().for_machine()?;
     let mut peers = parse_peers(&args.peers)?;
     if args.join {
         peers.entry(args.id).or_insert_with(|| args.listen.to_string());
@@ -228,6 +332,7 @@ async fn run_server(args: ServerArgs) -> Result<()> {
         node_ttl_ms: args.node_ttl_ms,
         max_clock_skew_ms: args.max_clock_skew_ms,
         min_free_bytes: args.min_free_mb.saturating_mul(1024 * 1024),
+        security,
     };
     server::run(config).await?;
     Ok(())
@@ -246,16 +351,19 @@ async fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match args.command {
-        Command::Server(server_args) => return run_server(server_args).await,
+        Command::Server(server_args) => return run_server(server_args, &args.tls).await,
+        Command::Tls { what } => return run_tls(what),
         Command::Sim(sim) => return print_json(&rota_cli::sim::run_sim(&sim)?),
         Command::Bench { what: BenchWhat::Plan(bench) } => return print_json(&rota_cli::sim::run_bench_plan(&bench)?),
         _ => {}
     }
-    let mut client = Client::new(&args.endpoints)?;
+    let mut client = Client::new(&args.endpoints, &args.tls.flags().for_client()?)?;
     client.deadline = Duration::from_secs(args.timeout_s);
     let format = args.output;
     match args.command {
-        Command::Server(_) | Command::Sim(_) | Command::Bench { what: BenchWhat::Plan(_) } => unreachable!("handled above"),
+        Command::Server(_) | Command::Tls { .. } | Command::Sim(_) | Command::Bench { what: BenchWhat::Plan(_) } => {
+            unreachable!("handled above")
+        }
         Command::Why { job_id } => cli::why(&client, job_id, format).await,
         Command::Submit(submit) => cli::submit(&client, &submit, format).await,
         Command::Status { job_id } => cli::status(&client, job_id, format).await,

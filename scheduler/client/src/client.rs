@@ -12,6 +12,8 @@ use rota_proto::v1::job_service_client::JobServiceClient;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
+use rota_tls::Security;
+
 use crate::retry::{self, Backoff};
 use crate::wire::{self, LEADER_METADATA, MAX_MESSAGE_BYTES};
 
@@ -43,6 +45,8 @@ fn code_name(code: Code) -> &'static str {
         Code::FailedPrecondition => "failed precondition",
         Code::Unavailable => "unavailable",
         Code::DeadlineExceeded => "deadline exceeded",
+        Code::Unauthenticated => "unauthenticated",
+        Code::PermissionDenied => "permission denied",
         _ => "error",
     }
 }
@@ -59,6 +63,7 @@ impl ClientError {
 #[derive(Clone)]
 pub struct Client {
     endpoints: Vec<String>,
+    security: Security,
     channels: Vec<Channel>,
     /// How long one call may keep retrying.
     pub deadline: Duration,
@@ -68,7 +73,9 @@ pub struct Client {
 
 impl Client {
     /// `endpoints`: host:port of replicas, comma separated or listed.
-    pub fn new(endpoints: &[String]) -> Result<Client, ClientError> {
+    /// `security`: TLS with the CA (and a client certificate), or plaintext
+    /// for a cluster started `--insecure`.
+    pub fn new(endpoints: &[String], security: &Security) -> Result<Client, ClientError> {
         let endpoints: Vec<String> = endpoints
             .iter()
             .flat_map(|e| e.split(','))
@@ -82,12 +89,24 @@ impl Client {
         if endpoints.len() > MAX_ENDPOINTS {
             return Err(ClientError::TooManyEndpoints(endpoints.len()));
         }
-        let channels = endpoints.iter().map(|e| channel(e)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Client { endpoints, channels, deadline: Duration::from_secs(30), attempt_timeout: Duration::from_secs(3) })
+        let channels = endpoints.iter().map(|e| channel(e, security)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Client {
+            endpoints,
+            security: security.clone(),
+            channels,
+            deadline: Duration::from_secs(30),
+            attempt_timeout: Duration::from_secs(3),
+        })
     }
 
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
+    }
+
+    /// How this client connects, for connections of its own (an agent's
+    /// log service, a benchmark's channels).
+    pub fn security(&self) -> &Security {
+        &self.security
     }
 
     pub fn jobs_at(&self, i: usize) -> JobServiceClient<Channel> {
@@ -159,6 +178,6 @@ impl Client {
     }
 }
 
-fn channel(endpoint: &str) -> Result<Channel, ClientError> {
-    wire::channel(endpoint).map_err(|e| ClientError::BadEndpoint(endpoint.to_string(), e.to_string()))
+fn channel(endpoint: &str, security: &Security) -> Result<Channel, ClientError> {
+    wire::channel(endpoint, security).map_err(|e| ClientError::BadEndpoint(endpoint.to_string(), e.to_string()))
 }

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use rota_tls::{Security, TlsError};
+use tonic::transport::Channel;
 
 /// Response metadata key that carries the leader's address on UNAVAILABLE.
 pub const LEADER_METADATA: &str = "rota-leader";
@@ -24,10 +25,11 @@ pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 /// How long a client waits for a TCP connection to a replica.
 pub const CONNECT_TIMEOUT_MS: u64 = 1_000;
 
-/// A lazily connected channel to `host:port` (no scheme).
-pub fn channel(endpoint: &str) -> Result<Channel, tonic::transport::Error> {
-    let parsed = Endpoint::from_shared(format!("http://{endpoint}"))?;
-    Ok(parsed.connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS)).tcp_nodelay(true).connect_lazy())
+/// A lazily connected channel to `host:port` (no scheme), over TLS unless
+/// `security` is plaintext.
+pub fn channel(endpoint: &str, security: &Security) -> Result<Channel, TlsError> {
+    let parsed = rota_tls::endpoint(endpoint)?;
+    Ok(security.channel(parsed.connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS)).tcp_nodelay(true)))
 }
 
 /// The stable code and field a replica attached to a refusal, if any.

@@ -14,6 +14,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use rota_tls::auth::caller;
+
 use crate::forward::{serve_or_forward, Failure};
 use crate::status::{internal, rejection, write_error};
 use crate::Context;
@@ -218,18 +220,21 @@ type AssignmentStream = Pin<Box<dyn Stream<Item = Result<pb::Assignments, Status
 #[tonic::async_trait]
 impl AgentService for AgentApi {
     async fn register_node(&self, request: Request<pb::RegisterNodeRequest>) -> Result<Response<pb::RegisterNodeResponse>, Status> {
+        caller(&request)?.may_act_for_node(&request.get_ref().name)?;
         let here = |message| async move { self.register_here(&message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.agents(&addr)?.register_node(request).await };
         serve_or_forward("register_node", request, here, forward).await
     }
 
     async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        caller(&request)?.may_act_for_node(&request.get_ref().node)?;
         self.heartbeat_here(request.get_ref()).await.map(Response::new)
     }
 
     type WatchAssignmentsStream = AssignmentStream;
 
     async fn watch_assignments(&self, request: Request<pb::WatchAssignmentsRequest>) -> Result<Response<AssignmentStream>, Status> {
+        caller(&request)?.may_act_for_node(&request.get_ref().node)?;
         let message = request.into_inner();
         if message.node.is_empty() {
             return Err(Status::invalid_argument("node: is required"));
@@ -243,6 +248,7 @@ impl AgentService for AgentApi {
         &self,
         request: Request<pb::ReportRankEventsRequest>,
     ) -> Result<Response<pb::ReportRankEventsResponse>, Status> {
+        caller(&request)?.may_act_for_node(&request.get_ref().node)?;
         let here = |message| async move { self.report_here(&message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.agents(&addr)?.report_rank_events(request).await };
         serve_or_forward("report_rank_events", request, here, forward).await

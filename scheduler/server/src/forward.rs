@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use rota_proto::v1::agent_service_client::AgentServiceClient;
 use rota_proto::v1::cluster_service_client::ClusterServiceClient;
 use rota_proto::v1::job_service_client::JobServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use rota_tls::Security;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use rota_consensus::{ConsensusError, WriteError};
@@ -22,22 +23,27 @@ const FORWARD_TIMEOUT_MS: u64 = 10_000;
 const CONNECT_TIMEOUT_MS: u64 = 1_000;
 const MAX_CACHED_CHANNELS: usize = 16;
 
-#[derive(Default)]
 pub struct Forwarder {
+    security: Security,
     channels: Mutex<HashMap<String, Channel>>,
 }
 
 impl Forwarder {
+    /// Forwards under this replica's own certificate.
+    pub fn new(security: Security) -> Self {
+        Self { security, channels: Mutex::new(HashMap::new()) }
+    }
+
     fn channel(&self, addr: &str) -> Result<Channel, Status> {
         let mut channels = self.channels.lock().expect("channel cache lock");
         if let Some(channel) = channels.get(addr) {
             return Ok(channel.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        let endpoint = rota_tls::endpoint(addr)
             .map_err(|e| Status::unavailable(format!("bad leader address {addr}: {e}")))?
             .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
             .timeout(Duration::from_millis(FORWARD_TIMEOUT_MS));
-        let channel = endpoint.connect_lazy();
+        let channel = self.security.channel(endpoint);
         if channels.len() >= MAX_CACHED_CHANNELS {
             channels.clear();
         }

@@ -17,6 +17,7 @@
 //! back under a new id (`rota member add`), which starts from an empty log
 //! as a learner and so cannot break a quorum's promises.
 
+use rota_tls::Security;
 use std::path::{Path, PathBuf};
 
 use rota_consensus::{NodeId, DB_DIR};
@@ -103,9 +104,9 @@ fn write_marker(data_dir: &Path, marker: &Marker) -> Result<(), String> {
 
 /// Did a peer's leader replicate entries to replica `id` before? Only the
 /// leader tracks what each follower matched.
-async fn peers_knew_data_of(id: NodeId, peers: &[String]) -> Option<String> {
+async fn peers_knew_data_of(id: NodeId, peers: &[String], security: &Security) -> Option<String> {
     for addr in peers {
-        let Some(status) = crate::peer_status(addr, PEER_TIMEOUT_MS, PEER_TIMEOUT_MS).await else { continue };
+        let Some(status) = crate::peer_status(addr, security, PEER_TIMEOUT_MS, PEER_TIMEOUT_MS).await else { continue };
         let leads = status.leader_id == status.replica_id;
         if let Some(member) = status.members.iter().find(|m| m.id == id && leads && m.matched_index > 0) {
             return Some(format!(
@@ -119,7 +120,7 @@ async fn peers_knew_data_of(id: NodeId, peers: &[String]) -> Option<String> {
 
 /// Check the data directory before the replica opens it; write the marker
 /// where the rule says so. Errors say why and what to do.
-pub async fn check(id: NodeId, data_dir: &Path, join: bool, peers: &[String]) -> Result<(), String> {
+pub async fn check(id: NodeId, data_dir: &Path, join: bool, peers: &[String], security: &Security) -> Result<(), String> {
     let marker = read_marker(data_dir)?;
     let verdict = judge(id, marker.as_ref(), has_raft_data(data_dir), join);
     let origin = match verdict {
@@ -127,7 +128,7 @@ pub async fn check(id: NodeId, data_dir: &Path, join: bool, peers: &[String]) ->
         Verdict::Refuse(why) => return Err(why),
         Verdict::Adopt(origin) => origin,
         Verdict::AskPeers => {
-            if let Some(evidence) = peers_knew_data_of(id, peers).await {
+            if let Some(evidence) = peers_knew_data_of(id, peers, security).await {
                 return Err(format!("the data directory of replica {id} is empty, but {evidence}: it was wiped; {}", remedy(id)));
             }
             "founding"
@@ -158,13 +159,13 @@ mod tests {
     #[tokio::test]
     async fn markers_are_written_and_checked() {
         let dir = tempfile::tempdir().expect("a temp dir");
-        check(4, dir.path(), true, &[]).await.expect("a joining replica with an empty directory starts");
+        check(4, dir.path(), true, &[], &Security::Plaintext).await.expect("a joining replica with an empty directory starts");
         assert_eq!(read_marker(dir.path()).unwrap(), Some(Marker { replica_id: 4, origin: "join".into() }));
-        let refused = check(4, dir.path(), false, &[]).await.unwrap_err();
+        let refused = check(4, dir.path(), false, &[], &Security::Plaintext).await.unwrap_err();
         assert!(refused.contains("wiped"), "marker without data: {refused}");
         std::fs::create_dir_all(dir.path().join(DB_DIR).join("x")).unwrap();
-        check(4, dir.path(), false, &[]).await.expect("marker and data: known");
-        let foreign = check(5, dir.path(), false, &[]).await.unwrap_err();
+        check(4, dir.path(), false, &[], &Security::Plaintext).await.expect("marker and data: known");
+        let foreign = check(5, dir.path(), false, &[], &Security::Plaintext).await.unwrap_err();
         assert!(foreign.contains("belongs to replica 4"), "{foreign}");
     }
 }

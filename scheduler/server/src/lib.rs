@@ -26,7 +26,10 @@ use rota_proto::v1::cluster_service_client::ClusterServiceClient;
 use rota_proto::v1::cluster_service_server::ClusterServiceServer;
 use rota_proto::v1::job_service_server::JobServiceServer;
 use rota_proto::v1::GetClusterStatusRequest;
-use tonic::transport::{Endpoint, Server};
+use rota_tls::auth::interceptor;
+use rota_tls::{IdentityKind, Security};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Server;
 
 pub use clock::wall_clock_ms;
 pub use proposer::Proposer;
@@ -83,7 +86,17 @@ pub struct ServerConfig {
     /// Free bytes in the data directory below which this replica raises the
     /// `nospace` alarm (the cluster then takes no new work).
     pub min_free_bytes: u64,
+    /// TLS with this replica's certificate on every link (served and
+    /// dialed), or plaintext when started `--insecure`.
+    pub security: Security,
 }
+
+/// Who may call each service (a replica also forwards clients' and agents'
+/// requests to the leader under its own certificate).
+const RAFT_CALLERS: &[IdentityKind] = &[IdentityKind::Replica];
+const CLIENT_CALLERS: &[IdentityKind] = &[IdentityKind::User, IdentityKind::Replica];
+const CLUSTER_CALLERS: &[IdentityKind] = &[IdentityKind::User, IdentityKind::Replica, IdentityKind::Agent];
+const AGENT_CALLERS: &[IdentityKind] = &[IdentityKind::Agent, IdentityKind::Replica];
 
 /// What the services share.
 pub struct Context {
@@ -140,14 +153,17 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
             .map_err(|e| ServerError::Metrics(e.to_string()))?;
     }
     let peer_addrs: Vec<String> = config.peers.iter().filter(|(id, _)| **id != config.id).map(|(_, addr)| addr.clone()).collect();
-    identity::check(config.id, &config.data_dir, config.join, &peer_addrs).await.map_err(ServerError::DataDir)?;
+    if !config.security.is_tls() {
+        tracing::warn!("--insecure: plaintext links, no certificates: anyone who reaches this port can act as any replica, agent or user");
+    }
+    identity::check(config.id, &config.data_dir, config.join, &peer_addrs, &config.security).await.map_err(ServerError::DataDir)?;
     let journal = Arc::new(std::sync::Mutex::new(replicated::Journal::default()));
     let replicated = Replicated { state: ClusterState::default(), journal: journal.clone() };
     let replica = Replica::open(consensus_config(&config), replicated).await?;
     let ctx = Arc::new(Context {
         proposer: Proposer::start(replica.clone()),
         replica: replica.clone(),
-        forwarder: Default::default(),
+        forwarder: forward::Forwarder::new(config.security.clone()),
         lease_ms: config.election_timeout_max_ms,
         unsafe_ack_before_commit: std::env::var("ROTA_TEST_ACK_BEFORE_COMMIT").is_ok_and(|v| v == "1"),
         leader: leader::Leadership::new(config.node_ttl_ms, config.max_clock_skew_ms),
@@ -160,24 +176,34 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     tokio::spawn(exit_on_fatal(replica.clone()));
     tokio::spawn(leader::run(ctx.clone()));
     tokio::spawn(alarms::watch_disk(ctx.clone(), config.data_dir.clone(), config.min_free_bytes));
+    let listener =
+        tokio::net::TcpListener::bind(config.listen).await.map_err(|e| ServerError::Config(format!("--listen {}: {e}", config.listen)))?;
+    let incoming = config.security.incoming(listener).map_err(|e| ServerError::Config(e.to_string()))?;
+    // Every service first establishes its caller from the connection's
+    // certificate (rota_tls::auth) and refuses callers of the wrong kind.
     // Clients that give up on slow attempts during a failover reset their
     // streams; hyper's default allowance for that (20 pending resets) is made
     // for hostile peers and would cut off honest clients with GOAWAY.
     let server = Server::builder()
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
-        .add_service(replica.raft_service())
-        .add_service(
+        .add_service(InterceptedService::new(replica.raft_service(), interceptor(RAFT_CALLERS)))
+        .add_service(InterceptedService::new(
             JobServiceServer::new(jobs::JobApi::new(ctx.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .add_service(ClusterServiceServer::new(cluster::ClusterApi::new(ctx.clone())))
-        .add_service(
+            interceptor(CLIENT_CALLERS),
+        ))
+        .add_service(InterceptedService::new(
+            ClusterServiceServer::new(cluster::ClusterApi::new(ctx.clone())),
+            interceptor(CLUSTER_CALLERS),
+        ))
+        .add_service(InterceptedService::new(
             AgentServiceServer::new(agents::AgentApi::new(ctx.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .serve(config.listen);
+            interceptor(AGENT_CALLERS),
+        ))
+        .serve_with_incoming(incoming);
     tokio::spawn(bootstrap(config.clone(), replica.clone()));
     tracing::info!(id = config.id, listen = %config.listen, "replica serving");
     server.await?;
@@ -209,6 +235,11 @@ fn consensus_config(config: &ServerConfig) -> ConsensusConfig {
     consensus.election_timeout_max_ms = config.election_timeout_max_ms;
     consensus.snapshot_every_entries = staggered_snapshot_interval(config.snapshot_every_entries, config.id);
     consensus.keep_logs_behind_snapshot = config.keep_logs_behind_snapshot;
+    let security = config.security.clone();
+    consensus.peer_channels = Some(rota_consensus::PeerChannels(Arc::new(move |addr: &str, connect_timeout: Duration| {
+        let endpoint = rota_tls::endpoint(addr).map_err(|e| e.to_string())?;
+        Ok(security.channel(endpoint.connect_timeout(connect_timeout).tcp_nodelay(true)))
+    })));
     consensus
 }
 
@@ -229,7 +260,7 @@ async fn bootstrap(config: ServerConfig, replica: Replica<Replicated>) {
         return;
     }
     for (id, addr) in config.peers.iter().filter(|(id, _)| **id != config.id) {
-        if peer_has_cluster(addr).await {
+        if peer_has_cluster(addr, &config.security).await {
             tracing::warn!(peer = id, "a peer already belongs to a cluster; not initializing a new one");
             return;
         }
@@ -240,17 +271,17 @@ async fn bootstrap(config: ServerConfig, replica: Replica<Replicated>) {
     }
 }
 
-async fn peer_has_cluster(addr: &str) -> bool {
-    peer_status(addr, 500, 1_000).await.is_some_and(|status| !status.members.is_empty())
+async fn peer_has_cluster(addr: &str, security: &Security) -> bool {
+    peer_status(addr, security, 500, 1_000).await.is_some_and(|status| !status.members.is_empty())
 }
 
 /// A peer's cluster status over a connection of its own, asked before this
 /// replica serves (bootstrap, data-directory check); None if it does not
 /// answer in time.
-async fn peer_status(addr: &str, connect_timeout_ms: u64, timeout_ms: u64) -> Option<rota_proto::v1::ClusterStatus> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}")).ok()?;
+async fn peer_status(addr: &str, security: &Security, connect_timeout_ms: u64, timeout_ms: u64) -> Option<rota_proto::v1::ClusterStatus> {
+    let endpoint = rota_tls::endpoint(addr).ok()?;
     let endpoint = endpoint.connect_timeout(Duration::from_millis(connect_timeout_ms)).timeout(Duration::from_millis(timeout_ms));
-    let channel = endpoint.connect().await.ok()?;
+    let channel = security.connect(endpoint).await.ok()?;
     let status = ClusterServiceClient::new(channel).get_cluster_status(GetClusterStatusRequest {}).await.ok()?;
     Some(status.into_inner())
 }

@@ -1,0 +1,24 @@
+//! rota-tls: transport security shared by replicas, agents and clients.
+//!
+//! - `certs`: make a CA and certificates (`rota tls ...`, the test harness);
+//! - `identity`: the `rota://KIND/NAME` identity a certificate carries, and
+//!   a pure parser for it (`der`: the few DER fields read);
+//! - `link`: TLS channels and listeners over rustls (ring), or plaintext
+//!   when a process is started `--insecure`;
+//! - `reload`: a certificate re-read when its files change;
+//! - `auth`: the one place a request's caller is established and checked.
+
+pub mod auth;
+pub mod certs;
+pub mod der;
+mod error;
+pub mod identity;
+pub mod link;
+pub mod pem;
+mod reload;
+
+pub use auth::Caller;
+pub use error::TlsError;
+pub use identity::{Identity, IdentityKind};
+pub use link::{endpoint, ConnInfo, Peer, Security, TlsFlags};
+pub use reload::RELOAD_CHECK_MS;

@@ -1,0 +1,436 @@
+//! TLS links: how a process connects (a tonic `Channel` over rustls) and
+//! accepts (a stream of connections for `serve_with_incoming`, each carrying
+//! the peer's verified identity), or plaintext when started `--insecure`.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Uri;
+use hyper_util::rt::TokioIo;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, ServerConfig};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::Connected;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::identity::Identity;
+use crate::reload::{ClientResolver, ReloadingKey, ServerResolver};
+use crate::{pem, TlsError};
+
+/// A TLS handshake that takes longer than this is dropped.
+pub const HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// Handshakes in progress at once, per listener; more wait to be accepted.
+pub const MAX_CONCURRENT_HANDSHAKES: usize = 256;
+/// Accepted connections waiting for the server to take them.
+const ACCEPTED_QUEUE: usize = 64;
+/// Pause after a failed accept (e.g. out of file descriptors).
+const ACCEPT_ERROR_PAUSE_MS: u64 = 50;
+
+pub(crate) fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The certificate flags every rota process takes.
+#[derive(Debug, Clone, Default)]
+pub struct TlsFlags {
+    /// `--tls-ca`: the CA that signs every certificate of the cluster.
+    pub ca: Option<PathBuf>,
+    /// `--tls-cert`: this process's certificate.
+    pub cert: Option<PathBuf>,
+    /// `--tls-key`: its private key.
+    pub key: Option<PathBuf>,
+    /// `--insecure`: plaintext, nothing verified.
+    pub insecure: bool,
+}
+
+impl TlsFlags {
+    fn check_insecure(&self) -> Result<bool, TlsError> {
+        if self.insecure {
+            if self.ca.is_some() || self.cert.is_some() || self.key.is_some() {
+                return Err(TlsError::Flags { flag: "--insecure", why: "cannot be combined with --tls-ca/--tls-cert/--tls-key".into() });
+            }
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// A replica or an agent: CA, certificate and key, or `--insecure`.
+    pub fn for_machine(&self) -> Result<Security, TlsError> {
+        if self.check_insecure()? {
+            return Ok(Security::Plaintext);
+        }
+        let missing = |flag| TlsError::Flags { flag, why: "is required (or --insecure for plaintext, not for production)".into() };
+        let ca = self.ca.as_deref().ok_or_else(|| missing("--tls-ca"))?;
+        let cert = self.cert.as_deref().ok_or_else(|| missing("--tls-cert"))?;
+        let key = self.key.as_deref().ok_or_else(|| missing("--tls-key"))?;
+        Security::tls(ca, Some((cert, key)))
+    }
+
+    /// A client: the CA, and a certificate with its key (or neither, which
+    /// replicas refuse for now), or `--insecure`.
+    pub fn for_client(&self) -> Result<Security, TlsError> {
+        if self.check_insecure()? {
+            return Ok(Security::Plaintext);
+        }
+        let ca = self.ca.as_deref().ok_or_else(|| TlsError::Flags {
+            flag: "--tls-ca",
+            why: "is required (or ROTA_CA; --insecure for a plaintext cluster)".into(),
+        })?;
+        match (self.cert.as_deref(), self.key.as_deref()) {
+            (Some(cert), Some(key)) => Security::tls(ca, Some((cert, key))),
+            (None, None) => Security::tls(ca, None),
+            (Some(_), None) => Err(TlsError::Flags { flag: "--tls-key", why: "is required with --tls-cert".into() }),
+            (None, Some(_)) => Err(TlsError::Flags { flag: "--tls-cert", why: "is required with --tls-key".into() }),
+        }
+    }
+}
+
+/// How a process talks to others: TLS with its certificate, or plaintext.
+#[derive(Clone)]
+pub enum Security {
+    Tls(Arc<TlsSetup>),
+    Plaintext,
+}
+
+pub struct TlsSetup {
+    client: Arc<ClientConfig>,
+    /// Only with a certificate of our own.
+    server: Option<Arc<ServerConfig>>,
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Security::Tls(_) => "Security::Tls",
+            Security::Plaintext => "Security::Plaintext",
+        })
+    }
+}
+
+impl Security {
+    /// TLS trusting the CA in `ca`, presenting `(cert, key)` if given
+    /// (re-read when the files change).
+    pub fn tls(ca: &Path, cert_and_key: Option<(&Path, &Path)>) -> Result<Security, TlsError> {
+        let provider = provider();
+        let roots = Arc::new(pem::roots(ca)?);
+        let setup = |e: rustls::Error| TlsError::Setup(e.to_string());
+        let client_builder = ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(setup)?
+            .with_root_certificates(roots.clone());
+        let (mut client, server) = match cert_and_key {
+            None => (client_builder.with_no_client_auth(), None),
+            Some((cert, key)) => {
+                let own = Arc::new(ReloadingKey::open(cert, key, provider.clone())?);
+                let client = client_builder.with_client_cert_resolver(Arc::new(ClientResolver(own.clone())));
+                // Clients without a certificate get through the handshake and
+                // are refused per request (UNAUTHENTICATED), with a reason.
+                let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+                    .allow_unauthenticated()
+                    .build()
+                    .map_err(|e| TlsError::Setup(e.to_string()))?;
+                let mut server = ServerConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(setup)?
+                    .with_client_cert_verifier(verifier)
+                    .with_cert_resolver(Arc::new(ServerResolver(own)));
+                server.alpn_protocols = vec![b"h2".to_vec()];
+                (client, Some(Arc::new(server)))
+            }
+        };
+        client.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Security::Tls(Arc::new(TlsSetup { client: Arc::new(client), server })))
+    }
+
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Security::Tls(_))
+    }
+
+    /// A lazily connected channel over `endpoint` (made by [`endpoint`]).
+    pub fn channel(&self, endpoint: Endpoint) -> Channel {
+        match self {
+            Security::Plaintext => endpoint.connect_lazy(),
+            Security::Tls(setup) => endpoint.connect_with_connector_lazy(TlsConnector { config: setup.client.clone() }),
+        }
+    }
+
+    /// A channel connected now (fails if the peer cannot be reached).
+    pub async fn connect(&self, endpoint: Endpoint) -> Result<Channel, tonic::transport::Error> {
+        match self {
+            Security::Plaintext => endpoint.connect().await,
+            Security::Tls(setup) => endpoint.connect_with_connector(TlsConnector { config: setup.client.clone() }).await,
+        }
+    }
+
+    /// Accept connections on `listener`: TLS handshakes run in their own
+    /// tasks (bounded, with a timeout), so a slow peer delays no other.
+    /// Plaintext connections carry [`Peer::Plaintext`].
+    pub fn incoming(&self, listener: TcpListener) -> Result<ReceiverStream<io::Result<Conn>>, TlsError> {
+        let acceptor = match self {
+            Security::Plaintext => None,
+            Security::Tls(setup) => {
+                let server = setup.server.clone().ok_or_else(|| TlsError::Setup("serving TLS needs a certificate and key".into()))?;
+                Some(tokio_rustls::TlsAcceptor::from(server))
+            }
+        };
+        let (sender, receiver) = mpsc::channel(ACCEPTED_QUEUE);
+        tokio::spawn(accept_loop(listener, acceptor, sender));
+        Ok(ReceiverStream::new(receiver))
+    }
+
+    /// The certificate a TLS server at `addr` presents now (a fresh
+    /// connection each call): how an operator or a test sees a rotation.
+    pub async fn server_certificate(&self, addr: &str) -> Result<CertificateDer<'static>, TlsError> {
+        let Security::Tls(setup) = self else {
+            return Err(TlsError::Setup("plaintext has no certificates".into()));
+        };
+        let uri: Uri =
+            format!("http://{addr}").parse().map_err(|e| TlsError::BadEndpoint { endpoint: addr.into(), why: format!("{e}") })?;
+        let stream = connect_tls(setup.client.clone(), uri).await.map_err(|e| TlsError::Setup(format!("{addr}: {e}")))?;
+        let (_, connection) = stream.into_inner().into_inner();
+        let certs = connection.peer_certificates().ok_or_else(|| TlsError::Setup(format!("{addr} presented no certificate")))?;
+        Ok(certs[0].clone().into_owned())
+    }
+}
+
+/// The endpoint of `host:port` (no scheme; the scheme says nothing here:
+/// whether it is TLS is the `Security`'s business).
+pub fn endpoint(addr: &str) -> Result<Endpoint, TlsError> {
+    let addr = addr.trim();
+    let without_scheme = addr.strip_prefix("http://").or_else(|| addr.strip_prefix("https://")).unwrap_or(addr);
+    Endpoint::from_shared(format!("http://{without_scheme}"))
+        .map_err(|e| TlsError::BadEndpoint { endpoint: addr.to_string(), why: e.to_string() })
+}
+
+async fn accept_loop(listener: TcpListener, acceptor: Option<tokio_rustls::TlsAcceptor>, sender: mpsc::Sender<io::Result<Conn>>) {
+    let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
+    loop {
+        let Ok(permit) = handshakes.clone().acquire_owned().await else { return };
+        let (stream, remote) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "accepting a connection failed");
+                tokio::time::sleep(Duration::from_millis(ACCEPT_ERROR_PAUSE_MS)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let Some(acceptor) = acceptor.clone() else {
+            drop(permit);
+            let info = ConnInfo { remote: Some(remote), peer: Peer::Plaintext };
+            if sender.send(Ok(Conn { stream: Stream::Plain(stream), info })).await.is_err() {
+                return;
+            }
+            continue;
+        };
+        let sender = sender.clone();
+        tokio::spawn(async move {
+            let handshake = tokio::time::timeout(Duration::from_millis(HANDSHAKE_TIMEOUT_MS), acceptor.accept(stream)).await;
+            drop(permit);
+            let tls = match handshake {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => {
+                    tracing::debug!(%remote, %error, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%remote, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let peer = match tls.get_ref().1.peer_certificates().and_then(|certs| certs.first()) {
+                None => Peer::Anonymous,
+                Some(cert) => match Identity::of_certificate(cert) {
+                    Ok(identity) => Peer::Verified(identity),
+                    Err(error) => Peer::Unrecognized(error.to_string()),
+                },
+            };
+            let info = ConnInfo { remote: Some(remote), peer };
+            let _ = sender.send(Ok(Conn { stream: Stream::Tls(Box::new(tls)), info })).await;
+        });
+    }
+}
+
+/// Who is on the other end of an accepted connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Peer {
+    /// A plaintext connection (the process runs `--insecure`).
+    Plaintext,
+    /// TLS without a client certificate.
+    Anonymous,
+    /// TLS with a certificate the CA signed, naming this identity.
+    Verified(Identity),
+    /// A certificate the CA signed that names no usable identity.
+    Unrecognized(String),
+}
+
+/// What tonic puts into every request's extensions for a connection.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub remote: Option<SocketAddr>,
+    pub peer: Peer,
+}
+
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// An accepted connection, plaintext or TLS.
+pub struct Conn {
+    stream: Stream,
+    info: ConnInfo,
+}
+
+impl Connected for Conn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match &self.stream {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Connects a tonic channel over TCP + rustls, verifying the server's
+/// certificate against the CA for the host of the URI (an IP or a name).
+#[derive(Clone)]
+struct TlsConnector {
+    config: Arc<ClientConfig>,
+}
+
+type TlsIo = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
+
+impl tower::Service<Uri> for TlsConnector {
+    type Response = TlsIo;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<TlsIo>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        Box::pin(connect_tls(self.config.clone(), uri))
+    }
+}
+
+async fn connect_tls(config: Arc<ClientConfig>, uri: Uri) -> io::Result<TlsIo> {
+    let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
+    let host = uri.host().ok_or_else(|| invalid(format!("{uri}: no host")))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+    let port = uri.port_u16().ok_or_else(|| invalid(format!("{uri}: no port")))?;
+    let server_name = ServerName::try_from(host.clone()).map_err(|e| invalid(format!("{host}: {e}")))?;
+    let tcp = TcpStream::connect((host.as_str(), port)).await?;
+    tcp.set_nodelay(true)?;
+    let tls = tokio_rustls::TlsConnector::from(config).connect(server_name, tcp).await?;
+    Ok(TokioIo::new(tls))
+}
+
+/// Does `der` verify against the CA in `ca_pem` for server name `name`?
+#[cfg(test)]
+pub(crate) fn verify_server_cert(ca_pem: &[u8], der: &CertificateDer<'_>, name: &str) -> Result<(), String> {
+    use rustls::client::danger::ServerCertVerifier;
+    use rustls::client::WebPkiServerVerifier;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in pem::certificates_from_pem(ca_pem)? {
+        roots.add(cert).map_err(|e| e.to_string())?;
+    }
+    let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider()).build().map_err(|e| e.to_string())?;
+    let name = ServerName::try_from(name.to_string()).map_err(|e| e.to_string())?;
+    let now = rustls::pki_types::UnixTime::now();
+    verifier.verify_server_cert(der, &[], &name, &[], now).map(|_| ()).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(ca: bool, cert: bool, key: bool, insecure: bool) -> TlsFlags {
+        let path = |on: bool, name: &str| on.then(|| PathBuf::from(name));
+        TlsFlags {
+            ca: path(ca, "/nonexistent/ca.pem"),
+            cert: path(cert, "/nonexistent/c.pem"),
+            key: path(key, "/nonexistent/k.pem"),
+            insecure,
+        }
+    }
+
+    fn error_of(result: Result<Security, TlsError>) -> String {
+        result.expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn missing_or_conflicting_flags_are_named() {
+        assert!(error_of(flags(false, true, true, false).for_machine()).starts_with("--tls-ca: is required"));
+        assert!(error_of(flags(true, false, true, false).for_machine()).starts_with("--tls-cert: is required"));
+        assert!(error_of(flags(true, true, false, false).for_machine()).starts_with("--tls-key: is required"));
+        assert!(error_of(flags(true, false, false, true).for_machine()).starts_with("--insecure: cannot be combined"));
+        assert!(error_of(flags(false, false, false, false).for_client()).starts_with("--tls-ca: is required"));
+        assert!(error_of(flags(true, true, false, false).for_client()).starts_with("--tls-key: is required with --tls-cert"));
+        assert!(error_of(flags(true, false, false, false).for_client()).contains("/nonexistent/ca.pem"));
+        assert!(!flags(false, false, false, true).for_machine().expect("plaintext").is_tls());
+    }
+
+    #[test]
+    fn endpoints_take_host_port_with_or_without_a_scheme() {
+        assert_eq!(endpoint("127.0.0.1:7001").expect("valid").uri().to_string(), "http://127.0.0.1:7001/");
+        assert_eq!(endpoint("https://127.0.0.1:7001").expect("valid").uri().to_string(), "http://127.0.0.1:7001/");
+        assert!(endpoint("not a host").is_err());
+    }
+}
