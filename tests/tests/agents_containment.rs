@@ -317,12 +317,14 @@ async fn a_wiped_agent_data_dir_does_not_start_a_running_rank_twice_without_cgro
 }
 
 /// A `--cgroup-parent` outside the cgroup mount is refused at start-up,
-/// with an error naming the flag.
+/// with an error naming the flag. (`--insecure`: the agent dials nothing
+/// before it checks the flag, so it needs no certificate here.)
 #[test]
 fn the_agent_refuses_a_cgroup_parent_outside_the_mount() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut child = std::process::Command::new(rota_chaos::agents::agent_bin()?)
-        .args(["--endpoints", "127.0.0.1:1", "--node-name", "node-a", "--fake-gpus", "1xH100-80GB", "--cgroup-parent", "../escape"])
+        .args(["--insecure", "--endpoints", "127.0.0.1:1", "--node-name", "node-a", "--fake-gpus", "1xH100-80GB"])
+        .args(["--cgroup-parent", "../escape"])
         .arg("--data-dir")
         .arg(dir.path())
         .stdin(std::process::Stdio::null())

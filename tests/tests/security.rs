@@ -151,6 +151,31 @@ async fn an_agent_certificate_for_one_node_cannot_heartbeat_as_another() -> Resu
     Ok(())
 }
 
+/// An agent's certificate is for its node's work, not the cluster's: a
+/// compromised GPU host cannot add a voting member, move leadership, rewrite
+/// quotas or clear alarms. Failed when the cluster service admitted agent
+/// certificates: "an agent added a member" (its AddMember got past identity
+/// and was refused only because the address did not answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_certificate_cannot_change_the_cluster() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (cluster, addr) = one_replica(dir.path()).await?;
+    let mut agent = ClusterServiceClient::new(channel(&addr, &cluster.security_of(IdentityKind::Agent, "node-a")?)?);
+    let add = agent.add_member(pb::AddMemberRequest { id: 9, address: "127.0.0.1:1".into() }).await;
+    ensure!(add.as_ref().is_err_and(|s| s.code() == Code::PermissionDenied), "an agent added a member: {add:?}");
+    let quota = agent.set_quota(pb::Quota { group: "vision".into(), gpus: 8, ..Default::default() }).await;
+    ensure!(quota.as_ref().is_err_and(|s| s.code() == Code::PermissionDenied), "an agent set a quota: {quota:?}");
+    let disarm = agent.set_alarm(pb::SetAlarmRequest { replica_id: 0, kind: "nospace".into(), raised: false }).await;
+    ensure!(disarm.as_ref().is_err_and(|s| s.code() == Code::PermissionDenied), "an agent cleared alarms: {disarm:?}");
+    let campaign = agent.campaign(pb::CampaignRequest { replica_id: 1 }).await;
+    ensure!(campaign.as_ref().is_err_and(|s| s.code() == Code::PermissionDenied), "an agent moved leadership: {campaign:?}");
+    // The same calls with a user's certificate get past identity (and fail or not on their merits).
+    let mut user = ClusterServiceClient::new(channel(&addr, cluster.security())?);
+    let status = user.get_cluster_status(pb::GetClusterStatusRequest {}).await;
+    ensure!(status.is_ok(), "a user reads the cluster's status: {status:?}");
+    Ok(())
+}
+
 /// Replacing a replica's certificate files is enough: new connections get
 /// the new certificate (its serial) without a restart, and the replica keeps
 /// serving. Prevents certificate rotation from needing downtime (or expired

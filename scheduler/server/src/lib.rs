@@ -95,7 +95,9 @@ pub struct ServerConfig {
 /// requests to the leader under its own certificate).
 const RAFT_CALLERS: &[IdentityKind] = &[IdentityKind::Replica];
 const CLIENT_CALLERS: &[IdentityKind] = &[IdentityKind::User, IdentityKind::Replica];
-const CLUSTER_CALLERS: &[IdentityKind] = &[IdentityKind::User, IdentityKind::Replica, IdentityKind::Agent];
+/// Not agents: a compromised GPU host must not add members, move
+/// leadership, rewrite queues and quotas or clear alarms.
+const CLUSTER_CALLERS: &[IdentityKind] = &[IdentityKind::User, IdentityKind::Replica];
 const AGENT_CALLERS: &[IdentityKind] = &[IdentityKind::Agent, IdentityKind::Replica];
 
 /// What the services share.
