@@ -30,7 +30,8 @@ struct RunArgs {
     agents: u32,
     #[arg(long, default_value_t = 60)]
     duration_s: u64,
-    /// Comma separated: kill-leader, pause-leader, partition-leader, kill-follower, restart-agent.
+    /// Comma separated: kill-leader, pause-leader, partition-leader,
+    /// kill-follower, restart-agent, partition-agent (lasts past the node TTL).
     #[arg(long, default_value = "kill-leader,pause-leader")]
     faults: String,
     /// Seconds between faults.
@@ -55,6 +56,9 @@ struct RunArgs {
     election_min_ms: u64,
     #[arg(long, default_value_t = 200)]
     election_max_ms: u64,
+    /// The replicas' node TTL; partition-agent faults last about twice it.
+    #[arg(long, default_value_t = 30_000)]
+    node_ttl_ms: u64,
     /// Keep data dirs, logs and markers here (default: a temporary dir, kept only on failure).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -90,6 +94,7 @@ async fn main() -> Result<()> {
             heartbeat_ms: args.heartbeat_ms,
             election_min_ms: args.election_min_ms,
             election_max_ms: args.election_max_ms,
+            node_ttl_ms: args.node_ttl_ms,
             ..ClusterOptions::default()
         },
         dir: args.dir,
