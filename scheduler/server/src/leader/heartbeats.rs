@@ -7,8 +7,8 @@
 //!   starts its grace period then, so a failover alone never marks a node
 //!   down. A node with a committed heard record (`NodesHeard`, written by
 //!   every leader every `heard_record_every_ms`) has been quiet since that
-//!   record, not since this term began: if leaders change more often than
-//!   the TTL, a dead node is still declared down;
+//!   record plus two periods, not since this term began: if leaders change
+//!   more often than the TTL, a dead node is still declared down;
 //! - a node is silent when not heard from for more than the TTL plus the
 //!   longest grace period of the jobs running there plus a margin
 //!   (`loss_margin_ms`):
@@ -49,13 +49,18 @@ pub fn heard_record_every_ms(node_ttl_ms: u64) -> u64 {
     (node_ttl_ms / 2).max(100)
 }
 
-/// How long a node has been quiet when a new leader first considers it:
-/// since its last heard record, if it has one (a record is written after
-/// the heartbeat it stands for, so this never overstates the silence),
-/// else not at all (the grace of a whole TTL from now). `committed_ms` is
-/// the committed time of the state read.
-pub fn quiet_at_first_sight_ms(heard_ms: Option<u64>, committed_ms: u64) -> u64 {
-    heard_ms.map_or(0, |heard_ms| committed_ms.saturating_sub(heard_ms))
+/// How long a node has surely been quiet when a new leader first considers
+/// it. Its last heard record says it was heard before that record; it may
+/// also have been heard (and its lease renewed) after it, until the next
+/// record that never committed: up to a record period later, and as long
+/// again for the record's commit and a cut-off leader still answering
+/// heartbeats. So the silence counts from the record plus two periods (one
+/// TTL), never from the record alone: a new leader must never requeue work
+/// before the node's agent has let its lease run out. No record: not quiet
+/// (the grace of a whole TTL from now). `committed_ms` is the committed time
+/// of the state read.
+pub fn quiet_at_first_sight_ms(node_ttl_ms: u64, heard_ms: Option<u64>, committed_ms: u64) -> u64 {
+    heard_ms.map_or(0, |heard_ms| committed_ms.saturating_sub(heard_ms + 2 * heard_record_every_ms(node_ttl_ms)))
 }
 
 #[derive(Debug)]
@@ -111,7 +116,8 @@ impl HeartbeatTable {
         let mut silent = Vec::new();
         for node in state.nodes.values().filter(|n| n.state != NodeState::Down) {
             let seen_ms = *self.last_seen_ms.entry(node.name.clone()).or_insert_with(|| {
-                now_ms as i64 - quiet_at_first_sight_ms(state.node_heard_ms.get(&node.name).copied(), state.now_ms) as i64
+                let heard_ms = state.node_heard_ms.get(&node.name).copied();
+                now_ms as i64 - quiet_at_first_sight_ms(self.node_ttl_ms, heard_ms, state.now_ms) as i64
             });
             let quiet_ms = (now_ms as i64).saturating_sub(seen_ms).max(0) as u64;
             // Cheap test first; the grace is looked up only for nodes past their TTL.
@@ -240,15 +246,16 @@ mod tests {
         state.node_heard_ms.insert("fresh".into(), 10_000);
         state.node_heard_ms.insert("stale".into(), 6_000);
         state.now_ms = 10_200;
-        assert_eq!(quiet_at_first_sight_ms(Some(10_000), state.now_ms), 200);
-        assert_eq!(quiet_at_first_sight_ms(Some(11_000), state.now_ms), 0, "a record ahead of the committed time: not quiet");
-        assert_eq!(quiet_at_first_sight_ms(None, state.now_ms), 0, "no record: a whole TTL from now");
+        // Heard up to two record periods (one TTL) after the record, perhaps.
+        assert_eq!(quiet_at_first_sight_ms(TTL_MS, Some(6_000), state.now_ms), 3_200);
+        assert_eq!(quiet_at_first_sight_ms(TTL_MS, Some(10_000), state.now_ms), 0, "a recent record: a whole TTL");
+        assert_eq!(quiet_at_first_sight_ms(TTL_MS, None, state.now_ms), 0, "no record: a whole TTL from now");
         let mut table = HeartbeatTable::new(9, TTL_MS);
         let start_ms = 5;
-        assert_eq!(table.silent_nodes(&state, start_ms), ["stale"], "quiet 4.2 s since its record: past TTL + margin (3.25 s) at once");
-        assert_eq!(table.silent_nodes(&state, start_ms + 3_050), ["stale"]);
-        assert_eq!(table.silent_nodes(&state, start_ms + 3_051), ["fresh", "stale"], "fresh: 0.2 s before this term");
-        assert_eq!(table.silent_nodes(&state, start_ms + 3_251), ["fresh", "never", "stale"], "never: a whole TTL from first sight");
+        assert!(table.silent_nodes(&state, start_ms).is_empty(), "3.2 s is not past TTL + margin (3.25 s)");
+        assert_eq!(table.silent_nodes(&state, start_ms + 51), ["stale"]);
+        assert_eq!(table.silent_nodes(&state, start_ms + 3_250), ["stale"]);
+        assert_eq!(table.silent_nodes(&state, start_ms + 3_251), ["fresh", "never", "stale"]);
     }
 
     #[test]
@@ -269,12 +276,11 @@ mod tests {
             }
         }
         let declared_at_ms = declared_at_ms.expect("the dead node is declared down");
-        // Due once TTL + margin have passed since the record, seen by the
-        // first leader to look after that (each looks every quarter TTL).
-        assert!(
-            declared_at_ms > TTL_MS + MARGIN_MS && declared_at_ms <= TTL_MS + MARGIN_MS + TTL_MS / 2,
-            "declared at {declared_at_ms} ms"
-        );
+        // Due once two record periods, the TTL and the margin have passed
+        // since the record, seen by the first leader to look after that
+        // (each looks every quarter TTL, for half a TTL).
+        let due_ms = 2 * heard_record_every_ms(TTL_MS) + TTL_MS + MARGIN_MS;
+        assert!(declared_at_ms > due_ms && declared_at_ms <= due_ms + TTL_MS / 2, "declared at {declared_at_ms} ms, due after {due_ms}");
     }
 
     #[test]
