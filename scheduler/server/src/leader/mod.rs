@@ -368,20 +368,25 @@ async fn raise_cluster_version(ctx: &Context) -> bool {
 
 /// The newest format a peer reads, if it answers in time.
 async fn probe_format(ctx: &Context, addr: String) -> Option<u16> {
-    let mut client = ctx.forwarder.cluster(&addr).ok()?;
-    let call = client.get_cluster_status(rota_proto::v1::GetClusterStatusRequest {});
-    let reply = tokio::time::timeout(Duration::from_millis(CLOCK_PROBE_TIMEOUT_MS), call).await.ok()?.ok()?;
+    let status = ask_status(ctx, &addr).await?;
     // A build from before the field existed reads the first format only.
-    Some(u16::try_from(reply.into_inner().format_version).unwrap_or(u16::MAX).max(1))
+    Some(u16::try_from(status.format_version).unwrap_or(u16::MAX).max(1))
 }
 
 /// One peer's clock offset from ours, if it answers in time.
 async fn probe_clock(ctx: &Context, peer_id: u64, addr: String) -> Option<(u64, i64)> {
-    let mut client = ctx.forwarder.cluster(&addr).ok()?;
     let sent_ms = wall_clock_ms();
+    let status = ask_status(ctx, &addr).await?;
+    Some((peer_id, clock::offset_ms(sent_ms, status.wall_clock_ms, wall_clock_ms())))
+}
+
+/// A peer's status over the forwarder's channel, if it answers within
+/// `CLOCK_PROBE_TIMEOUT_MS` (a paused or dead peer must not hold the leader up).
+async fn ask_status(ctx: &Context, addr: &str) -> Option<rota_proto::v1::ClusterStatus> {
+    let mut client = ctx.forwarder.cluster(addr).ok()?;
     let call = client.get_cluster_status(rota_proto::v1::GetClusterStatusRequest {});
     let reply = tokio::time::timeout(Duration::from_millis(CLOCK_PROBE_TIMEOUT_MS), call).await.ok()?.ok()?;
-    Some((peer_id, clock::offset_ms(sent_ms, reply.into_inner().wall_clock_ms, wall_clock_ms())))
+    Some(reply.into_inner())
 }
 
 /// Ask the peer whose clock is closest to the others' to campaign.
