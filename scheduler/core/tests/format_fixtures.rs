@@ -7,9 +7,10 @@
 //! `ROTA_WRITE_FIXTURES=1` writes the fixtures of the current version once,
 //! when its files do not exist yet.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+use rota_core::state::auth::{Actor, Role};
 use rota_core::state::codec::{self, FIRST_FORMAT_VERSION, FORMAT_VERSION};
 use rota_core::state::{
     AlarmKind, ClusterState, Command, GpuInfo, GroupQuota, JobSpec, NodeRegistration, PendingNote, Placement, Plan, Priority, Proposal,
@@ -58,7 +59,38 @@ fn every_command(version: u16) -> Proposal {
     if version >= 4 {
         proposal.commands.push(Command::NodesHeard { nodes: vec!["n1".into(), "gone".into()] });
     }
+    if version >= 5 {
+        proposal.commands.extend(commands_of_format_5());
+    }
     proposal
+}
+
+fn admin() -> Actor {
+    Actor::user("ada", "127.0.0.1:5000")
+}
+
+fn commands_of_format_5() -> Vec<Command> {
+    let audited = |command: Command| Command::Audited { actor: admin(), command: Box::new(command) };
+    let groups = BTreeSet::from(["vision".to_string()]);
+    let impersonated = Actor { user: Some("alice".into()), impersonator: Some("portal".into()), from: "127.0.0.1:5001".into() };
+    vec![
+        Command::BootstrapAdmin { name: "ada".into() },
+        audited(Command::SetUser { name: "alice".into(), role: Role::User, groups, impersonate: false }),
+        audited(Command::SetUser { name: "portal".into(), role: Role::User, groups: BTreeSet::new(), impersonate: true }),
+        audited(Command::CreateToken { id: "t1".into(), user: "alice".into(), hash: vec![7; 32], expires_ms: 1_800_000_000_000 }),
+        Command::Audited {
+            actor: impersonated,
+            command: Box::new(Command::SubmitMarked {
+                request_id: Some("req-5".into()),
+                spec: spec(),
+                secret_env: BTreeSet::from(["SEED".to_string()]),
+                secret_command: true,
+            }),
+        },
+        audited(Command::RevokeToken { id: "t1".into() }),
+        audited(Command::RemoveUser { name: "alice".into() }),
+        audited(Command::Note { what: "add member 4".into(), outcome: "ok".into() }),
+    ]
 }
 
 fn every_command_of_the_first_format() -> Proposal {
@@ -117,6 +149,13 @@ fn small_cluster(version: u16) -> ClusterState {
     if version >= 4 {
         let heard = Command::NodesHeard { nodes: vec!["n1".into()] };
         state.apply_proposal(5, &Proposal { now_ms: 1_700_000_004_000, commands: vec![heard] });
+    }
+    if version >= 5 {
+        let mut commands = vec![Command::SetAlarm { replica: 2, kind: AlarmKind::NoSpace, raised: false }];
+        commands.extend(commands_of_format_5().into_iter().take(5));
+        let results = state.apply_proposal(6, &Proposal { now_ms: 1_700_000_005_000, commands });
+        assert!(!results.iter().any(|r| matches!(r, rota_core::state::CommandResult::Rejected(_))), "{results:?}");
+        assert_eq!((state.auth.users.len(), state.auth.tokens.len(), state.auth.job_marks.len()), (3, 1, 1));
     }
     state.check_invariants().expect("a consistent fixture");
     state

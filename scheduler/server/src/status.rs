@@ -16,6 +16,7 @@ pub fn rejection(rejection: &Rejection) -> Status {
         Rejection::RequestIdReused { .. } => Code::AlreadyExists,
         Rejection::Conflict { .. } => Code::FailedPrecondition,
         Rejection::Alarmed { .. } => Code::ResourceExhausted,
+        Rejection::PermissionDenied { .. } => Code::PermissionDenied,
     };
     let mut status = Status::new(code, rejection.to_string());
     let metadata = status.metadata_mut();

@@ -3,10 +3,19 @@
 
 use std::collections::BTreeSet;
 
+use super::auth::{validate_name as validate_auth_name, Action, Actor, AuditRecord, JobMarks, Role, TokenRecord, UserRecord, MAX_GROUPS_PER_USER, MAX_TOKENS, MAX_TOKENS_PER_USER, MAX_USERS};
 use super::command::*;
 use super::types::*;
 use super::validate::{validate_queue, validate_quota, validate_request_id, validate_spec};
 use super::ClusterState;
+
+fn validate_name(name: &str) -> Result<(), (String, String)> {
+    validate_auth_name("name", name)
+}
+
+fn invalid((field, message): (String, String)) -> Rejection {
+    Rejection::Invalid { field, message }
+}
 
 /// MASTER_PORT is chosen from this range, unique per rank-0 node.
 const MASTER_PORT_FIRST: u16 = 29_500;
@@ -31,6 +40,17 @@ impl ClusterState {
             Command::SetClusterVersion { version } => self.set_cluster_version(*version),
             Command::SetAlarm { replica, kind, raised } => Ok(self.set_alarm(*replica, *kind, *raised)),
             Command::NodesHeard { nodes } => Ok(self.nodes_heard(nodes)),
+            Command::Audited { actor, command } => Ok(self.apply_audited(index, actor, command)),
+            Command::BootstrapAdmin { name } => self.bootstrap_admin(name),
+            Command::SubmitMarked { .. }
+            | Command::SetUser { .. }
+            | Command::RemoveUser { .. }
+            | Command::CreateToken { .. }
+            | Command::RevokeToken { .. }
+            | Command::Note { .. } => Err(Rejection::Invalid {
+                field: "command".into(),
+                message: "this command is applied only inside an audited command naming its sender".into(),
+            }),
         };
         result.unwrap_or_else(CommandResult::Rejected)
     }
@@ -82,6 +102,171 @@ impl ClusterState {
                 ),
             }),
         }
+    }
+
+    /// Check a command against its actor's role, apply it as the actor and
+    /// record both, with the outcome, in the audit trail.
+    fn apply_audited(&mut self, index: u64, actor: &Actor, command: &Command) -> CommandResult {
+        let result = match self.authorize(actor, command) {
+            Err(message) => CommandResult::Rejected(Rejection::PermissionDenied { message }),
+            Ok(()) => self.apply_as(index, actor, command).unwrap_or_else(CommandResult::Rejected),
+        };
+        let outcome = match &result {
+            CommandResult::Rejected(rejection) => format!("refused: {rejection}"),
+            CommandResult::Submitted { job_id, deduplicated: false } => format!("ok: job {job_id}"),
+            CommandResult::Submitted { job_id, deduplicated: true } => format!("ok: job {job_id} (a retry)"),
+            _ => "ok".into(),
+        };
+        let record = AuditRecord { index, at_ms: self.now_ms, actor: actor.clone(), what: command.audit_summary(), outcome };
+        self.auth.record(record);
+        result
+    }
+
+    /// The rule of `AuthState::permits` for each command a person may send.
+    fn authorize(&self, actor: &Actor, command: &Command) -> Result<(), String> {
+        let action = match command {
+            Command::SubmitJob { spec, .. } | Command::SubmitMarked { spec, .. } => Action::Submit { group: &spec.group },
+            Command::CancelJob { job_id } => match self.jobs.get(job_id) {
+                // Apply answers NotFound; nothing is revealed by it that a read would not show.
+                None => Action::Read,
+                Some(job) => {
+                    let owner = self.auth.job_marks.get(job_id).and_then(|m| m.owner.as_deref());
+                    Action::OwnJob { owner, group: &job.spec.group }
+                }
+            },
+            Command::DrainNode { .. } | Command::SetQueue(_) | Command::SetQuota(_) | Command::SetAlarm { .. } | Command::Note { .. } => {
+                Action::Operate
+            }
+            Command::SetUser { .. } | Command::RemoveUser { .. } => Action::Administer,
+            Command::CreateToken { user, .. } => Action::ManageTokensOf { user },
+            Command::RevokeToken { id } => match self.auth.tokens.get(id) {
+                Some(token) => Action::ManageTokensOf { user: &token.user },
+                None => Action::Administer,
+            },
+            _ => return Err(format!("{} is not a command people send", command.audit_summary())),
+        };
+        self.auth.permits(actor, action)
+    }
+
+    fn apply_as(&mut self, index: u64, actor: &Actor, command: &Command) -> Result<CommandResult, Rejection> {
+        let marks = |secret_env: &BTreeSet<String>, secret_command: bool| JobMarks {
+            owner: actor.user.clone(),
+            secret_env: secret_env.clone(),
+            secret_command,
+        };
+        match command {
+            Command::SubmitJob { request_id, spec } => self.submit_marked(index, request_id.as_deref(), spec, marks(&BTreeSet::new(), false)),
+            Command::SubmitMarked { request_id, spec, secret_env, secret_command } => {
+                self.submit_marked(index, request_id.as_deref(), spec, marks(secret_env, *secret_command))
+            }
+            Command::SetUser { name, role, groups, impersonate } => self.set_user(name, *role, groups, *impersonate),
+            Command::RemoveUser { name } => self.remove_user(name),
+            Command::CreateToken { id, user, hash, expires_ms } => self.create_token(id, user, hash, *expires_ms),
+            Command::RevokeToken { id } => self.revoke_token(id),
+            Command::Note { .. } => Ok(CommandResult::Done),
+            other => Ok(self.apply(index, other)),
+        }
+    }
+
+    fn submit_marked(&mut self, index: u64, request_id: Option<&str>, spec: &JobSpec, marks: JobMarks) -> Result<CommandResult, Rejection> {
+        for name in &marks.secret_env {
+            if !spec.env.contains_key(name) {
+                return Err(Rejection::Invalid { field: "secret_env".into(), message: format!("{name:?} is not in the job's environment") });
+            }
+        }
+        let result = self.submit(index, request_id, spec)?;
+        if let CommandResult::Submitted { job_id, deduplicated: false } = result {
+            if marks != JobMarks::default() {
+                self.auth.job_marks.insert(job_id, marks);
+            }
+        }
+        Ok(result)
+    }
+
+    fn bootstrap_admin(&mut self, name: &str) -> Result<CommandResult, Rejection> {
+        validate_name(name).map_err(invalid)?;
+        if !self.auth.users.is_empty() {
+            return Ok(CommandResult::Done);
+        }
+        let admin = UserRecord { name: name.to_string(), role: Role::Admin, groups: BTreeSet::new(), impersonate: false, created_ms: self.now_ms };
+        self.auth.users.insert(name.to_string(), admin);
+        let record = AuditRecord {
+            index: self.applied_index,
+            at_ms: self.now_ms,
+            actor: Actor::default(),
+            what: format!("bootstrap admin {name}"),
+            outcome: "ok".into(),
+        };
+        self.auth.record(record);
+        Ok(CommandResult::Done)
+    }
+
+    fn set_user(&mut self, name: &str, role: Role, groups: &BTreeSet<String>, impersonate: bool) -> Result<CommandResult, Rejection> {
+        validate_name(name).map_err(invalid)?;
+        if groups.len() > MAX_GROUPS_PER_USER {
+            return Err(Rejection::Invalid { field: "groups".into(), message: format!("at most {MAX_GROUPS_PER_USER} groups, got {}", groups.len()) });
+        }
+        for group in groups {
+            validate_auth_name("groups", group).map_err(invalid)?;
+        }
+        if !self.auth.users.contains_key(name) && self.auth.users.len() >= MAX_USERS {
+            return Err(Rejection::Exhausted { what: "users".into(), limit: MAX_USERS as u64 });
+        }
+        if self.auth.users.get(name).is_some_and(|u| u.role == Role::Admin) && role != Role::Admin && self.admins() == 1 {
+            return Err(Rejection::Conflict { message: format!("{name} is the last admin; make another admin first") });
+        }
+        let created_ms = self.auth.users.get(name).map_or(self.now_ms, |u| u.created_ms);
+        let record = UserRecord { name: name.to_string(), role, groups: groups.clone(), impersonate, created_ms };
+        self.auth.users.insert(name.to_string(), record);
+        Ok(CommandResult::Done)
+    }
+
+    fn admins(&self) -> usize {
+        self.auth.users.values().filter(|u| u.role == Role::Admin).count()
+    }
+
+    fn remove_user(&mut self, name: &str) -> Result<CommandResult, Rejection> {
+        let user = self.auth.users.get(name).ok_or(Rejection::NotFound { what: format!("user {name}") })?;
+        if user.role == Role::Admin && self.admins() == 1 {
+            return Err(Rejection::Conflict { message: format!("{name} is the last admin; make another admin first") });
+        }
+        self.auth.users.remove(name);
+        for token in self.auth.tokens.values_mut().filter(|t| t.user == name) {
+            token.revoked = true;
+        }
+        Ok(CommandResult::Done)
+    }
+
+    fn create_token(&mut self, id: &str, user: &str, hash: &[u8], expires_ms: u64) -> Result<CommandResult, Rejection> {
+        validate_auth_name("id", id).map_err(invalid)?;
+        if !self.auth.users.contains_key(user) {
+            return Err(Rejection::NotFound { what: format!("user {user}") });
+        }
+        if hash.len() != 32 {
+            return Err(Rejection::Invalid { field: "hash".into(), message: format!("a SHA-256 hash is 32 bytes, got {}", hash.len()) });
+        }
+        if expires_ms <= self.now_ms {
+            return Err(Rejection::Invalid { field: "expires_ms".into(), message: "the token would be expired already".into() });
+        }
+        if self.auth.tokens.contains_key(id) {
+            return Err(Rejection::Conflict { message: format!("token id {id} is taken") });
+        }
+        self.auth.drop_expired_tokens(self.now_ms);
+        if self.auth.tokens.len() >= MAX_TOKENS {
+            return Err(Rejection::Exhausted { what: "tokens".into(), limit: MAX_TOKENS as u64 });
+        }
+        if self.auth.tokens.values().filter(|t| t.user == user && !t.revoked).count() >= MAX_TOKENS_PER_USER {
+            return Err(Rejection::Exhausted { what: format!("tokens of {user}"), limit: MAX_TOKENS_PER_USER as u64 });
+        }
+        let token = TokenRecord { id: id.to_string(), user: user.to_string(), hash: hash.to_vec(), created_ms: self.now_ms, expires_ms, revoked: false };
+        self.auth.tokens.insert(id.to_string(), token);
+        Ok(CommandResult::Done)
+    }
+
+    fn revoke_token(&mut self, id: &str) -> Result<CommandResult, Rejection> {
+        let token = self.auth.tokens.get_mut(id).ok_or(Rejection::NotFound { what: format!("token {id}") })?;
+        token.revoked = true;
+        Ok(CommandResult::Done)
     }
 
     fn submit(&mut self, index: u64, request_id: Option<&str>, spec: &JobSpec) -> Result<CommandResult, Rejection> {
@@ -487,6 +672,7 @@ impl ClusterState {
             let bytes = removed.spec.payload_bytes() as u64;
             assert!(self.spec_bytes >= bytes, "spec bytes {} below a held job's {bytes}", self.spec_bytes);
             self.spec_bytes -= bytes;
+            self.auth.job_marks.remove(&oldest);
         }
     }
 

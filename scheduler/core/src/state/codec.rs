@@ -29,6 +29,7 @@
 //! | 2 | `Command::SetClusterVersion`; a snapshot ends with the cluster version |
 //! | 3 | `Command::SetAlarm`; a snapshot ends with the cluster version, then the raised alarms |
 //! | 4 | `Command::NodesHeard`; then the nodes' last heard times |
+//! | 5 | `Command::Audited` and the user, token and note commands inside it, `Rejection::PermissionDenied`; then the users, tokens, job marks and audit trail |
 
 use serde::Serialize;
 
@@ -36,7 +37,7 @@ use super::command::Proposal;
 use super::ClusterState;
 
 /// The newest format this build reads (and writes, once the cluster runs it).
-pub const FORMAT_VERSION: u16 = 4;
+pub const FORMAT_VERSION: u16 = 5;
 pub use super::command::FIRST_FORMAT_VERSION;
 const MAGIC: &[u8; 4] = b"rota";
 const HEADER_BYTES: usize = 6;
@@ -120,6 +121,11 @@ pub fn encode_snapshot(state: &ClusterState) -> Vec<u8> {
     } else {
         debug_assert!(state.node_heard_ms.is_empty(), "heard times exist from format 4 on");
     }
+    if version >= 5 {
+        bincode::serialize_into(&mut bytes, &state.auth).expect("auth state encodes");
+    } else {
+        debug_assert!(state.auth == Default::default(), "users, tokens and the audit trail exist from format 5 on");
+    }
     bytes
 }
 
@@ -145,6 +151,9 @@ pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterStat
     }
     if version >= 4 {
         state.node_heard_ms = bincode::deserialize_from(&mut reader).map_err(corrupt(what))?;
+    }
+    if version >= 5 {
+        state.auth = bincode::deserialize_from(&mut reader).map_err(corrupt(what))?;
     }
     if !reader.is_empty() {
         return Err(CodecError::Corrupt { what, detail: format!("{} bytes after the state", reader.len()) });

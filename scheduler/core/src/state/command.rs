@@ -2,8 +2,11 @@
 //! holds one `Proposal`: a batch of commands and the leader's wall-clock time,
 //! so that apply itself never reads a clock.
 
+use std::collections::BTreeSet;
+
 use serde::{Deserialize, Serialize};
 
+use super::auth::{Actor, Role};
 use super::types::{AlarmKind, AllocId, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, StopReason};
 
 /// The format of every entry whose commands existed in the first layout,
@@ -92,6 +95,59 @@ pub enum Command {
     NodesHeard {
         nodes: Vec<String>,
     },
+    /// A command a person or portal sent (format 5 on): apply checks it
+    /// against the actor's role (`AuthState::permits`), applies it as the
+    /// actor, and records both in the audit trail.
+    Audited {
+        actor: Actor,
+        command: Box<Command>,
+    },
+    /// A submit with secrets marked (format 5 on, inside `Audited`): the
+    /// named environment values, and the command if `secret_command`, are
+    /// shown to the job's owner, its group's admins and operators only.
+    SubmitMarked {
+        request_id: Option<String>,
+        spec: JobSpec,
+        secret_env: BTreeSet<String>,
+        secret_command: bool,
+    },
+    /// Add a user or change its role, groups and impersonation right
+    /// (format 5 on, inside `Audited`).
+    SetUser {
+        name: String,
+        role: Role,
+        groups: BTreeSet<String>,
+        impersonate: bool,
+    },
+    /// Remove a user and revoke its tokens (format 5 on, inside `Audited`).
+    RemoveUser {
+        name: String,
+    },
+    /// Keep the hash of a new bearer token (format 5 on, inside `Audited`);
+    /// the token itself was made by the replica that took the request and
+    /// went back to its caller only.
+    CreateToken {
+        id: String,
+        user: String,
+        hash: Vec<u8>,
+        expires_ms: u64,
+    },
+    RevokeToken {
+        id: String,
+    },
+    /// Make `name` the first admin of a cluster with no users (format 5
+    /// on): proposed by the leader from `--bootstrap-admin`; a no-op once
+    /// any user exists.
+    BootstrapAdmin {
+        name: String,
+    },
+    /// A state change outside the log (membership, drills) recorded in the
+    /// audit trail (format 5 on, inside `Audited`; the check was made by
+    /// the replica that did it).
+    Note {
+        what: String,
+        outcome: String,
+    },
 }
 
 impl Command {
@@ -101,7 +157,46 @@ impl Command {
             Command::SetClusterVersion { .. } => 2,
             Command::SetAlarm { .. } => 3,
             Command::NodesHeard { .. } => 4,
+            Command::Audited { .. }
+            | Command::SubmitMarked { .. }
+            | Command::SetUser { .. }
+            | Command::RemoveUser { .. }
+            | Command::CreateToken { .. }
+            | Command::RevokeToken { .. }
+            | Command::BootstrapAdmin { .. }
+            | Command::Note { .. } => 5,
             _ => FIRST_FORMAT_VERSION,
+        }
+    }
+}
+
+impl Command {
+    /// What the audit trail says of a command: its kind and the names it
+    /// touches, never a job's command, its environment or a token.
+    pub fn audit_summary(&self) -> String {
+        let submit = |spec: &JobSpec| {
+            format!("submit {:?} to group {} queue {} ({} x {} GPUs)", spec.name, spec.group, spec.queue, spec.replicas, spec.gpus_per_replica)
+        };
+        match self {
+            Command::SubmitJob { spec, .. } | Command::SubmitMarked { spec, .. } => submit(spec),
+            Command::CancelJob { job_id } => format!("cancel job {job_id}"),
+            Command::DrainNode { node, drain } => format!("{} node {node}", if *drain { "drain" } else { "undrain" }),
+            Command::SetQueue(queue) => format!("set queue {}", queue.name),
+            Command::SetQuota(quota) => format!("set quota of group {}", quota.group),
+            Command::SetAlarm { replica, kind, raised } => {
+                format!("{} alarm {} of replica {replica}", if *raised { "raise" } else { "disarm" }, kind.as_str())
+            }
+            Command::SetUser { name, role, groups, impersonate } => {
+                let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+                format!("set user {name} role {} groups [{}] impersonate {impersonate}", role.as_str(), groups.join(","))
+            }
+            Command::RemoveUser { name } => format!("remove user {name}"),
+            Command::CreateToken { id, user, expires_ms, .. } => format!("create token {id} for {user}, expiring at {expires_ms} ms"),
+            Command::RevokeToken { id } => format!("revoke token {id}"),
+            Command::BootstrapAdmin { name } => format!("bootstrap admin {name}"),
+            Command::Note { what, .. } => what.clone(),
+            Command::Audited { command, .. } => command.audit_summary(),
+            other => format!("{:?}", std::mem::discriminant(other)),
         }
     }
 }
@@ -198,6 +293,10 @@ pub enum Rejection {
     Alarmed {
         message: String,
     },
+    /// The actor's role does not allow the command (format 5 on).
+    PermissionDenied {
+        message: String,
+    },
 }
 
 impl Rejection {
@@ -210,6 +309,7 @@ impl Rejection {
             Rejection::RequestIdReused { .. } => "request_id_reused",
             Rejection::Conflict { .. } => "conflict",
             Rejection::Alarmed { .. } => "alarm",
+            Rejection::PermissionDenied { .. } => "permission_denied",
         }
     }
 
@@ -232,7 +332,7 @@ impl std::fmt::Display for Rejection {
             Rejection::RequestIdReused { request_id, job_id } => {
                 write!(f, "request_id {request_id:?} was used for job {job_id} with a different spec")
             }
-            Rejection::Conflict { message } | Rejection::Alarmed { message } => write!(f, "{message}"),
+            Rejection::Conflict { message } | Rejection::Alarmed { message } | Rejection::PermissionDenied { message } => write!(f, "{message}"),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! placed whole or not at all.
 
 mod apply;
+pub mod auth;
 pub mod codec;
 pub use apply::gpu_matches;
 pub mod command;
@@ -96,6 +97,10 @@ pub struct ClusterState {
     /// written after the alarms.
     #[serde(skip)]
     pub node_heard_ms: BTreeMap<String, u64>,
+    /// Users, tokens, job owners and the audit trail. Kept from format 5
+    /// on, written after the heard times.
+    #[serde(skip)]
+    pub auth: auth::AuthState,
 }
 
 impl Default for ClusterState {
@@ -126,6 +131,7 @@ impl ClusterState {
             cluster_version: codec::FIRST_FORMAT_VERSION,
             alarms: BTreeSet::new(),
             node_heard_ms: BTreeMap::new(),
+            auth: auth::AuthState::default(),
         }
     }
 
@@ -204,6 +210,9 @@ impl ClusterState {
         let spec_bytes: u64 = self.jobs.values().map(|j| j.spec.payload_bytes() as u64).sum();
         if spec_bytes != self.spec_bytes {
             return Err(format!("spec bytes counted {} but the jobs hold {spec_bytes}", self.spec_bytes));
+        }
+        if let Some(job_id) = self.auth.job_marks.keys().find(|id| !self.jobs.contains_key(id)) {
+            return Err(format!("job {job_id} has marks but is not held"));
         }
         Ok(())
     }

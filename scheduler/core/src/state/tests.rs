@@ -332,3 +332,82 @@ fn a_raised_alarm_refuses_new_work_and_keeps_answering_retries() {
     assert!(state.alarms.is_empty());
     assert!(matches!(submit(&mut state, "after", gang(1, 1)), CommandResult::Submitted { deduplicated: false, .. }));
 }
+
+mod audited {
+    use super::super::auth::{Actor, Role};
+    use super::super::*;
+    use std::collections::BTreeSet;
+
+    fn apply(state: &mut ClusterState, command: Command) -> CommandResult {
+        let index = state.applied_index + 1;
+        state.apply_proposal(index, &Proposal { now_ms: 1_000 + index, commands: vec![command] }).remove(0)
+    }
+
+    fn by(user: &str, command: Command) -> Command {
+        Command::Audited { actor: Actor::user(user, "127.0.0.1:9"), command: Box::new(command) }
+    }
+
+    fn cluster() -> ClusterState {
+        let mut state = ClusterState::default();
+        assert_eq!(apply(&mut state, Command::BootstrapAdmin { name: "ada".into() }), CommandResult::Done);
+        for (name, role, group) in [("alice", Role::User, "vision"), ("bob", Role::User, "nlp"), ("vera", Role::Viewer, "vision")] {
+            let set = Command::SetUser { name: name.into(), role, groups: BTreeSet::from([group.to_string()]), impersonate: false };
+            assert_eq!(apply(&mut state, by("ada", set)), CommandResult::Done);
+        }
+        state
+    }
+
+    fn submit(group: &str) -> Command {
+        let mut spec = JobSpec::simple(&["train"]);
+        spec.group = group.into();
+        Command::SubmitJob { request_id: None, spec }
+    }
+
+    #[test]
+    fn a_user_cancels_its_own_jobs_only_and_the_trail_says_who_tried() {
+        let mut state = cluster();
+        let CommandResult::Submitted { job_id, .. } = apply(&mut state, by("alice", submit("vision"))) else { panic!("submitted") };
+        let refused = apply(&mut state, by("bob", Command::CancelJob { job_id }));
+        assert!(matches!(&refused, CommandResult::Rejected(Rejection::PermissionDenied { message }) if message.contains("bob")), "{refused:?}");
+        assert_eq!(state.jobs[&job_id].state, JobState::Pending, "the job is unchanged");
+        assert!(matches!(apply(&mut state, by("alice", Command::CancelJob { job_id })), CommandResult::Cancelled { .. }));
+        let last_two: Vec<_> = state.auth.audit.iter().rev().take(2).map(|r| (r.actor.describe(), r.outcome.starts_with("ok"))).collect();
+        assert_eq!(last_two, vec![("alice".to_string(), true), ("bob".to_string(), false)]);
+        state.check_invariants().expect("consistent");
+    }
+
+    #[test]
+    fn submits_need_the_user_role_and_the_group() {
+        let mut state = cluster();
+        assert!(matches!(apply(&mut state, by("vera", submit("vision"))), CommandResult::Rejected(Rejection::PermissionDenied { .. })));
+        let other_group = apply(&mut state, by("alice", submit("nlp")));
+        assert!(matches!(&other_group, CommandResult::Rejected(Rejection::PermissionDenied { message }) if message.contains("\"nlp\"")));
+        assert_eq!(state.jobs.len(), 0);
+        assert!(matches!(apply(&mut state, by("mallory", submit("vision"))), CommandResult::Rejected(Rejection::PermissionDenied { .. })));
+    }
+
+    #[test]
+    fn user_commands_outside_an_audit_are_refused_and_bootstrap_happens_once() {
+        let mut state = cluster();
+        let bare = Command::SetUser { name: "eve".into(), role: Role::Admin, groups: BTreeSet::new(), impersonate: false };
+        assert!(matches!(apply(&mut state, bare), CommandResult::Rejected(Rejection::Invalid { .. })));
+        assert_eq!(apply(&mut state, Command::BootstrapAdmin { name: "eve".into() }), CommandResult::Done);
+        assert!(!state.auth.users.contains_key("eve"), "a second bootstrap changes nothing");
+        let nested = by("ada", by("ada", submit("vision")));
+        assert!(matches!(apply(&mut state, nested), CommandResult::Rejected(Rejection::PermissionDenied { .. })));
+        let demote = by("ada", Command::SetUser { name: "ada".into(), role: Role::User, groups: BTreeSet::new(), impersonate: false });
+        assert!(matches!(apply(&mut state, demote), CommandResult::Rejected(Rejection::Conflict { .. })), "the last admin stays");
+    }
+
+    #[test]
+    fn marks_are_dropped_with_their_jobs() {
+        let mut state = ClusterState::new(StateLimits { max_finished_jobs: 1, ..StateLimits::default() });
+        apply(&mut state, Command::BootstrapAdmin { name: "ada".into() });
+        for _ in 0..3 {
+            let CommandResult::Submitted { job_id, .. } = apply(&mut state, by("ada", submit("vision"))) else { panic!("submitted") };
+            apply(&mut state, by("ada", Command::CancelJob { job_id }));
+        }
+        assert_eq!(state.auth.job_marks.len(), 1);
+        state.check_invariants().expect("consistent");
+    }
+}
