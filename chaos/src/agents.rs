@@ -34,6 +34,9 @@ pub struct AgentOptions {
     pub cgroups: bool,
     /// `--insecure` (with a cluster started so) instead of the node's certificate.
     pub insecure: bool,
+    /// `--job-users`: `agent` by default, since the harness's users have no
+    /// accounts on this host; `owner` to run ranks as their local users.
+    pub job_users: String,
 }
 
 impl Default for AgentOptions {
@@ -45,6 +48,7 @@ impl Default for AgentOptions {
             env: Vec::new(),
             cgroups: true,
             insecure: false,
+            job_users: "agent".into(),
         }
     }
 }
@@ -122,6 +126,7 @@ impl LocalAgent {
                 None => vec!["--no-cgroups"],
             })
             .args(&self.tls_flags)
+            .args(["--job-users", &self.options.job_users])
             .args(&self.options.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -235,8 +235,14 @@ impl LocalCluster {
     }
 
     fn spawn(&mut self, id: u64, join: bool) -> Result<()> {
-        let tls_flags =
-            if self.options.insecure { vec!["--insecure".to_string()] } else { self.pki.flags(IdentityKind::Replica, &id.to_string())? };
+        // The harness's own user is the cluster's first admin.
+        let tls_flags = if self.options.insecure {
+            vec!["--insecure".to_string()]
+        } else {
+            let mut flags = self.pki.flags(IdentityKind::Replica, &id.to_string())?;
+            flags.extend(["--bootstrap-admin".to_string(), crate::pki::HARNESS_USER.to_string()]);
+            flags
+        };
         let replica = self.replicas.get_mut(&id).context("unknown replica")?;
         std::fs::create_dir_all(&replica.data_dir)?;
         let log = File::options().create(true).append(true).open(replica.data_dir.join("server.log"))?;

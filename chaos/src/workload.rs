@@ -157,7 +157,8 @@ pub async fn submitter(index: usize, clients: Clients, history: Arc<History>, co
     while !stop.load(Ordering::Relaxed) {
         let request_id = format!("chaos-{}-{index}-{n}", config.seed);
         n += 1;
-        let request = pb::SubmitJobRequest { spec: Some(job_spec(&mut rng, &config)), request_id: request_id.clone() };
+        let request =
+            pb::SubmitJobRequest { spec: Some(job_spec(&mut rng, &config)), request_id: request_id.clone(), ..Default::default() };
         let sent_ms = now_ms();
         let (result, attempts) = clients.submit(index, &request, SUBMIT_DEADLINE_MS).await;
         let response = match result {
@@ -205,7 +206,7 @@ pub async fn probe(clients: Clients, history: Arc<History>, seed: u64, stop: Arc
             command: vec!["true".into()],
             ..Default::default()
         };
-        let request = pb::SubmitJobRequest { spec: Some(spec), request_id: request_id.clone() };
+        let request = pb::SubmitJobRequest { spec: Some(spec), request_id: request_id.clone(), ..Default::default() };
         let sent_ms = now_ms();
         let (result, attempts) = clients.submit(n as usize, &request, SUBMIT_DEADLINE_MS).await;
         if let Ok(response) = result {

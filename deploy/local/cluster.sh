@@ -57,7 +57,7 @@ start() {
     fi
     local flags; flags=$(tls_flags replica "$i")
     # shellcheck disable=SC2086
-    nohup "$ROTA" server $flags --id "$i" --listen "127.0.0.1:$((base + i - 1))" \
+    nohup "$ROTA" server $flags --bootstrap-admin operator --id "$i" --listen "127.0.0.1:$((base + i - 1))" \
       --data-dir "$rdir/db" --peers "$peers" \
       --metrics-listen "127.0.0.1:$((base + 100 + i - 1))" ${ROTA_SERVER_ARGS:-} >>"$rdir/server.log" 2>&1 &
     echo $! >"$rdir/pid"
@@ -98,7 +98,7 @@ agents() {
     local flags; flags=$(tls_flags agent "node-$i")
     # shellcheck disable=SC2086
     nohup "$agent_bin" $flags --endpoints "$(cat "$dir/endpoints")" --node-name "node-$i" --data-dir "$adir/data" \
-      --fake-gpus "$gpus" --heartbeat-ms 500 "$contain" >>"$adir/agent.log" 2>&1 &
+      --fake-gpus "$gpus" --heartbeat-ms 500 "$contain" --job-users agent >>"$adir/agent.log" 2>&1 &
     echo $! >"$adir/pid"
     echo "agent node-$i: pid $!, $gpus"
   done

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::contain::users;
 use crate::contain::RankTree;
 use crate::exec::{record, signal, spawn};
 use crate::local::{Known, LocalRanks};
@@ -157,10 +158,19 @@ impl Reconciler {
     /// happened, so it is never started twice.
     fn start(&mut self, key: RankKey, index: u64, rank: &DesiredRank, stop_reason: Option<&str>, now_ms: u64) {
         let dir = RankDir::new(&self.shared.ranks_root, key.alloc_id, key.rank);
-        let spec = spawn::rank_spec(&self.shared.config, key, index, rank, &dir);
+        let mut spec = spawn::rank_spec(&self.shared.config, key, index, rank, &dir);
         let launch = match stop_reason {
             Some(reason) => spawn::end_unstarted(&dir, &spec, reason, now_ms),
-            None => spawn::launch(&dir, &spec, now_ms),
+            None => match users::resolve(&self.shared.config.job_users, &rank.user) {
+                Ok(run_as) => {
+                    spawn::run_as(&mut spec, run_as);
+                    spawn::launch(&dir, &spec, now_ms)
+                }
+                Err(why) => {
+                    tracing::warn!(job_id = rank.job_id, user = %rank.user, %why, "rank refused");
+                    spawn::refuse(&dir, &spec, &why, now_ms)
+                }
+            },
         };
         let mut known = Known::new(dir, spec);
         match launch {

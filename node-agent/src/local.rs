@@ -130,6 +130,7 @@ fn adopt_unrecorded(ranks_root: &Path, key: RankKey, found: &FoundRank, containm
         grace_period_s: ADOPTED_GRACE_S,
         log_cap_bytes: 0,
         cgroup,
+        run_as: None,
     };
     let shim = find_shim(&dir);
     let main = shim.and_then(|(shim_pid, _)| found.pids.iter().copied().find(|&pid| parent_pid(pid) == Some(shim_pid)));
@@ -288,6 +289,7 @@ mod tests {
             grace_period_s: 2,
             log_cap_bytes: 4_096,
             cgroup: None,
+            run_as: None,
         }
     }
 

@@ -140,6 +140,7 @@ mod tests {
             grace_period_s: 0,
             log_cap_bytes: 4_096,
             cgroup: None,
+            run_as: None,
         };
         dir.write(rankdir::SPEC, &spec).unwrap();
         dir

@@ -22,6 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -56,6 +57,9 @@ pub struct RankSpec {
     /// without cgroups, and the /proc scan alone finds its processes.
     #[serde(default)]
     pub cgroup: Option<PathBuf>,
+    /// The local user the command runs as; `None`: the agent's own.
+    #[serde(default)]
+    pub run_as: Option<crate::contain::users::RunAs>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,13 +169,15 @@ impl RankDir {
         self.work_dir().join(CHECKPOINT)
     }
 
-    /// Create the directory (mode 0700: the agent's records are its own)
-    /// and the command's working directory in it.
+    /// Create the directory and the command's working directory in it.
+    /// Mode 0711: the rank's user may pass through to its working
+    /// directory (and ROTA_CHECKPOINT_FILE in it) but may not list or
+    /// change the agent's records, which are written 0600.
     pub fn create(&self) -> Result<(), RankDirError> {
         use std::os::unix::fs::PermissionsExt;
         let io = |source| RankDirError::Io { path: self.path.clone(), source };
         std::fs::create_dir_all(self.work_dir()).map_err(io)?;
-        std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(0o700)).map_err(io)
+        std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(0o711)).map_err(io)
     }
 
     /// The last committed checkpoint time, 0 when none.
@@ -219,7 +225,8 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), RankDirErr
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RankDirError> {
     let io = |source| RankDirError::Io { path: path.to_path_buf(), source };
     let tmp = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&tmp).map_err(io)?;
+    // 0600: a rank's spec holds its environment, which may hold secrets.
+    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(io)?;
     file.write_all(bytes).map_err(io)?;
     file.sync_all().map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)

@@ -65,6 +65,8 @@ pub struct DesiredRank {
     pub grace_period_s: u64,
     /// `None`: run it. `Some(reason)`: stop it.
     pub stop_reason: Option<String>,
+    /// The job's owner; empty on a cluster without users.
+    pub user: String,
 }
 
 /// What the agent knows of its local ranks.

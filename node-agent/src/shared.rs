@@ -52,6 +52,8 @@ pub struct AgentConfig {
     pub keep_finished_ranks: usize,
     /// How the processes of a rank are found and stopped.
     pub containment: Containment,
+    /// Which local user a rank runs as.
+    pub job_users: crate::contain::users::JobUsers,
 }
 
 /// What the agent's tasks share.

@@ -15,6 +15,7 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -67,10 +68,15 @@ pub fn run(dir: &Path) -> Result<i32, ShimError> {
         }
         None => None,
     };
+    if let Some(run_as) = &spec.run_as {
+        give_work_dir(&rank, run_as)?;
+    }
+    let run_as = spec.run_as.clone();
     let mut command = Command::new(program);
     command.args(args).envs(&spec.env).current_dir(rank.work_dir()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    // SAFETY: only async-signal-safe calls (setpgid, open, write, close) on
-    // memory prepared before the fork.
+    // SAFETY: only async-signal-safe calls (setpgid, open, write, close,
+    // setgroups, setgid, setuid) on memory prepared before the fork. The
+    // user changes last: joining the cgroup needs the shim's rights.
     unsafe {
         command.pre_exec(move || {
             if libc::setpgid(0, 0) != 0 {
@@ -78,6 +84,9 @@ pub fn run(dir: &Path) -> Result<i32, ShimError> {
             }
             if let Some(procs) = &cgroup_procs {
                 join_cgroup(procs)?;
+            }
+            if let Some(run_as) = &run_as {
+                contain::users::become_user(run_as)?;
             }
             Ok(())
         });
@@ -126,6 +135,14 @@ pub fn run(dir: &Path) -> Result<i32, ShimError> {
     tree.remove_cgroup();
     record_exit(&rank, exit_code)?;
     Ok(exit_code)
+}
+
+/// The working directory belongs to the rank's user; the rank directory
+/// around it stays the agent's.
+fn give_work_dir(rank: &RankDir, run_as: &contain::users::RunAs) -> Result<(), ShimError> {
+    let work = rank.work_dir();
+    std::os::unix::fs::chown(&work, Some(run_as.uid), Some(run_as.gid))
+        .map_err(|source| ShimError::Spawn { command: format!("chown {}", work.display()), source })
 }
 
 /// Orphaned descendants of the command are re-parented to the shim rather
@@ -214,7 +231,8 @@ impl RotatingLog {
             self.written = 0;
         }
         if self.file.is_none() {
-            self.file = File::options().create(true).append(true).open(&self.path).ok();
+            // 0600: a job's output is its owner's (and the agent's).
+            self.file = File::options().create(true).append(true).mode(0o600).open(&self.path).ok();
         }
         // A chunk larger than the file's share keeps only its tail.
         let keep = &bytes[bytes.len().saturating_sub(self.half_cap_bytes as usize)..];

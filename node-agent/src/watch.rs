@@ -104,6 +104,7 @@ fn desired_rank(assigned: &pb::AssignedRank) -> DesiredRank {
         master_port: assigned.master_port,
         grace_period_s: assigned.grace_period_s,
         stop_reason: (!assigned.stop_reason.is_empty()).then(|| assigned.stop_reason.clone()),
+        user: assigned.user.clone(),
     }
 }
 

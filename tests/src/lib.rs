@@ -121,7 +121,7 @@ pub fn spec() -> pb::JobSpec {
 }
 
 pub fn submit_request(request_id: &str) -> pb::SubmitJobRequest {
-    pb::SubmitJobRequest { spec: Some(spec()), request_id: request_id.to_string() }
+    pb::SubmitJobRequest { spec: Some(spec()), request_id: request_id.to_string(), ..Default::default() }
 }
 
 /// Poll `check` every 50 ms until it yields a value or `timeout` passes.
@@ -198,7 +198,7 @@ pub fn shell_job(replicas: u32, gpus: u32, marks: &std::path::Path, script: &str
         env: [("MARK_DIR".to_string(), marks.display().to_string())].into_iter().collect(),
         ..Default::default()
     };
-    pb::SubmitJobRequest { spec: Some(spec), request_id: format!("req-{:x}", rand_id()) }
+    pb::SubmitJobRequest { spec: Some(spec), request_id: format!("req-{:x}", rand_id()), ..Default::default() }
 }
 
 fn rand_id() -> u128 {
@@ -260,4 +260,14 @@ pub fn rota_json(cluster: &LocalCluster, args: &[&str]) -> Result<serde_json::Va
         .context("running rota")?;
     ensure!(output.status.success(), "rota {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
     serde_json::from_slice(&output.stdout).with_context(|| format!("rota {args:?} printed {:?}", String::from_utf8_lossy(&output.stdout)))
+}
+
+/// Wait until the cluster checks roles: its version holds users and the
+/// harness's user is its founding admin (a new cluster's leader raises the
+/// version, then names the admin, within moments of its first election).
+pub async fn wait_access_control(cluster: &LocalCluster, timeout: Duration) -> Result<()> {
+    wait_until("the founding admin", timeout, || async {
+        Ok(rota_json(cluster, &["whoami"]).ok().filter(|me| me["role"] == "admin").map(|_| ()))
+    })
+    .await
 }

@@ -12,7 +12,7 @@ use tonic::{Code, Status};
 fn with_spec(change: impl FnOnce(&mut pb::JobSpec)) -> pb::SubmitJobRequest {
     let mut spec = spec();
     change(&mut spec);
-    pb::SubmitJobRequest { spec: Some(spec), request_id: String::new() }
+    pb::SubmitJobRequest { spec: Some(spec), request_id: String::new(), ..Default::default() }
 }
 
 /// Sends raw bytes as a request, to check how malformed messages are answered.
@@ -75,8 +75,8 @@ async fn bad_submits_are_refused_naming_the_field() -> Result<()> {
             }),
             "spec.env",
         ),
-        (pb::SubmitJobRequest { spec: Some(spec()), request_id: "r".repeat(1_000) }, "request_id"),
-        (pb::SubmitJobRequest { spec: None, request_id: String::new() }, "spec"),
+        (pb::SubmitJobRequest { spec: Some(spec()), request_id: "r".repeat(1_000), ..Default::default() }, "request_id"),
+        (pb::SubmitJobRequest { spec: None, request_id: String::new(), ..Default::default() }, "spec"),
     ];
     // Ask the leader and a follower: both answer the same way.
     for id in [leader, follower] {

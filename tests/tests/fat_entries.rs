@@ -41,7 +41,7 @@ async fn oversized_submits_never_stop_the_log() -> Result<()> {
     let tasks: Vec<_> = (0..40)
         .map(|i| {
             let client = client.clone();
-            let request = pb::SubmitJobRequest { spec: Some(one_mib_spec()), request_id: format!("fat-{i}") };
+            let request = pb::SubmitJobRequest { spec: Some(one_mib_spec()), request_id: format!("fat-{i}"), ..Default::default() };
             tokio::spawn(async move { client.submit_status(request).await })
         })
         .collect();
@@ -67,7 +67,7 @@ async fn a_burst_of_large_specs_is_split_over_entries() -> Result<()> {
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let client = client.clone();
-            let request = pb::SubmitJobRequest { spec: Some(large_spec()), request_id: format!("large-{i}") };
+            let request = pb::SubmitJobRequest { spec: Some(large_spec()), request_id: format!("large-{i}"), ..Default::default() };
             tokio::spawn(async move { client.submit(request).await })
         })
         .collect();

@@ -24,7 +24,11 @@ async fn reregistering_with_fewer_gpus_requeues_the_jobs_on_the_vanished_ones() 
     let mut agents = AgentServiceClient::new(channel(&cluster.replicas[&leader].addr, &as_n1)?);
     agents.register_node(fake_registration("n1", 8)).await?;
     let client = AnyReplica::new(&cluster)?;
-    let request = pb::SubmitJobRequest { spec: Some(pb::JobSpec { gpus_per_replica: 8, ..spec() }), request_id: "whole-node".into() };
+    let request = pb::SubmitJobRequest {
+        spec: Some(pb::JobSpec { gpus_per_replica: 8, ..spec() }),
+        request_id: "whole-node".into(),
+        ..Default::default()
+    };
     let job_id = client.submit(request).await?.job_id;
     let running = client.wait_job_state(job_id, pb::JobState::Running, Duration::from_secs(30)).await?;
     ensure!(running.allocations.iter().map(|r| r.gpus.len()).sum::<usize>() == 8, "placed on all 8 GPUs: {running:?}");

@@ -27,7 +27,8 @@ async fn scheduling_resumes_after_a_planner_panic() -> Result<()> {
     let as_n1 = cluster.security_of(IdentityKind::Agent, "n1")?;
     AgentServiceClient::new(channel(&cluster.replicas[&leader].addr, &as_n1)?).register_node(fake_registration("n1", 8)).await?;
     let client = AnyReplica::new(&cluster)?;
-    let job_id = client.submit(pb::SubmitJobRequest { spec: Some(spec()), request_id: "after-panic".into() }).await?.job_id;
+    let job_id =
+        client.submit(pb::SubmitJobRequest { spec: Some(spec()), request_id: "after-panic".into(), ..Default::default() }).await?.job_id;
     client.wait_job_state(job_id, pb::JobState::Running, Duration::from_secs(30)).await?;
     let leader = cluster.wait_leader(Duration::from_secs(30)).await?;
     let addr = cluster.replicas[&leader].metrics_addr.clone();

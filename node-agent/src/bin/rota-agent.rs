@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use rota_agent::agent::{self, AgentConfig, Shared};
+use rota_agent::contain::users::JobUsers;
 use rota_agent::contain::Containment;
 use rota_agent::inventory::GpuSource;
 use rota_agent::logs::LogServer;
@@ -60,6 +61,17 @@ struct Args {
     /// which misses a process that replaced its environment.
     #[arg(long)]
     no_cgroups: bool,
+    /// Which local user a rank runs as: `owner` (the user who submitted the
+    /// job, through the host's user database) or `agent` (the agent's own
+    /// user, for a single-user host or tests; logs a warning).
+    #[arg(long, default_value = "owner")]
+    job_users: String,
+    /// Lowest uid a job may run as (system accounts sit below it).
+    #[arg(long, default_value_t = rota_agent::contain::users::DEFAULT_MIN_UID)]
+    min_job_uid: u32,
+    /// Let jobs run as root (uid 0); refused otherwise.
+    #[arg(long)]
+    allow_root_jobs: bool,
     /// The cluster's CA certificate (PEM).
     #[arg(long)]
     tls_ca: Option<PathBuf>,
@@ -75,8 +87,8 @@ struct Args {
     insecure: bool,
 }
 
-/// Who may read this agent's logs: users (`rota logs`) and replicas.
-const LOG_READERS: &[IdentityKind] = &[IdentityKind::User, IdentityKind::Replica];
+/// Logs are read through a replica, which checks who may read whose job.
+const LOG_READERS: &[IdentityKind] = &[IdentityKind::Replica];
 
 fn run_shim() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(2).collect();
@@ -107,6 +119,14 @@ async fn run_agent(args: Args) -> Result<()> {
              (ROTA_ALLOC_ID), which misses any process that clears or replaces its environment"
         ),
     }
+    let job_users = match args.job_users.as_str() {
+        "owner" => JobUsers::Owner { min_uid: args.min_job_uid, allow_root: args.allow_root_jobs },
+        "agent" => {
+            tracing::warn!("--job-users agent: every rank runs as the agent's own user, whoever submitted it");
+            JobUsers::Agent
+        }
+        other => anyhow::bail!("--job-users {other:?}: expected owner or agent"),
+    };
     tracing::info!(gpus = inventory.len(), model = ?inventory.first().map(|g| g.model.clone()), "GPU inventory");
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.advertise_addr, args.port))
@@ -125,6 +145,7 @@ async fn run_agent(args: Args) -> Result<()> {
         log_cap_bytes: args.log_cap_mib.max(1) * 1024 * 1024,
         keep_finished_ranks: args.keep_finished_ranks,
         containment,
+        job_users,
     };
     let shared = Shared::new(config, &security, source, inventory)?;
     let logs = InterceptedService::new(

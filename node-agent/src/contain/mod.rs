@@ -13,6 +13,7 @@
 
 pub mod cgroup;
 pub mod procscan;
+pub mod users;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

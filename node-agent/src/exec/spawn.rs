@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
-use crate::contain::{cgroup, procscan};
+use crate::contain::{cgroup, procscan, users};
 use crate::rankdir::{self, ExitStatus, RankDir, RankSpec, StopRequest};
 use crate::reconcile::{DesiredRank, RankKey};
 use crate::shared::AgentConfig;
@@ -44,6 +44,8 @@ pub fn rank_spec(config: &AgentConfig, key: RankKey, index: u64, rank: &DesiredR
         ("MASTER_ADDR", rank.master_addr.clone()),
         ("MASTER_PORT", rank.master_port.to_string()),
         ("CUDA_VISIBLE_DEVICES", gpus.join(",")),
+        // What a container runtime's GPU hook reads (the NVIDIA container toolkit).
+        ("NVIDIA_VISIBLE_DEVICES", gpus.join(",")),
         ("ROTA_CHECKPOINT_FILE", dir.checkpoint_file().display().to_string()),
     ] {
         env.insert(name.to_string(), value);
@@ -59,6 +61,7 @@ pub fn rank_spec(config: &AgentConfig, key: RankKey, index: u64, rank: &DesiredR
         grace_period_s: rank.grace_period_s,
         log_cap_bytes: config.log_cap_bytes,
         cgroup: config.containment.rank_cgroup(key.alloc_id, key.rank),
+        run_as: None,
     }
 }
 
@@ -76,6 +79,32 @@ pub fn launch(dir: &RankDir, spec: &RankSpec, now_ms: u64) -> Launch {
             Launch::Ended
         }
     }
+}
+
+/// Exit code of a rank the agent refused to run (the user it would run as
+/// is not allowed): "cannot execute", as a shell says of a permission.
+pub const EXIT_USER_REFUSED: i32 = 126;
+
+/// Run the rank as `run_as` (the agent's own user when `None`), with the
+/// login variables of that user unless the job set them.
+pub fn run_as(spec: &mut RankSpec, run_as: Option<users::RunAs>) {
+    if let Some(user) = &run_as {
+        for (name, value) in [("USER", &user.user), ("LOGNAME", &user.user), ("HOME", &user.home)] {
+            spec.env.entry(name.to_string()).or_insert_with(|| value.clone());
+        }
+    }
+    spec.run_as = run_as;
+}
+
+/// Record a rank the agent may not run, with why on its stderr log (what
+/// `rota logs --stderr` shows), as ended with `EXIT_USER_REFUSED`.
+pub fn refuse(dir: &RankDir, spec: &RankSpec, why: &str, now_ms: u64) -> Launch {
+    if !prepare(dir, spec) {
+        return Launch::Unprepared;
+    }
+    let _ = rankdir::write_atomic(&dir.file("stderr.log"), format!("rota-agent: not started: {why}\n").as_bytes());
+    let _ = dir.write(rankdir::EXIT, &ExitStatus { exit_code: EXIT_USER_REFUSED, finished_at_ms: now_ms });
+    Launch::Ended
 }
 
 /// Write the spec of a rank assigned already stopped, with its stop and an
@@ -144,6 +173,7 @@ mod tests {
             log_cap_bytes: 4_096,
             keep_finished_ranks: 1,
             containment: Containment::Cgroups { subtree: "/cg/rota".into() },
+            job_users: crate::contain::users::JobUsers::Agent,
         }
     }
 

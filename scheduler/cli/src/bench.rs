@@ -64,7 +64,7 @@ fn request(run_id: &str, n: u64) -> pb::SubmitJobRequest {
         command: vec!["sleep".into(), "1".into()],
         ..Default::default()
     };
-    pb::SubmitJobRequest { spec: Some(spec), request_id: format!("{run_id}-{n}") }
+    pb::SubmitJobRequest { spec: Some(spec), request_id: format!("{run_id}-{n}"), ..Default::default() }
 }
 
 async fn submit_once(mut jobs: JobServiceClient<Channel>, request: pb::SubmitJobRequest) -> bool {

@@ -102,7 +102,7 @@ async fn submit_probe(client: &Client, started: Instant) -> Result<(u64, u64)> {
         command: vec!["true".into()],
         ..Default::default()
     };
-    let request = pb::SubmitJobRequest { spec: Some(spec), request_id: random_request_id() };
+    let request = pb::SubmitJobRequest { spec: Some(spec), request_id: random_request_id(), ..Default::default() };
     let response = client.submit_job(&request).await?;
     Ok((response.job_id, started.elapsed().as_millis() as u64))
 }

@@ -3,6 +3,7 @@
 //! hands its flags to rota-server; nothing else here touches a replica's
 //! internals: every other command goes through rota-client.
 
+pub mod auth;
 pub mod bench;
 pub mod config;
 pub mod drill;
@@ -63,6 +64,15 @@ pub struct SubmitArgs {
     /// Extra environment, NAME=VALUE; repeatable.
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub env: Vec<String>,
+    /// Environment whose value is secret, NAME=VALUE; repeatable. Every
+    /// environment value is hidden from readers other than the job's owner,
+    /// its group's admins and operators; these are also cut out of the
+    /// command wherever it is shown to them.
+    #[arg(long = "secret-env", value_name = "NAME=VALUE")]
+    pub secret_env: Vec<String>,
+    /// Hide the command and its arguments from those readers too.
+    #[arg(long)]
+    pub secret_command: bool,
     /// The program and its arguments, after `--`.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -99,14 +109,15 @@ impl SubmitArgs {
             gpu_model: self.gpu_model.clone().unwrap_or_default(),
             min_gpu_memory_mib: self.min_gpu_memory_mib,
             command: self.command.clone(),
-            env: parse_env(&self.env)?.into_iter().collect(),
+            env: parse_env(&self.env)?.into_iter().chain(parse_env(&self.secret_env)?).collect(),
             runtime_limit_s: self.runtime_limit_s,
             grace_period_s: self.grace_period_s,
             max_retries: self.max_retries,
             priority_ttl_s: self.priority_ttl_s,
         };
         let request_id = self.request_id.clone().unwrap_or_else(random_request_id);
-        Ok(pb::SubmitJobRequest { spec: Some(spec), request_id })
+        let secret_env = parse_env(&self.secret_env)?.into_keys().collect();
+        Ok(pb::SubmitJobRequest { spec: Some(spec), request_id, secret_env, secret_command: self.secret_command })
     }
 }
 
@@ -261,36 +272,16 @@ pub async fn nodes(client: &Client, format: Format) -> Result<()> {
 /// (or runs) the rank and read the log from that node's agent.
 pub async fn logs(client: &Client, job_id: u64, rank: u32, stderr: bool, follow: bool) -> Result<()> {
     use std::io::Write;
-    let job = get_job(client, job_id).await?;
-    let node = job
-        .allocations
-        .iter()
-        .find(|a| a.rank == rank)
-        .map(|a| a.node.clone())
-        .or_else(|| job.last_nodes.get(rank as usize).cloned())
-        .with_context(|| format!("job {job_id} has no rank {rank} that ever ran"))?;
-    let nodes = client
+    let request = pb::ReadLogRequest { job_id, rank, stream: if stderr { "stderr" } else { "stdout" }.into(), follow };
+    let mut stream = client
         .retrying(|i| {
-            let mut cluster = client.cluster_at(i);
-            async move { cluster.list_nodes(pb::ListNodesRequest {}).await.map(|r| r.into_inner()) }
+            let mut jobs = client.jobs_at(i);
+            let request = request.clone();
+            async move { jobs.read_logs(request).await.map(|r| r.into_inner()) }
         })
         .await?;
-    let address =
-        nodes.nodes.iter().find(|n| n.name == node).map(|n| n.address.clone()).with_context(|| format!("node {node} is not registered"))?;
-    let endpoint = rota_tls::endpoint(&address).with_context(|| format!("node {node} has a bad address {address:?}"))?;
-    let channel = client
-        .security()
-        .connect(endpoint.connect_timeout(std::time::Duration::from_secs(5)))
-        .await
-        .with_context(|| format!("cannot reach the agent of node {node} at {address}"))?;
-    let request = pb::ReadLogRequest { job_id, rank, stream: if stderr { "stderr" } else { "stdout" }.into(), follow };
-    let mut stream = pb::node_agent_service_client::NodeAgentServiceClient::new(channel)
-        .read_log(request)
-        .await
-        .map_err(|s| anyhow::anyhow!("node {node}: {}", s.message()))?
-        .into_inner();
     let mut out = std::io::stdout().lock();
-    while let Some(chunk) = stream.message().await.map_err(|s| anyhow::anyhow!("node {node}: {}", s.message()))? {
+    while let Some(chunk) = stream.message().await.map_err(|s| anyhow::anyhow!("job {job_id} rank {rank}: {}", s.message()))? {
         out.write_all(&chunk.data)?;
         out.flush()?;
     }

@@ -25,6 +25,12 @@ struct Cli {
     timeout_s: u64,
     #[command(flatten)]
     tls: TlsArgs,
+    /// A bearer token (from `rota token create`) for a client without a certificate.
+    #[arg(long, env = "ROTA_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+    /// Act as this user (needs the impersonate permission), as a portal does.
+    #[arg(long = "as", env = "ROTA_AS", global = true, value_name = "USER")]
+    act_as: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -119,6 +125,30 @@ enum Command {
         #[command(subcommand)]
         action: AlarmAction,
     },
+    /// Who this client is to the cluster: user, role, groups.
+    Whoami,
+    /// Users and roles (admin): `rota auth user add alice --groups vision --role user`, `rota auth show`.
+    Auth {
+        #[command(subcommand)]
+        action: AuthAction,
+    },
+    /// Bearer tokens: `rota token create --user alice --ttl 30d`, `revoke ID`, `list`.
+    Token {
+        #[command(subcommand)]
+        action: TokenAction,
+    },
+    /// The audit trail: who changed what, on whose behalf, from where, and the outcome.
+    Audit {
+        /// Only records acted as, or on behalf of, this user.
+        #[arg(long)]
+        user: Option<String>,
+        /// Only records since this Unix ms, or this long ago (`2h`, `7d`).
+        #[arg(long)]
+        since: Option<String>,
+        /// At most this many of the newest records.
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+    },
     /// Failover drill: move the leader (no process is stopped) and measure recovery.
     Drill(DrillArgs),
     /// Benchmarks against a running cluster.
@@ -198,6 +228,55 @@ fn run_tls(what: TlsWhat) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[derive(Subcommand)]
+enum AuthAction {
+    /// Users: add (or change), remove.
+    User {
+        #[command(subcommand)]
+        action: UserAction,
+    },
+    /// Every user with its role and groups.
+    Show,
+}
+
+#[derive(Subcommand)]
+enum UserAction {
+    /// Add a user, or change its role and groups.
+    Add {
+        name: String,
+        /// viewer, user, group-admin, operator or admin.
+        #[arg(long, default_value = "user")]
+        role: String,
+        /// Groups it belongs to, comma separated.
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<String>,
+        /// May act for other users (`--as`), as a portal does.
+        #[arg(long)]
+        impersonate: bool,
+    },
+    /// Remove a user and revoke its tokens.
+    Remove { name: String },
+}
+
+#[derive(Subcommand)]
+enum TokenAction {
+    /// Make a token; prints it (shown once).
+    Create {
+        #[arg(long)]
+        user: String,
+        /// Lifetime: 30d, 12h, 90m.
+        #[arg(long, default_value = "30d")]
+        ttl: String,
+    },
+    Revoke {
+        id: String,
+    },
+    List {
+        #[arg(long)]
+        user: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -289,6 +368,11 @@ struct ServerArgs {
     /// data directory has less free space than this, in MiB.
     #[arg(long, default_value_t = rota_server::alarms::DEFAULT_MIN_FREE_BYTES / (1024 * 1024))]
     min_free_mb: u64,
+    /// Make this user (the NAME of its rota://user/NAME certificate) the
+    /// cluster's first admin, once, when the cluster has no users. Give it
+    /// to the founding replicas.
+    #[arg(long, value_name = "NAME")]
+    bootstrap_admin: Option<String>,
 }
 
 fn parse_peers(peers: &[String]) -> Result<BTreeMap<u64, String>> {
@@ -333,6 +417,7 @@ async fn run_server(args: ServerArgs, tls: &TlsArgs) -> Result<()> {
         max_clock_skew_ms: args.max_clock_skew_ms,
         min_free_bytes: args.min_free_mb.saturating_mul(1024 * 1024),
         security,
+        bootstrap_admin: args.bootstrap_admin,
     };
     server::run(config).await?;
     Ok(())
@@ -357,7 +442,8 @@ async fn main() -> Result<()> {
         Command::Bench { what: BenchWhat::Plan(bench) } => return print_json(&rota_cli::sim::run_bench_plan(&bench)?),
         _ => {}
     }
-    let mut client = Client::new(&args.endpoints, &args.tls.flags().for_client()?)?;
+    let credentials = rota_client::Credentials::new(args.token.as_deref(), args.act_as.as_deref())?;
+    let mut client = Client::new(&args.endpoints, &args.tls.flags().for_client()?)?.with_credentials(credentials);
     client.deadline = Duration::from_secs(args.timeout_s);
     let format = args.output;
     match args.command {
@@ -383,6 +469,16 @@ async fn main() -> Result<()> {
         Command::Alarm { action: AlarmAction::Disarm { replica, kind } } => {
             cli::config::alarm_disarm(&client, replica, &kind, format).await
         }
+        Command::Whoami => cli::auth::whoami(&client, format).await,
+        Command::Auth { action: AuthAction::Show } => cli::auth::show(&client, format).await,
+        Command::Auth { action: AuthAction::User { action: UserAction::Add { name, role, groups, impersonate } } } => {
+            cli::auth::user_set(&client, &name, &role, &groups, impersonate).await
+        }
+        Command::Auth { action: AuthAction::User { action: UserAction::Remove { name } } } => cli::auth::user_remove(&client, &name).await,
+        Command::Token { action: TokenAction::Create { user, ttl } } => cli::auth::token_create(&client, &user, &ttl, format).await,
+        Command::Token { action: TokenAction::Revoke { id } } => cli::auth::token_revoke(&client, &id).await,
+        Command::Token { action: TokenAction::List { user } } => cli::auth::token_list(&client, user.as_deref(), format).await,
+        Command::Audit { user, since, limit } => cli::auth::audit(&client, user.as_deref(), since.as_deref(), limit, format).await,
         Command::Drill(drill) => {
             let report = cli::drill::run(&client, &drill).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);

@@ -53,6 +53,9 @@ pub fn job_json(job: &pb::Job) -> Value {
         "master_port": job.master_port,
         "allocations": allocations,
         "last_nodes": job.last_nodes,
+        "owner": job.owner,
+        "env": spec.env,
+        "redacted": job.redacted,
     })
 }
 
@@ -61,6 +64,13 @@ pub fn print_job(job: &pb::Job) {
     println!("job {}  {}", job.id, state_name(job.state));
     println!("  group {}  queue {}  priority {}", spec.group, spec.queue, priority_name(spec.priority));
     println!("  {} x {} GPU  command {:?}", spec.replicas, spec.gpus_per_replica, spec.command);
+    if !job.owner.is_empty() {
+        println!("  owner {}", job.owner);
+    }
+    if !spec.env.is_empty() {
+        let env: Vec<String> = spec.env.iter().map(|(name, value)| format!("{name}={value}")).collect();
+        println!("  env {}", env.join(" "));
+    }
     if !job.reason.is_empty() {
         println!("  reason: {}", job.reason);
     }

@@ -7,8 +7,12 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use rota_proto::v1 as pb;
+use rota_proto::v1::auth_service_client::AuthServiceClient;
 use rota_proto::v1::cluster_service_client::ClusterServiceClient;
 use rota_proto::v1::job_service_client::JobServiceClient;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
@@ -30,6 +34,8 @@ pub enum ClientError {
     TooManyEndpoints(usize),
     #[error("bad endpoint {0:?}: {1}")]
     BadEndpoint(String, String),
+    #[error("bad credentials: {0}")]
+    BadCredentials(String),
     #[error("{}: {}", code_name(.0.code()), .0.message())]
     Status(Status),
     #[error("gave up after {elapsed_ms} ms and {attempts} attempts; last error: {last}")]
@@ -60,11 +66,48 @@ impl ClientError {
     }
 }
 
+/// What a client adds to every request beyond its certificate: a bearer
+/// token (for a client without a certificate) and the user it acts for
+/// (`rota-as`, for portals holding the impersonate permission).
+#[derive(Debug, Clone, Default)]
+pub struct Credentials {
+    bearer: Option<MetadataValue<Ascii>>,
+    act_as: Option<MetadataValue<Ascii>>,
+}
+
+impl Credentials {
+    pub fn new(token: Option<&str>, act_as: Option<&str>) -> Result<Credentials, ClientError> {
+        let value = |what: &str, text: String| {
+            MetadataValue::try_from(text).map_err(|_| ClientError::BadCredentials(format!("{what}: must be printable ASCII")))
+        };
+        Ok(Credentials {
+            bearer: token.map(|t| value("token", format!("Bearer {}", t.trim()))).transpose()?,
+            act_as: act_as.map(|u| value("as", u.to_string())).transpose()?,
+        })
+    }
+}
+
+impl Interceptor for Credentials {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(bearer) = &self.bearer {
+            request.metadata_mut().insert("authorization", bearer.clone());
+        }
+        if let Some(act_as) = &self.act_as {
+            request.metadata_mut().insert(wire::ACT_AS_METADATA, act_as.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A channel whose requests carry the client's credentials.
+pub type Authed = InterceptedService<Channel, Credentials>;
+
 #[derive(Clone)]
 pub struct Client {
     endpoints: Vec<String>,
     security: Security,
     channels: Vec<Channel>,
+    credentials: Credentials,
     /// How long one call may keep retrying.
     pub deadline: Duration,
     /// Timeout of one attempt.
@@ -94,6 +137,7 @@ impl Client {
             endpoints,
             security: security.clone(),
             channels,
+            credentials: Credentials::default(),
             deadline: Duration::from_secs(30),
             attempt_timeout: Duration::from_secs(3),
         })
@@ -109,12 +153,26 @@ impl Client {
         &self.security
     }
 
-    pub fn jobs_at(&self, i: usize) -> JobServiceClient<Channel> {
-        JobServiceClient::new(self.channels[i].clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    /// Send `credentials` with every request.
+    pub fn with_credentials(mut self, credentials: Credentials) -> Client {
+        self.credentials = credentials;
+        self
     }
 
-    pub fn cluster_at(&self, i: usize) -> ClusterServiceClient<Channel> {
-        ClusterServiceClient::new(self.channels[i].clone())
+    fn authed(&self, i: usize) -> Authed {
+        InterceptedService::new(self.channels[i].clone(), self.credentials.clone())
+    }
+
+    pub fn jobs_at(&self, i: usize) -> JobServiceClient<Authed> {
+        JobServiceClient::new(self.authed(i)).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    pub fn cluster_at(&self, i: usize) -> ClusterServiceClient<Authed> {
+        ClusterServiceClient::new(self.authed(i))
+    }
+
+    pub fn auth_at(&self, i: usize) -> AuthServiceClient<Authed> {
+        AuthServiceClient::new(self.authed(i))
     }
 
     /// Run `call` against endpoint indexes until it succeeds, fails for a

@@ -108,8 +108,13 @@ pub fn job_to_pb(state: &ClusterState, job: &Job) -> pb::Job {
                 .collect()
         })
         .unwrap_or_default();
-    let master_addr =
-        alloc.and_then(|a| a.ranks.first()).and_then(|r| state.nodes.get(&r.node)).map(|n| n.address.clone()).unwrap_or_default();
+    // The host only: the node's address carries its agent's port, which is
+    // not what the ranks were given (MASTER_ADDR is the host).
+    let master_addr = alloc
+        .and_then(|a| a.ranks.first())
+        .and_then(|r| state.nodes.get(&r.node))
+        .map(|n| host_of(&n.address).to_string())
+        .unwrap_or_default();
     pb::Job {
         id: job.id,
         spec: Some(spec_to_pb(&job.spec)),
@@ -128,7 +133,42 @@ pub fn job_to_pb(state: &ClusterState, job: &Job) -> pb::Job {
         master_port: alloc.map_or(0, |a| u32::from(a.master_port)),
         exit_code: job.exit_code,
         last_nodes: job.last_nodes.clone(),
+        owner: state.auth.job_marks.get(&job.id).and_then(|m| m.owner.clone()).unwrap_or_default(),
+        redacted: false,
     }
+}
+
+/// What replaces a secret value for a reader who may not see it.
+pub const REDACTED: &str = "<redacted>";
+
+/// Hide a job's secrets from a reader who is not its owner, an admin of its
+/// group or an operator: every environment value, the values of its secret
+/// entries wherever they appear in the command, and the whole command when
+/// the job marked it secret.
+pub fn redact_job(state: &ClusterState, job: &mut pb::Job) {
+    let marks = state.auth.job_marks.get(&job.id);
+    let Some(spec) = job.spec.as_mut() else { return };
+    let secret_values: Vec<String> = marks
+        .map(|m| m.secret_env.iter().filter_map(|name| spec.env.get(name)).filter(|v| !v.is_empty()).cloned().collect())
+        .unwrap_or_default();
+    for value in spec.env.values_mut() {
+        *value = REDACTED.to_string();
+    }
+    if marks.is_some_and(|m| m.secret_command) {
+        spec.command = vec![REDACTED.to_string()];
+    } else {
+        for part in &mut spec.command {
+            for secret in &secret_values {
+                *part = part.replace(secret.as_str(), REDACTED);
+            }
+        }
+    }
+    job.redacted = true;
+}
+
+/// The host of `host:port` (IPv6 brackets removed).
+pub fn host_of(address: &str) -> &str {
+    address.rsplit_once(':').map_or(address, |(host, _)| host).trim_start_matches('[').trim_end_matches(']')
 }
 
 pub fn node_to_pb(state: &ClusterState, node: &Node) -> pb::Node {

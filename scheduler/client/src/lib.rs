@@ -17,4 +17,4 @@ pub mod wire;
 
 mod client;
 
-pub use client::{Client, ClientError};
+pub use client::{Authed, Client, ClientError, Credentials};

@@ -7,6 +7,8 @@ use tonic::transport::Channel;
 
 /// Response metadata key that carries the leader's address on UNAVAILABLE.
 pub const LEADER_METADATA: &str = "rota-leader";
+/// Request metadata key: act as this user (needs the impersonate permission).
+pub const ACT_AS_METADATA: &str = "rota-as";
 /// Request metadata key set on a request forwarded from a follower, so a
 /// request is forwarded at most once.
 pub const FORWARDED_METADATA: &str = "rota-forwarded";

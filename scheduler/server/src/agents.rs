@@ -177,8 +177,12 @@ pub fn node_assignments(state: &ClusterState, node: &str) -> Vec<pb::AssignedRan
         let Some(job) = state.jobs.get(&alloc.job_id) else {
             continue;
         };
-        let master_addr =
-            alloc.ranks.first().and_then(|r| state.nodes.get(&r.node)).map(|n| host_of(&n.address).to_string()).unwrap_or_default();
+        let master_addr = alloc
+            .ranks
+            .first()
+            .and_then(|r| state.nodes.get(&r.node))
+            .map(|n| rota_client::convert::host_of(&n.address).to_string())
+            .unwrap_or_default();
         let mut node_ranks: BTreeMap<&str, u32> = BTreeMap::new();
         let mut local_counts: BTreeMap<&str, u32> = BTreeMap::new();
         for rank in &alloc.ranks {
@@ -205,14 +209,11 @@ pub fn node_assignments(state: &ClusterState, node: &str) -> Vec<pb::AssignedRan
                 master_port: u32::from(alloc.master_port),
                 grace_period_s: job.spec.grace_period_s,
                 stop_reason: alloc.stop.map(|r| r.as_str().to_string()).unwrap_or_default(),
+                user: state.auth.job_marks.get(&alloc.job_id).and_then(|m| m.owner.clone()).unwrap_or_default(),
             });
         }
     }
     ranks
-}
-
-fn host_of(address: &str) -> &str {
-    address.rsplit_once(':').map_or(address, |(host, _)| host).trim_start_matches('[').trim_end_matches(']')
 }
 
 type AssignmentStream = Pin<Box<dyn Stream<Item = Result<pb::Assignments, Status>> + Send>>;
@@ -282,7 +283,7 @@ async fn watch_loop(ctx: Arc<Context>, message: pb::WatchAssignmentsRequest, sen
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use rota_client::convert::host_of;
 
     #[test]
     fn host_of_strips_the_port() {

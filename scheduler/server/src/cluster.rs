@@ -12,6 +12,7 @@ use crate::forward::{serve_or_forward, Failure};
 use crate::status::rejection;
 use crate::Context;
 use rota_client::convert::{node_to_pb, queue_from_pb, queue_to_pb, quota_from_pb, quota_to_pb};
+use rota_core::state::auth::{Action, Actor};
 use rota_core::state::{AlarmKind, Command, CommandResult, GroupQuota};
 
 /// Most replicas in one cluster; Raft gains nothing from more than 7 voters.
@@ -130,6 +131,37 @@ impl ClusterApi {
         Ok(())
     }
 
+    /// The actor of a request that reads the cluster.
+    fn reader<T>(&self, request: &mut Request<T>) -> Result<Actor, Status> {
+        let actor = self.ctx.actor(request)?;
+        self.ctx.permit(&actor, Action::Read)?;
+        Ok(actor)
+    }
+
+    /// The actor of a request that changes what is outside the log
+    /// (membership, leadership), checked on this replica's state.
+    fn operator<T>(&self, request: &mut Request<T>) -> Result<Actor, Status> {
+        let actor = self.ctx.actor(request)?;
+        self.ctx.permit(&actor, Action::Operate)?;
+        Ok(actor)
+    }
+
+    /// Record a change made outside the log in the audit trail. Best
+    /// effort: the change happened whatever becomes of its record.
+    async fn note(&self, actor: &Actor, what: String, outcome: &Result<(), Status>) {
+        if actor.user.is_none() {
+            return;
+        }
+        let outcome = match outcome {
+            Ok(()) => "ok".to_string(),
+            Err(status) => format!("refused: {}", status.message()),
+        };
+        let command = self.ctx.as_actor(actor, Command::Note { what, outcome });
+        if let Err(error) = self.ctx.proposer.propose(command).await {
+            tracing::warn!(%error, "could not record a membership change in the audit trail");
+        }
+    }
+
     async fn propose_config(&self, command: Command) -> Result<(), Failure> {
         self.ctx.leader_in_contact()?;
         let (_, result) = self.ctx.proposer.propose(command).await?;
@@ -188,7 +220,7 @@ impl ClusterApi {
 
     /// Raise one replica's alarm, or clear one replica's (or, with replica
     /// id 0, every raised alarm of the kind).
-    async fn set_alarm_here(&self, message: &pb::SetAlarmRequest) -> Result<pb::ListAlarmsResponse, Failure> {
+    async fn set_alarm_here(&self, actor: &Actor, message: &pb::SetAlarmRequest) -> Result<pb::ListAlarmsResponse, Failure> {
         let kind = AlarmKind::parse(&message.kind)
             .ok_or_else(|| Status::invalid_argument(format!("kind: unknown alarm {:?}; known: nospace", message.kind)))?;
         let targets: Vec<u64> = if message.replica_id == 0 {
@@ -204,7 +236,7 @@ impl ClusterApi {
             vec![message.replica_id]
         };
         for replica in targets {
-            self.propose_config(Command::SetAlarm { replica, kind, raised: message.raised }).await?;
+            self.propose_config(self.ctx.as_actor(actor, Command::SetAlarm { replica, kind, raised: message.raised })).await?;
             let verb = if message.raised { "raised" } else { "cleared" };
             tracing::warn!(replica, kind = kind.as_str(), "alarm {verb}");
         }
@@ -225,22 +257,33 @@ impl ClusterApi {
 
 #[tonic::async_trait]
 impl ClusterService for ClusterApi {
-    async fn get_cluster_status(&self, _: Request<pb::GetClusterStatusRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
+    async fn get_cluster_status(&self, mut request: Request<pb::GetClusterStatusRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
+        self.reader(&mut request)?;
         Ok(Response::new(self.status()))
     }
 
-    async fn list_nodes(&self, _: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
+    async fn list_nodes(&self, mut request: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
+        self.reader(&mut request)?;
         let nodes = self.ctx.read(|state| state.nodes.values().map(|n| node_to_pb(state, n)).collect());
         Ok(Response::new(pb::ListNodesResponse { nodes }))
     }
 
-    async fn add_member(&self, request: Request<pb::AddMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
-        let here = |message: pb::AddMemberRequest| async move { self.add_here(&message).await };
+    async fn add_member(&self, mut request: Request<pb::AddMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
+        let actor = &self.operator(&mut request)?;
+        let here = |message: pb::AddMemberRequest| async move {
+            let result = self.add_here(&message).await;
+            if !matches!(result, Err(Failure::NotLeader(_))) {
+                let outcome = result.as_ref().map(|_| ()).map_err(|f| failure_status(f));
+                self.note(actor, format!("add member {} at {}", message.id, message.address), &outcome).await;
+            }
+            result
+        };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.add_member(request).await };
         serve_or_forward("add_member", request, here, forward).await
     }
 
-    async fn campaign(&self, request: Request<pb::CampaignRequest>) -> Result<Response<pb::CampaignResponse>, Status> {
+    async fn campaign(&self, mut request: Request<pb::CampaignRequest>) -> Result<Response<pb::CampaignResponse>, Status> {
+        self.operator(&mut request)?;
         let status = self.ctx.replica.status();
         if request.into_inner().replica_id != status.id {
             return Err(Status::invalid_argument(format!("replica_id: this is replica {}", status.id)));
@@ -257,55 +300,77 @@ impl ClusterService for ClusterApi {
         Ok(Response::new(pb::CampaignResponse { leader_before: status.leader_id.unwrap_or(0), term_before: status.term }))
     }
 
-    async fn set_queue(&self, request: Request<pb::Queue>) -> Result<Response<pb::Queue>, Status> {
+    async fn set_queue(&self, mut request: Request<pb::Queue>) -> Result<Response<pb::Queue>, Status> {
+        let actor = &self.ctx.actor(&mut request)?;
         let here = |message: pb::Queue| async move {
-            self.propose_config(Command::SetQueue(queue_from_pb(message.clone()))).await.map(|()| message)
+            self.propose_config(self.ctx.as_actor(actor, Command::SetQueue(queue_from_pb(message.clone())))).await.map(|()| message)
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_queue(request).await };
         serve_or_forward("set_queue", request, here, forward).await
     }
 
-    async fn list_queues(&self, request: Request<pb::ListQueuesRequest>) -> Result<Response<pb::ListQueuesResponse>, Status> {
+    async fn list_queues(&self, mut request: Request<pb::ListQueuesRequest>) -> Result<Response<pb::ListQueuesResponse>, Status> {
+        self.reader(&mut request)?;
         let here = |_| async move { self.queues_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_queues(request).await };
         serve_or_forward("list_queues", request, here, forward).await
     }
 
-    async fn set_quota(&self, request: Request<pb::Quota>) -> Result<Response<pb::Quota>, Status> {
+    async fn set_quota(&self, mut request: Request<pb::Quota>) -> Result<Response<pb::Quota>, Status> {
+        let actor = &self.ctx.actor(&mut request)?;
         let here = |message: pb::Quota| async move {
-            self.propose_config(Command::SetQuota(quota_from_pb(message.clone()))).await.map(|()| message)
+            self.propose_config(self.ctx.as_actor(actor, Command::SetQuota(quota_from_pb(message.clone())))).await.map(|()| message)
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_quota(request).await };
         serve_or_forward("set_quota", request, here, forward).await
     }
 
-    async fn list_quotas(&self, request: Request<pb::ListQuotasRequest>) -> Result<Response<pb::ListQuotasResponse>, Status> {
+    async fn list_quotas(&self, mut request: Request<pb::ListQuotasRequest>) -> Result<Response<pb::ListQuotasResponse>, Status> {
+        self.reader(&mut request)?;
         let here = |_| async move { self.quotas_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_quotas(request).await };
         serve_or_forward("list_quotas", request, here, forward).await
     }
 
-    async fn get_usage(&self, request: Request<pb::GetUsageRequest>) -> Result<Response<pb::GetUsageResponse>, Status> {
+    async fn get_usage(&self, mut request: Request<pb::GetUsageRequest>) -> Result<Response<pb::GetUsageResponse>, Status> {
+        self.reader(&mut request)?;
         let here = |_| async move { self.usage_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.get_usage(request).await };
         serve_or_forward("get_usage", request, here, forward).await
     }
 
-    async fn list_alarms(&self, request: Request<pb::ListAlarmsRequest>) -> Result<Response<pb::ListAlarmsResponse>, Status> {
+    async fn list_alarms(&self, mut request: Request<pb::ListAlarmsRequest>) -> Result<Response<pb::ListAlarmsResponse>, Status> {
+        self.reader(&mut request)?;
         let here = |_| async move { self.alarms_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_alarms(request).await };
         serve_or_forward("list_alarms", request, here, forward).await
     }
 
-    async fn set_alarm(&self, request: Request<pb::SetAlarmRequest>) -> Result<Response<pb::ListAlarmsResponse>, Status> {
-        let here = |message: pb::SetAlarmRequest| async move { self.set_alarm_here(&message).await };
+    async fn set_alarm(&self, mut request: Request<pb::SetAlarmRequest>) -> Result<Response<pb::ListAlarmsResponse>, Status> {
+        let actor = &self.ctx.actor(&mut request)?;
+        let here = |message: pb::SetAlarmRequest| async move { self.set_alarm_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_alarm(request).await };
         serve_or_forward("set_alarm", request, here, forward).await
     }
 
-    async fn remove_member(&self, request: Request<pb::RemoveMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
-        let here = |message: pb::RemoveMemberRequest| async move { self.remove_here(&message).await };
+    async fn remove_member(&self, mut request: Request<pb::RemoveMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
+        let actor = &self.operator(&mut request)?;
+        let here = |message: pb::RemoveMemberRequest| async move {
+            let result = self.remove_here(&message).await;
+            if !matches!(result, Err(Failure::NotLeader(_))) {
+                let outcome = result.as_ref().map(|_| ()).map_err(|f| failure_status(f));
+                self.note(actor, format!("remove member {}", message.id), &outcome).await;
+            }
+            result
+        };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.remove_member(request).await };
         serve_or_forward("remove_member", request, here, forward).await
+    }
+}
+
+fn failure_status(failure: &Failure) -> Status {
+    match failure {
+        Failure::Status(status) => status.clone(),
+        Failure::NotLeader(error) => crate::status::write_error(error),
     }
 }

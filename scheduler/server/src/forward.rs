@@ -8,8 +8,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rota_proto::v1::agent_service_client::AgentServiceClient;
+use rota_proto::v1::auth_service_client::AuthServiceClient;
 use rota_proto::v1::cluster_service_client::ClusterServiceClient;
 use rota_proto::v1::job_service_client::JobServiceClient;
+use rota_proto::v1::node_agent_service_client::NodeAgentServiceClient;
 use rota_tls::Security;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -59,6 +61,15 @@ impl Forwarder {
         Ok(AgentServiceClient::new(self.channel(addr)?).max_decoding_message_size(super::MAX_MESSAGE_BYTES))
     }
 
+    /// An agent's log service, under this replica's certificate.
+    pub fn agent_logs(&self, addr: &str) -> Result<NodeAgentServiceClient<Channel>, Status> {
+        Ok(NodeAgentServiceClient::new(self.channel(addr)?))
+    }
+
+    pub fn auth(&self, addr: &str) -> Result<AuthServiceClient<Channel>, Status> {
+        Ok(AuthServiceClient::new(self.channel(addr)?))
+    }
+
     pub fn cluster(&self, addr: &str) -> Result<ClusterServiceClient<Channel>, Status> {
         Ok(ClusterServiceClient::new(self.channel(addr)?))
     }
@@ -68,9 +79,14 @@ fn is_forwarded<T>(request: &Request<T>) -> bool {
     request.metadata().contains_key(FORWARDED_METADATA)
 }
 
-fn forwarded<T>(message: T) -> Request<T> {
+/// The message as a forwarded request, carrying the actor the handler
+/// resolved (if it put one in the request's extensions).
+fn forwarded<T>(message: T, actor: Option<&rota_core::state::auth::Actor>) -> Request<T> {
     let mut request = Request::new(message);
     request.metadata_mut().insert(FORWARDED_METADATA, "1".parse().expect("ascii"));
+    if let Some(actor) = actor {
+        crate::authz::mark_forwarded(request.metadata_mut(), actor);
+    }
     request
 }
 
@@ -137,11 +153,12 @@ where
 {
     let started = Instant::now();
     let was_forwarded = is_forwarded(&request);
+    let actor = request.extensions().get::<rota_core::state::auth::Actor>().cloned();
     let message = request.into_inner();
     let result = match here(message.clone()).await {
         Ok(response) => Ok(Response::new(response)),
         Err(failure) => match forward_target(was_forwarded, failure) {
-            Ok(addr) => forward(addr, forwarded(message)).await,
+            Ok(addr) => forward(addr, forwarded(message, actor.as_ref())).await,
             Err(status) => Err(status),
         },
     };

@@ -13,8 +13,11 @@ use tonic::{Request, Response, Status};
 use crate::forward::{serve_or_forward, Failure};
 use crate::status::{internal, rejection};
 use crate::Context;
-use rota_client::convert::{job_to_pb, spec_from_pb, state_from_pb, state_to_pb, validate_submit};
-use rota_core::state::{ClusterState, Command, CommandResult, JobState};
+use std::collections::BTreeSet;
+
+use rota_client::convert::{job_to_pb, redact_job, spec_from_pb, state_from_pb, state_to_pb, validate_submit};
+use rota_core::state::auth::{Action, Actor};
+use rota_core::state::{ClusterState, Command, CommandResult, Job, JobState};
 
 const DEFAULT_LIST_LIMIT: u32 = 1_000;
 const MAX_LIST_LIMIT: u32 = 10_000;
@@ -35,12 +38,21 @@ impl JobApi {
         Self { ctx }
     }
 
-    async fn submit_here(&self, message: pb::SubmitJobRequest) -> Result<pb::SubmitJobResponse, Failure> {
+    async fn submit_here(&self, actor: &Actor, message: pb::SubmitJobRequest) -> Result<pb::SubmitJobResponse, Failure> {
         let spec = spec_from_pb(message.spec).map_err(|r| rejection(&r))?;
         let request_id = Some(message.request_id).filter(|id| !id.is_empty());
         self.ctx.read(|state| validate_submit(state, request_id.as_deref(), &spec)).map_err(|r| rejection(&r))?;
         self.ctx.leader_in_contact()?;
-        let command = Command::SubmitJob { request_id, spec };
+        let secret_env: BTreeSet<String> = message.secret_env.into_iter().collect();
+        let command = if secret_env.is_empty() && !message.secret_command {
+            Command::SubmitJob { request_id, spec }
+        } else {
+            if secret_env.len() > spec.env.len() {
+                return Err(Status::invalid_argument("secret_env: names more entries than the environment has").into());
+            }
+            Command::SubmitMarked { request_id, spec, secret_env, secret_command: message.secret_command }
+        };
+        let command = self.ctx.as_actor(actor, command);
         if self.ctx.unsafe_ack_before_commit {
             let proposer = self.ctx.proposer.clone();
             tokio::spawn(async move { proposer.propose(command).await });
@@ -60,15 +72,17 @@ impl JobApi {
         }
     }
 
-    async fn get_here(&self, message: &pb::GetJobRequest) -> Result<pb::GetJobResponse, Failure> {
+    async fn get_here(&self, actor: &Actor, message: &pb::GetJobRequest) -> Result<pb::GetJobResponse, Failure> {
+        self.ctx.permit(actor, Action::Read)?;
         self.ctx.leader_in_contact()?;
         self.ctx.replica.ensure_linearizable().await?;
-        let job = self.ctx.read(|state| state.jobs.get(&message.job_id).map(|job| job_to_pb(state, job)));
+        let job = self.ctx.read(|state| state.jobs.get(&message.job_id).map(|job| job_for(state, actor, job)));
         let job = job.ok_or_else(|| Status::not_found(format!("job {} not found", message.job_id)))?;
         Ok(pb::GetJobResponse { job: Some(job) })
     }
 
-    async fn list_here(&self, message: &pb::ListJobsRequest) -> Result<pb::ListJobsResponse, Failure> {
+    async fn list_here(&self, actor: &Actor, message: &pb::ListJobsRequest) -> Result<pb::ListJobsResponse, Failure> {
+        self.ctx.permit(actor, Action::Read)?;
         let wanted = state_from_pb(message.state).map_err(|r| rejection(&r))?;
         let limit = match message.limit {
             0 => DEFAULT_LIST_LIMIT,
@@ -77,12 +91,13 @@ impl JobApi {
         };
         self.ctx.leader_in_contact()?;
         self.ctx.replica.ensure_linearizable().await?;
-        Ok(self.ctx.read(|state| list_jobs(state, wanted, &message.group, message.before_id, limit as usize)))
+        Ok(self.ctx.read(|state| list_jobs(state, actor, wanted, &message.group, message.before_id, limit as usize)))
     }
 
-    async fn cancel_here(&self, message: &pb::CancelJobRequest) -> Result<pb::CancelJobResponse, Failure> {
+    async fn cancel_here(&self, actor: &Actor, message: &pb::CancelJobRequest) -> Result<pb::CancelJobResponse, Failure> {
         self.ctx.leader_in_contact()?;
-        let (_, result) = self.ctx.proposer.propose(Command::CancelJob { job_id: message.job_id }).await?;
+        let command = self.ctx.as_actor(actor, Command::CancelJob { job_id: message.job_id });
+        let (_, result) = self.ctx.proposer.propose(command).await?;
         match result {
             CommandResult::Cancelled { state, .. } => Ok(pb::CancelJobResponse { state: state_to_pb(state) as i32 }),
             CommandResult::Rejected(r) => Err(rejection(&r).into()),
@@ -91,7 +106,26 @@ impl JobApi {
     }
 }
 
-fn list_jobs(state: &ClusterState, wanted: Option<JobState>, group: &str, before_id: u64, limit: usize) -> pb::ListJobsResponse {
+/// A job as `actor` may see it: with its secrets for its owner, its
+/// group's admins and operators, redacted for everyone else.
+pub fn job_for(state: &ClusterState, actor: &Actor, job: &Job) -> pb::Job {
+    let mut shown = job_to_pb(state, job);
+    let owner = state.auth.job_marks.get(&job.id).and_then(|m| m.owner.as_deref());
+    let enforced = state.cluster_version() >= crate::authz::ACCESS_CONTROL_FORMAT;
+    if enforced && state.auth.permits(actor, Action::OwnJob { owner, group: &job.spec.group }).is_err() {
+        redact_job(state, &mut shown);
+    }
+    shown
+}
+
+fn list_jobs(
+    state: &ClusterState,
+    actor: &Actor,
+    wanted: Option<JobState>,
+    group: &str,
+    before_id: u64,
+    limit: usize,
+) -> pb::ListJobsResponse {
     let below = if before_id == 0 { u64::MAX } else { before_id };
     let matching = state
         .jobs
@@ -110,7 +144,7 @@ fn list_jobs(state: &ClusterState, wanted: Option<JobState>, group: &str, before
             truncated = true;
             continue;
         }
-        let job = job_to_pb(state, job);
+        let job = job_for(state, actor, job);
         let job_bytes = prost::Message::encoded_len(&job);
         if !jobs.is_empty() && bytes + job_bytes > MAX_RESPONSE_BYTES {
             truncated = true;
@@ -123,39 +157,83 @@ fn list_jobs(state: &ClusterState, wanted: Option<JobState>, group: &str, before
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchJobsResponse, Status>> + Send>>;
+type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl JobService for JobApi {
     async fn submit_job(&self, request: Request<pb::SubmitJobRequest>) -> Result<Response<pb::SubmitJobResponse>, Status> {
-        let here = |message| async move { self.submit_here(message).await };
+        let mut request = request;
+        let actor = self.ctx.actor(&mut request)?;
+        let actor = &actor;
+        let here = |message| async move { self.submit_here(actor, message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.submit_job(request).await };
         serve_or_forward("submit_job", request, here, forward).await
     }
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::GetJobResponse>, Status> {
-        let here = |message| async move { self.get_here(&message).await };
+        let mut request = request;
+        let actor = self.ctx.actor(&mut request)?;
+        let actor = &actor;
+        let here = |message| async move { self.get_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.get_job(request).await };
         serve_or_forward("get_job", request, here, forward).await
     }
 
     async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
-        let here = |message| async move { self.list_here(&message).await };
+        let mut request = request;
+        let actor = self.ctx.actor(&mut request)?;
+        let actor = &actor;
+        let here = |message| async move { self.list_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.list_jobs(request).await };
         serve_or_forward("list_jobs", request, here, forward).await
     }
 
     async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::CancelJobResponse>, Status> {
-        let here = |message| async move { self.cancel_here(&message).await };
+        let mut request = request;
+        let actor = self.ctx.actor(&mut request)?;
+        let actor = &actor;
+        let here = |message| async move { self.cancel_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.cancel_job(request).await };
         serve_or_forward("cancel_job", request, here, forward).await
+    }
+
+    type ReadLogsStream = LogStream;
+
+    async fn read_logs(&self, mut request: Request<pb::ReadLogRequest>) -> Result<Response<LogStream>, Status> {
+        let actor = self.ctx.actor(&mut request)?;
+        let message = request.into_inner();
+        let (job_id, rank) = (message.job_id, message.rank);
+        let (address, owner, group) = self.ctx.read(|state| {
+            let job = state.jobs.get(&job_id).ok_or_else(|| Status::not_found(format!("job {job_id} not found")))?;
+            let node = job
+                .alloc
+                .and_then(|id| state.allocs.get(&id))
+                .and_then(|alloc| alloc.ranks.iter().find(|r| r.rank == rank))
+                .map(|r| r.node.clone())
+                .or_else(|| job.last_nodes.get(rank as usize).cloned())
+                .ok_or_else(|| Status::not_found(format!("rank: job {job_id} has no rank {rank} that ever ran")))?;
+            let address = state
+                .nodes
+                .get(&node)
+                .map(|n| n.address.clone())
+                .ok_or_else(|| Status::not_found(format!("node {node} is not registered")))?;
+            let owner = state.auth.job_marks.get(&job_id).and_then(|m| m.owner.clone());
+            Ok::<_, Status>((address, owner, job.spec.group.clone()))
+        })?;
+        self.ctx.permit(&actor, Action::OwnJob { owner: owner.as_deref(), group: &group })?;
+        let stream = self.ctx.forwarder.agent_logs(&address)?.read_log(message).await?.into_inner();
+        Ok(Response::new(Box::pin(stream)))
     }
 
     type WatchJobsStream = WatchStream;
 
     async fn watch_jobs(&self, request: Request<pb::WatchJobsRequest>) -> Result<Response<WatchStream>, Status> {
+        let mut request = request;
+        let actor = self.ctx.actor(&mut request)?;
+        self.ctx.permit(&actor, Action::Read)?;
         let after_index = request.into_inner().after_index;
         let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
-        tokio::spawn(watch_loop(self.ctx.clone(), after_index, sender));
+        tokio::spawn(watch_loop(self.ctx.clone(), actor, after_index, sender));
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
 }
@@ -164,7 +242,7 @@ impl JobService for JobApi {
 /// the client goes away. Served from this replica's applied state. Delivery
 /// is at least once: a job changed while a long listing is sent in chunks
 /// comes again in the next round.
-async fn watch_loop(ctx: Arc<Context>, mut after_index: u64, sender: mpsc::Sender<Result<pb::WatchJobsResponse, Status>>) {
+async fn watch_loop(ctx: Arc<Context>, actor: Actor, mut after_index: u64, sender: mpsc::Sender<Result<pb::WatchJobsResponse, Status>>) {
     let mut applied = ctx.replica.applied_watch();
     loop {
         let mut cursor = 0; // last job id sent in this round
@@ -180,7 +258,7 @@ async fn watch_loop(ctx: Arc<Context>, mut after_index: u64, sender: mpsc::Sende
                     .filter(|job| job.changed_at_index > after_index || (after_index == 0 && !job.state.is_final()));
                 let mut full = false;
                 for job in changed {
-                    let job = job_to_pb(state, job);
+                    let job = job_for(state, &actor, job);
                     bytes += prost::Message::encoded_len(&job);
                     jobs.push(job);
                     if jobs.len() == WATCH_BATCH || bytes > MAX_RESPONSE_BYTES {

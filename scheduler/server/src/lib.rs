@@ -3,6 +3,8 @@
 
 mod agents;
 pub mod alarms;
+mod auth_api;
+pub mod authz;
 pub mod clock;
 mod cluster;
 mod forward;
@@ -22,6 +24,7 @@ use std::time::Duration;
 
 use rota_consensus::{ConsensusConfig, NodeId, Replica};
 use rota_proto::v1::agent_service_server::AgentServiceServer;
+use rota_proto::v1::auth_service_server::AuthServiceServer;
 use rota_proto::v1::cluster_service_client::ClusterServiceClient;
 use rota_proto::v1::cluster_service_server::ClusterServiceServer;
 use rota_proto::v1::job_service_server::JobServiceServer;
@@ -89,6 +92,9 @@ pub struct ServerConfig {
     /// TLS with this replica's certificate on every link (served and
     /// dialed), or plaintext when started `--insecure`.
     pub security: Security,
+    /// The user made the cluster's first admin when it has no users yet
+    /// (given to the founding replicas; ignored once any user exists).
+    pub bootstrap_admin: Option<String>,
 }
 
 /// Who may call each service (a replica also forwards clients' and agents'
@@ -116,6 +122,8 @@ pub struct Context {
     pub leader: leader::Leadership,
     /// Applied payloads for the leader's own copy of the state.
     pub journal: Arc<std::sync::Mutex<replicated::Journal>>,
+    /// `--bootstrap-admin`: proposed by a leader of a cluster without users.
+    pub bootstrap_admin: Option<String>,
 }
 
 impl Context {
@@ -170,6 +178,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         unsafe_ack_before_commit: std::env::var("ROTA_TEST_ACK_BEFORE_COMMIT").is_ok_and(|v| v == "1"),
         leader: leader::Leadership::new(config.node_ttl_ms, config.max_clock_skew_ms),
         journal,
+        bootstrap_admin: config.bootstrap_admin.clone(),
     });
     if ctx.unsafe_ack_before_commit {
         tracing::error!("ROTA_TEST_ACK_BEFORE_COMMIT=1: submits are acknowledged before they commit; never use this outside tests");
@@ -199,6 +208,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
             ClusterServiceServer::new(cluster::ClusterApi::new(ctx.clone())),
             interceptor(CLUSTER_CALLERS),
         ))
+        .add_service(InterceptedService::new(AuthServiceServer::new(auth_api::AuthApi::new(ctx.clone())), interceptor(CLIENT_CALLERS)))
         .add_service(InterceptedService::new(
             AgentServiceServer::new(agents::AgentApi::new(ctx.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)

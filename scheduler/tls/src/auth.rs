@@ -1,7 +1,8 @@
 //! Who made a request, decided once per request by [`authenticate`] (run as
 //! a tonic interceptor in front of each service) and read by handlers
-//! through [`caller`]. Bearer tokens and roles, when they come, will be one
-//! more way to reach a [`Caller::Verified`] here; handlers need not change.
+//! through [`caller`]. A client without a certificate may present a bearer
+//! token instead ([`Caller::Bearer`]); the replica checks it against the
+//! hashes in its replicated state, which this crate does not see.
 
 use tonic::{Request, Status};
 
@@ -16,6 +17,19 @@ pub enum Caller {
     /// A plaintext link of a process started `--insecure`: nothing is known
     /// and nothing is checked.
     Unchecked,
+    /// A TLS client without a certificate that sent `authorization: Bearer
+    /// TOKEN`; not yet checked (see the replica's authorization).
+    Bearer(String),
+}
+
+/// Longest bearer token accepted, bytes (rota's are 82).
+const MAX_BEARER_BYTES: usize = 256;
+
+/// The token of an `authorization: Bearer TOKEN` header, if well formed.
+fn bearer<T>(request: &Request<T>) -> Option<String> {
+    let value = request.metadata().get("authorization")?.to_str().ok()?;
+    let token = value.strip_prefix("Bearer ")?.trim();
+    (!token.is_empty() && token.len() <= MAX_BEARER_BYTES).then(|| token.to_string())
 }
 
 impl Caller {
@@ -28,6 +42,7 @@ impl Caller {
             Caller::Verified(Identity { kind: IdentityKind::Replica, .. }) => Ok(()),
             Caller::Verified(Identity { kind: IdentityKind::Agent, name }) if name == node => Ok(()),
             Caller::Verified(identity) => Err(Status::permission_denied(format!("{identity} may not act for node {node:?}"))),
+            Caller::Bearer(_) => Err(Status::permission_denied(format!("a bearer token may not act for node {node:?}"))),
         }
     }
 }
@@ -45,7 +60,11 @@ pub fn authenticate<T>(request: &mut Request<T>, allowed: &[IdentityKind]) -> Re
             }
             Caller::Verified(identity)
         }
-        Some(Peer::Anonymous) => return Err(Status::unauthenticated("a client certificate signed by the cluster's CA is required")),
+        Some(Peer::Anonymous) => match bearer(request) {
+            Some(token) if allowed.contains(&IdentityKind::User) => Caller::Bearer(token),
+            Some(_) => return Err(Status::permission_denied("bearer tokens are for people and portals, not this service")),
+            None => return Err(Status::unauthenticated("a client certificate signed by the cluster's CA, or a bearer token, is required")),
+        },
         Some(Peer::Unrecognized(why)) => return Err(Status::unauthenticated(format!("the client certificate names no identity: {why}"))),
         None => return Err(Status::unauthenticated("the connection carries no identity")),
     };

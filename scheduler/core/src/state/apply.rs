@@ -3,7 +3,10 @@
 
 use std::collections::BTreeSet;
 
-use super::auth::{validate_name as validate_auth_name, Action, Actor, AuditRecord, JobMarks, Role, TokenRecord, UserRecord, MAX_GROUPS_PER_USER, MAX_TOKENS, MAX_TOKENS_PER_USER, MAX_USERS};
+use super::auth::{
+    validate_name as validate_auth_name, Action, Actor, AuditRecord, JobMarks, Role, TokenRecord, UserRecord, MAX_GROUPS_PER_USER,
+    MAX_TOKENS, MAX_TOKENS_PER_USER, MAX_USERS,
+};
 use super::command::*;
 use super::types::*;
 use super::validate::{validate_queue, validate_quota, validate_request_id, validate_spec};
@@ -155,7 +158,9 @@ impl ClusterState {
             secret_command,
         };
         match command {
-            Command::SubmitJob { request_id, spec } => self.submit_marked(index, request_id.as_deref(), spec, marks(&BTreeSet::new(), false)),
+            Command::SubmitJob { request_id, spec } => {
+                self.submit_marked(index, request_id.as_deref(), spec, marks(&BTreeSet::new(), false))
+            }
             Command::SubmitMarked { request_id, spec, secret_env, secret_command } => {
                 self.submit_marked(index, request_id.as_deref(), spec, marks(secret_env, *secret_command))
             }
@@ -171,7 +176,10 @@ impl ClusterState {
     fn submit_marked(&mut self, index: u64, request_id: Option<&str>, spec: &JobSpec, marks: JobMarks) -> Result<CommandResult, Rejection> {
         for name in &marks.secret_env {
             if !spec.env.contains_key(name) {
-                return Err(Rejection::Invalid { field: "secret_env".into(), message: format!("{name:?} is not in the job's environment") });
+                return Err(Rejection::Invalid {
+                    field: "secret_env".into(),
+                    message: format!("{name:?} is not in the job's environment"),
+                });
             }
         }
         let result = self.submit(index, request_id, spec)?;
@@ -188,7 +196,8 @@ impl ClusterState {
         if !self.auth.users.is_empty() {
             return Ok(CommandResult::Done);
         }
-        let admin = UserRecord { name: name.to_string(), role: Role::Admin, groups: BTreeSet::new(), impersonate: false, created_ms: self.now_ms };
+        let admin =
+            UserRecord { name: name.to_string(), role: Role::Admin, groups: BTreeSet::new(), impersonate: false, created_ms: self.now_ms };
         self.auth.users.insert(name.to_string(), admin);
         let record = AuditRecord {
             index: self.applied_index,
@@ -204,7 +213,10 @@ impl ClusterState {
     fn set_user(&mut self, name: &str, role: Role, groups: &BTreeSet<String>, impersonate: bool) -> Result<CommandResult, Rejection> {
         validate_name(name).map_err(invalid)?;
         if groups.len() > MAX_GROUPS_PER_USER {
-            return Err(Rejection::Invalid { field: "groups".into(), message: format!("at most {MAX_GROUPS_PER_USER} groups, got {}", groups.len()) });
+            return Err(Rejection::Invalid {
+                field: "groups".into(),
+                message: format!("at most {MAX_GROUPS_PER_USER} groups, got {}", groups.len()),
+            });
         }
         for group in groups {
             validate_auth_name("groups", group).map_err(invalid)?;
@@ -258,7 +270,14 @@ impl ClusterState {
         if self.auth.tokens.values().filter(|t| t.user == user && !t.revoked).count() >= MAX_TOKENS_PER_USER {
             return Err(Rejection::Exhausted { what: format!("tokens of {user}"), limit: MAX_TOKENS_PER_USER as u64 });
         }
-        let token = TokenRecord { id: id.to_string(), user: user.to_string(), hash: hash.to_vec(), created_ms: self.now_ms, expires_ms, revoked: false };
+        let token = TokenRecord {
+            id: id.to_string(),
+            user: user.to_string(),
+            hash: hash.to_vec(),
+            created_ms: self.now_ms,
+            expires_ms,
+            revoked: false,
+        };
         self.auth.tokens.insert(id.to_string(), token);
         Ok(CommandResult::Done)
     }

@@ -143,15 +143,22 @@ pub struct AuditRecord {
 pub enum Action<'a> {
     /// Read the cluster: jobs (secrets redacted), nodes, queues, quotas.
     Read,
-    Submit { group: &'a str },
+    Submit {
+        group: &'a str,
+    },
     /// Cancel a job, read its logs and its secret values.
-    OwnJob { owner: Option<&'a str>, group: &'a str },
+    OwnJob {
+        owner: Option<&'a str>,
+        group: &'a str,
+    },
     /// Queues, quotas, nodes, drills, alarms, membership.
     Operate,
     /// Users, roles, everyone's tokens, the audit trail.
     Administer,
     /// Create or revoke a token of `user`: its admin, or the user itself.
-    ManageTokensOf { user: &'a str },
+    ManageTokensOf {
+        user: &'a str,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -176,7 +183,9 @@ impl AuthState {
             }
         }
         let Some(user) = self.users.get(name) else {
-            return Err(format!("user {name:?} has no role in this cluster; an admin adds it with `rota auth user add {name} --role ROLE`"));
+            return Err(format!(
+                "user {name:?} has no role in this cluster; an admin adds it with `rota auth user add {name} --role ROLE`"
+            ));
         };
         let who = actor.describe();
         let need = |role: Role, what: &str| {

@@ -175,7 +175,10 @@ impl Command {
     /// touches, never a job's command, its environment or a token.
     pub fn audit_summary(&self) -> String {
         let submit = |spec: &JobSpec| {
-            format!("submit {:?} to group {} queue {} ({} x {} GPUs)", spec.name, spec.group, spec.queue, spec.replicas, spec.gpus_per_replica)
+            format!(
+                "submit {:?} to group {} queue {} ({} x {} GPUs)",
+                spec.name, spec.group, spec.queue, spec.replicas, spec.gpus_per_replica
+            )
         };
         match self {
             Command::SubmitJob { spec, .. } | Command::SubmitMarked { spec, .. } => submit(spec),
@@ -332,7 +335,9 @@ impl std::fmt::Display for Rejection {
             Rejection::RequestIdReused { request_id, job_id } => {
                 write!(f, "request_id {request_id:?} was used for job {job_id} with a different spec")
             }
-            Rejection::Conflict { message } | Rejection::Alarmed { message } | Rejection::PermissionDenied { message } => write!(f, "{message}"),
+            Rejection::Conflict { message } | Rejection::Alarmed { message } | Rejection::PermissionDenied { message } => {
+                write!(f, "{message}")
+            }
         }
     }
 }

@@ -368,7 +368,10 @@ mod audited {
         let mut state = cluster();
         let CommandResult::Submitted { job_id, .. } = apply(&mut state, by("alice", submit("vision"))) else { panic!("submitted") };
         let refused = apply(&mut state, by("bob", Command::CancelJob { job_id }));
-        assert!(matches!(&refused, CommandResult::Rejected(Rejection::PermissionDenied { message }) if message.contains("bob")), "{refused:?}");
+        assert!(
+            matches!(&refused, CommandResult::Rejected(Rejection::PermissionDenied { message }) if message.contains("bob")),
+            "{refused:?}"
+        );
         assert_eq!(state.jobs[&job_id].state, JobState::Pending, "the job is unchanged");
         assert!(matches!(apply(&mut state, by("alice", Command::CancelJob { job_id })), CommandResult::Cancelled { .. }));
         let last_two: Vec<_> = state.auth.audit.iter().rev().take(2).map(|r| (r.actor.describe(), r.outcome.starts_with("ok"))).collect();

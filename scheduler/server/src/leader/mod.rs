@@ -182,6 +182,9 @@ async fn lead(ctx: &Context, term: u64) {
         if !keep_time(ctx).await {
             break;
         }
+        if !bootstrap_admin(ctx).await {
+            break;
+        }
         let index = ctx.read(|state| state.applied_index);
         if planned_at != Some(index) {
             planned_at = Some(index);
@@ -363,6 +366,23 @@ async fn raise_cluster_version(ctx: &Context) -> bool {
             true
         }
         Err(error) => proposal_failed("cluster version", &error),
+    }
+}
+
+/// Name the first admin of a cluster that has none, once its version
+/// holds users (`--bootstrap-admin`). False when leadership is lost.
+async fn bootstrap_admin(ctx: &Context) -> bool {
+    let Some(name) = ctx.bootstrap_admin.clone() else { return true };
+    let needed = ctx.read(|state| state.cluster_version() >= crate::authz::ACCESS_CONTROL_FORMAT && state.auth.users.is_empty());
+    if !needed {
+        return true;
+    }
+    match ctx.proposer.propose(Command::BootstrapAdmin { name: name.clone() }).await {
+        Ok((index, result)) => {
+            tracing::warn!(index, admin = name, ?result, "the cluster's first admin is named");
+            true
+        }
+        Err(error) => proposal_failed("bootstrap admin", &error),
     }
 }
 

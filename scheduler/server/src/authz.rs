@@ -1,0 +1,241 @@
+//! Who is asking, and may they? Turns a request's caller (its certificate,
+//! or a bearer token checked against the hashes in the replicated state)
+//! and its `rota-as` header into the [`Actor`] that apply checks and the
+//! audit trail names, and checks reads against the same rules.
+//!
+//! A follower forwards a request to the leader under its own replica
+//! certificate; it passes the actor it resolved in `rota-actor-*` headers,
+//! which the leader believes from replicas only.
+
+use rota_core::state::auth::{Action, Actor};
+use rota_core::state::{ClusterState, Command};
+use rota_tls::auth::Caller;
+use rota_tls::IdentityKind;
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::{Request, Status};
+
+use crate::Context;
+
+/// Request header: act as this user (needs the impersonate permission).
+pub use rota_client::wire::ACT_AS_METADATA;
+/// Headers of a forwarded request: the actor the first replica resolved.
+const ACTOR_USER_METADATA: &str = "rota-actor-user";
+const ACTOR_IMPERSONATOR_METADATA: &str = "rota-actor-impersonator";
+const ACTOR_FROM_METADATA: &str = "rota-actor-from";
+/// The first format whose state holds users and audits commands.
+pub const ACCESS_CONTROL_FORMAT: u16 = 5;
+/// Token layout: `rota_` + id (12 hex) + `_` + secret (64 hex).
+const TOKEN_PREFIX: &str = "rota_";
+pub const TOKEN_ID_HEX: usize = 12;
+pub const TOKEN_SECRET_HEX: usize = 64;
+
+/// An actor and how it was established, for `WhoAmI`.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub actor: Actor,
+    pub authenticated_by: &'static str,
+}
+
+impl Context {
+    /// The actor of a client request, or why there is none. Put into the
+    /// request's extensions too, so a forward carries it to the leader.
+    pub fn actor<T>(&self, request: &mut Request<T>) -> Result<Actor, Status> {
+        let resolved = self.resolve(request)?;
+        request.extensions_mut().insert(resolved.actor.clone());
+        Ok(resolved.actor)
+    }
+
+    pub fn resolve<T>(&self, request: &Request<T>) -> Result<Resolved, Status> {
+        let from = request.remote_addr().map(|a| a.to_string()).unwrap_or_default();
+        let caller = rota_tls::auth::caller(request)?.clone();
+        let (base, authenticated_by) = match caller {
+            Caller::Unchecked => return Ok(Resolved { actor: Actor::unchecked(&from), authenticated_by: "insecure" }),
+            Caller::Verified(identity) => match identity.kind {
+                IdentityKind::Replica => {
+                    return Ok(Resolved { actor: forwarded_actor(request.metadata(), &from)?, authenticated_by: "replica" })
+                }
+                IdentityKind::User => (identity.name, "certificate"),
+                IdentityKind::Agent => return Err(Status::permission_denied(format!("{identity} may not call this service"))),
+            },
+            Caller::Bearer(token) => (self.read(|state| check_token(state, &token, wall_clock_ms()))?, "token"),
+        };
+        self.check_access_control_active()?;
+        let actor = match header(request.metadata(), ACT_AS_METADATA)? {
+            None => Actor::user(&base, &from),
+            Some(target) => {
+                let may = self.read(|state| state.auth.users.get(&base).is_some_and(|u| u.impersonate));
+                if !may {
+                    return Err(Status::permission_denied(format!("{base} may not act as {target}: it has no impersonate permission")));
+                }
+                Actor { user: Some(target), impersonator: Some(base), from }
+            }
+        };
+        Ok(Resolved { actor, authenticated_by })
+    }
+
+    /// Users exist from format 5 on. Until the cluster version holds them
+    /// (a rolling upgrade from builds without users, and the first moments
+    /// of a new cluster, before its leader raises the version), a replica
+    /// does what those builds did: certificates are checked by kind only. Once it
+    /// holds them, a cluster whose founding admin is not in yet answers
+    /// UNAVAILABLE (clients retry) instead of refusing everyone for good.
+    fn check_access_control_active(&self) -> Result<(), Status> {
+        let (version, users) = self.read(|state| (state.cluster_version(), state.auth.users.len()));
+        if version >= ACCESS_CONTROL_FORMAT && users == 0 {
+            return Err(Status::unavailable(
+                "the cluster has no users yet: its founding replicas name the first admin with --bootstrap-admin",
+            ));
+        }
+        Ok(())
+    }
+
+    /// May `actor` do `action`, by this replica's applied state? (Always,
+    /// before the cluster version holds users: see above.)
+    pub fn permit(&self, actor: &Actor, action: Action<'_>) -> Result<(), Status> {
+        self.read(|state| {
+            if state.cluster_version() < ACCESS_CONTROL_FORMAT {
+                return Ok(());
+            }
+            state.auth.permits(actor, action)
+        })
+        .map_err(Status::permission_denied)
+    }
+
+    /// The command as the log should carry it: audited once the cluster
+    /// writes format 5, plain before (only actors of an --insecure
+    /// cluster get this far then).
+    pub fn as_actor(&self, actor: &Actor, command: Command) -> Command {
+        if self.read(|state| state.cluster_version()) >= ACCESS_CONTROL_FORMAT {
+            Command::Audited { actor: actor.clone(), command: Box::new(command) }
+        } else {
+            command
+        }
+    }
+}
+
+fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn header(metadata: &MetadataMap, key: &str) -> Result<Option<String>, Status> {
+    match metadata.get(key) {
+        None => Ok(None),
+        Some(value) => {
+            let text = value.to_str().map_err(|_| Status::invalid_argument(format!("{key}: not ASCII")))?;
+            rota_core::state::auth::validate_name(key, text)
+                .map_err(|(field, message)| Status::invalid_argument(format!("{field}: {message}")))?;
+            Ok(Some(text.to_string()))
+        }
+    }
+}
+
+/// A replica's request: the actor it forwards for, or the cluster itself.
+fn forwarded_actor(metadata: &MetadataMap, replica_from: &str) -> Result<Actor, Status> {
+    let Some(user) = header(metadata, ACTOR_USER_METADATA)? else { return Ok(Actor::unchecked(replica_from)) };
+    let impersonator = header(metadata, ACTOR_IMPERSONATOR_METADATA)?;
+    let from = metadata.get(ACTOR_FROM_METADATA).and_then(|v| v.to_str().ok()).unwrap_or(replica_from).chars().take(64).collect();
+    Ok(Actor { user: Some(user), impersonator, from })
+}
+
+/// Carry `actor` on a request forwarded to the leader.
+pub fn mark_forwarded(metadata: &mut MetadataMap, actor: &Actor) {
+    let Some(user) = &actor.user else { return };
+    let mut put = |key: &'static str, value: &str| {
+        if let Ok(value) = MetadataValue::try_from(value) {
+            metadata.insert(key, value);
+        }
+    };
+    put(ACTOR_USER_METADATA, user);
+    if let Some(by) = &actor.impersonator {
+        put(ACTOR_IMPERSONATOR_METADATA, by);
+    }
+    put(ACTOR_FROM_METADATA, &actor.from);
+}
+
+/// The user a bearer token stands for, if the token is one the cluster
+/// made, not revoked, not expired, and its user still exists.
+pub fn check_token(state: &ClusterState, token: &str, now_ms: u64) -> Result<String, Status> {
+    let refused = |why: &str| Status::unauthenticated(format!("bearer token refused: {why}"));
+    let (id, _) = parse_token(token).ok_or_else(|| refused("not a rota token"))?;
+    let record = state.auth.tokens.get(id).ok_or_else(|| refused("unknown token"))?;
+    if !constant_time_eq(&token_hash(token), &record.hash) {
+        return Err(refused("unknown token"));
+    }
+    if record.revoked {
+        return Err(refused(&format!("token {id} was revoked")));
+    }
+    if record.expires_ms <= now_ms {
+        return Err(refused(&format!("token {id} expired")));
+    }
+    if !state.auth.users.contains_key(&record.user) {
+        return Err(refused(&format!("its user {} was removed", record.user)));
+    }
+    Ok(record.user.clone())
+}
+
+/// The id and secret of a well-formed token.
+pub fn parse_token(token: &str) -> Option<(&str, &str)> {
+    let rest = token.strip_prefix(TOKEN_PREFIX)?;
+    let (id, secret) = rest.split_once('_')?;
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+    (hex(id, TOKEN_ID_HEX) && hex(secret, TOKEN_SECRET_HEX)).then_some((id, secret))
+}
+
+/// A new token from `random` bytes (the caller draws them): its id, the
+/// token, and the hash the cluster keeps.
+pub fn make_token(random: &[u8; 38]) -> (String, String, Vec<u8>) {
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let id = hex(&random[..6]);
+    let token = format!("{TOKEN_PREFIX}{id}_{}", hex(&random[6..]));
+    let hash = token_hash(&token);
+    (id, token, hash)
+}
+
+pub fn token_hash(token: &str) -> Vec<u8> {
+    ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref().to_vec()
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rota_core::state::auth::{Role, TokenRecord, UserRecord};
+
+    fn state_with(token: &str, expires_ms: u64, revoked: bool) -> ClusterState {
+        let mut state = ClusterState::default();
+        let user = UserRecord { name: "alice".into(), role: Role::User, groups: Default::default(), impersonate: false, created_ms: 0 };
+        state.auth.users.insert("alice".into(), user);
+        let (id, _) = parse_token(token).expect("well formed");
+        let record = TokenRecord { id: id.into(), user: "alice".into(), hash: token_hash(token), created_ms: 0, expires_ms, revoked };
+        state.auth.tokens.insert(id.into(), record);
+        state
+    }
+
+    #[test]
+    fn a_token_stands_for_its_user_until_revoked_or_expired() {
+        let (id, token, hash) = make_token(&[7; 38]);
+        assert_eq!(id.len(), TOKEN_ID_HEX);
+        assert_eq!(hash, token_hash(&token));
+        assert_eq!(check_token(&state_with(&token, 1_000, false), &token, 999).expect("valid"), "alice");
+        assert!(check_token(&state_with(&token, 1_000, false), &token, 1_000).unwrap_err().message().contains("expired"));
+        assert!(check_token(&state_with(&token, 1_000, true), &token, 1).unwrap_err().message().contains("revoked"));
+        let mut forged = token.clone();
+        forged.replace_range(forged.len() - 1.., if forged.ends_with('0') { "1" } else { "0" });
+        assert!(check_token(&state_with(&token, 1_000, false), &forged, 1).unwrap_err().message().contains("unknown"));
+        let mut removed = state_with(&token, 1_000, false);
+        removed.auth.users.clear();
+        assert!(check_token(&removed, &token, 1).is_err());
+    }
+
+    #[test]
+    fn only_well_formed_tokens_parse() {
+        let (_, token, _) = make_token(&[1; 38]);
+        assert!(parse_token(&token).is_some());
+        for bad in ["", "rota_", "rota_abc_def", &token.to_uppercase(), &format!("{token}0"), &token.replace("rota_", "xota_")] {
+            assert!(parse_token(bad).is_none(), "{bad}");
+        }
+    }
+}
