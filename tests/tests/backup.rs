@@ -134,9 +134,11 @@ async fn a_restored_cluster_holds_every_job_acknowledged_before_the_save() -> Re
     Ok(())
 }
 
-/// Failed without the cluster-id checks (on the commit before them): the
-/// restored replica was added to the cluster its backup came from as a
-/// learner and voter.
+/// Prevents a restored cluster and its original from mixing. Without the
+/// cluster-id checks (the build of commit 6c59791, run on data directories
+/// made by this one: the original's, and a replica restored from its
+/// backup), `rota member add` made the restored replica a voter of the
+/// original (exit 0, members 1 2 3 4), with its own state and log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_of_a_restored_cluster_cannot_join_the_original() -> Result<()> {
     let dir = tempfile::tempdir()?;
