@@ -2,6 +2,11 @@
 //! empty directory opens as a member that elects itself and carries on
 //! after the backup's index; `force_new_cluster` refuses a store whose log
 //! ends below the index it knows to be committed unless the loss is accepted.
+//!
+//! The refusal keeps a survivor whose disk lost acknowledged entries from
+//! carrying on as if it held them. With the rule disabled (`judge_force`
+//! always agreeing), `force_new_cluster_refuses_a_log_shorter_than_the_known_commit`
+//! failed: `unwrap_err()` on `Ok(ForcedCluster { last_index: 7, known_committed: 11, .. })`.
 
 mod common;
 
