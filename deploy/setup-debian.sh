@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building rota needs on Debian/Ubuntu: protoc (for the gRPC
 # code), libclang itself (bindgen in librocksdb-sys loads it at build time)
-# and a C++ compiler. Rust itself comes from rustup (https://rustup.rs) and
+# and a C++ compiler; and what its tests need: systemd (systemd-analyze
+# verifies the units). Rust itself comes from rustup (https://rustup.rs) and
 # must be on PATH.
 #
 #   deploy/setup-debian.sh            install what is missing
@@ -44,6 +45,8 @@ need=()
 have_command protoc || need+=(protobuf-compiler)
 have_command c++ || need+=(g++)
 have_libclang || need+=(libclang-dev)
+# Tests: systemd-analyze verifies the units in deploy/systemd.
+have_command systemd-analyze || need+=(systemd)
 
 if [ "${1:-}" = "--check" ]; then
   echo "${need[*]:-}"

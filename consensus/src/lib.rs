@@ -16,6 +16,7 @@ use std::time::Duration;
 mod error;
 mod log_store;
 mod network;
+mod recovery;
 mod replica;
 mod service;
 mod state_machine;
@@ -24,7 +25,8 @@ mod types;
 pub use error::{ConsensusError, WriteError};
 pub use log_store::LogStore;
 pub use network::{NetworkFactory, PeerClient, MAX_MESSAGE_BYTES};
-pub use replica::{raft_config, ClusterStatus, MemberStatus, Replica, Role, Written, DB_DIR};
+pub use recovery::{force_new_cluster, judge_force, restore_snapshot, ForcedCluster, Restored};
+pub use replica::{raft_config, ClusterStatus, Exported, MemberStatus, Replica, Role, Written, DB_DIR};
 pub use service::RaftService;
 pub use state_machine::{open_storage, SmData, StateMachineStore};
 pub use types::{Entry, LogId, Payload, RaftHandle, SnapshotMeta, StoredMembership, TypeConfig};
@@ -74,6 +76,9 @@ pub struct ConsensusConfig {
     /// How a channel to a peer is made (TLS, certificates): the embedding
     /// program's business. None: plaintext.
     pub peer_channels: Option<PeerChannels>,
+    /// Metadata added to every Raft RPC this replica sends (the embedder's
+    /// cluster id, say, for the receiver to check).
+    pub request_tags: Option<RequestTags>,
 }
 
 /// Makes a lazily connected channel to a peer's `host:port`, connecting
@@ -87,6 +92,19 @@ pub struct PeerChannels(pub Arc<MakeChannel>);
 impl std::fmt::Debug for PeerChannels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("PeerChannels")
+    }
+}
+
+/// Adds the embedder's metadata to an outgoing Raft RPC.
+pub type TagRequest = dyn Fn(&mut tonic::metadata::MetadataMap) + Send + Sync;
+
+/// The embedder's tags for outgoing Raft RPCs.
+#[derive(Clone)]
+pub struct RequestTags(pub Arc<TagRequest>);
+
+impl std::fmt::Debug for RequestTags {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RequestTags")
     }
 }
 
@@ -112,6 +130,7 @@ impl ConsensusConfig {
             rpc_timeout_ms: 1_000,
             install_snapshot_timeout_ms: 10_000,
             peer_channels: None,
+            request_tags: None,
         }
     }
 }

@@ -32,9 +32,9 @@ pub(crate) const CF_LOG: &str = "log";
 pub(crate) const CF_META: &str = "meta";
 pub(crate) const CF_SM: &str = "sm";
 
-const KEY_VOTE: &[u8] = b"vote";
-const KEY_LAST_PURGED: &[u8] = b"last_purged";
-const KEY_COMMITTED: &[u8] = b"committed";
+pub(crate) const KEY_VOTE: &[u8] = b"vote";
+pub(crate) const KEY_LAST_PURGED: &[u8] = b"last_purged";
+pub(crate) const KEY_COMMITTED: &[u8] = b"committed";
 
 /// The replica's RocksDB. Dropping the last handle closes the database and
 /// then (fields drop in order) the close signal, so a waiter on
@@ -105,7 +105,7 @@ where
     }
 }
 
-fn index_key(index: u64) -> [u8; 8] {
+pub(crate) fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
 
@@ -115,7 +115,7 @@ fn key_index(key: &[u8]) -> Result<u64, StorageError> {
     Ok(u64::from_be_bytes(arr))
 }
 
-fn synced() -> WriteOptions {
+pub(crate) fn synced() -> WriteOptions {
     let mut wo = WriteOptions::default();
     wo.set_sync(true);
     wo

@@ -22,7 +22,7 @@ use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::types::TypeConfig;
-use crate::{NodeId, PeerChannels};
+use crate::{NodeId, PeerChannels, RequestTags};
 
 /// Largest Raft message accepted or sent (tonic encode/decode limit).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
@@ -38,6 +38,7 @@ struct NetInner {
     rpc_timeout: Duration,
     snapshot_timeout: Duration,
     make_channel: Option<PeerChannels>,
+    tags: Option<RequestTags>,
     channels: Mutex<HashMap<String, Channel>>,
 }
 
@@ -54,9 +55,10 @@ impl NetworkFactory {
         rpc_timeout: Duration,
         snapshot_timeout: Duration,
         make_channel: Option<PeerChannels>,
+        tags: Option<RequestTags>,
     ) -> Self {
         let channels = Mutex::new(HashMap::new());
-        Self { inner: Arc::new(NetInner { self_id, peer_addrs, rpc_timeout, snapshot_timeout, make_channel, channels }) }
+        Self { inner: Arc::new(NetInner { self_id, peer_addrs, rpc_timeout, snapshot_timeout, make_channel, tags, channels }) }
     }
 
     /// The address to reach `target` at: configured peer address first,
@@ -138,7 +140,10 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
     {
         let mut client = self.client().map_err(unreachable)?;
-        let msg = RaftMessage { payload };
+        let mut msg = tonic::Request::new(RaftMessage { payload });
+        if let Some(RequestTags(tag)) = &self.net.tags {
+            tag(msg.metadata_mut());
+        }
         let fut = async move {
             match kind {
                 RPCTypes::AppendEntries => client.append_entries(msg).await,

@@ -30,6 +30,15 @@ pub struct Written {
     pub response: Vec<u8>,
 }
 
+/// A point-in-time copy of the applied state (a backup), with the log id it
+/// was applied up to and the membership then.
+#[derive(Debug, Clone)]
+pub struct Exported {
+    pub last_applied: Option<crate::LogId>,
+    pub membership: crate::StoredMembership,
+    pub data: Vec<u8>,
+}
+
 /// Raft role of a replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -182,6 +191,7 @@ impl<S: StateMachine> Replica<S> {
             Duration::from_millis(cfg.rpc_timeout_ms),
             Duration::from_millis(cfg.install_snapshot_timeout_ms),
             cfg.peer_channels.clone(),
+            cfg.request_tags.clone(),
         );
         let raft = openraft::Raft::new(cfg.node_id, Arc::new(config), network.clone(), log, sm).await.map_err(fatal)?;
         let quorum_contact = Arc::new(std::sync::Mutex::new(QuorumContact { age_ms: None, read_at: std::time::Instant::now() }));
@@ -240,6 +250,14 @@ impl<S: StateMachine> Replica<S> {
         let g = self.inner.state.read().unwrap_or_else(PoisonError::into_inner);
         let _hold = crate::state_machine::LockHold::new("read");
         f(&g.app)
+    }
+
+    /// Copy the applied state with its log id, under one read lock (so the
+    /// copy is exactly the state at that index).
+    pub fn export(&self) -> Exported {
+        let g = self.inner.state.read().unwrap_or_else(PoisonError::into_inner);
+        let _hold = crate::state_machine::LockHold::new("export");
+        Exported { last_applied: g.last_applied, membership: g.last_membership.clone(), data: g.app.snapshot() }
     }
 
     /// Last applied log index, updated after each applied batch or

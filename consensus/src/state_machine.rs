@@ -87,6 +87,16 @@ fn read_stored(db: &DB) -> Result<Option<StoredSnapshot>, StorageError> {
 /// with the WAL off, then flushed to its own synced table file. A crash
 /// before the flush ends leaves the previous snapshot in place, and the log
 /// is purged only after this returns.
+/// Store `data` as the replica's current snapshot (a restored backup).
+pub(crate) fn write_snapshot(db: &DB, meta: SnapshotMeta, data: Vec<u8>) -> Result<(), StorageError> {
+    persist(db, &Mutex::new(None), &StoredSnapshot { meta, data })
+}
+
+/// The persisted snapshot's meta, if any (read offline, before the replica runs).
+pub(crate) fn stored_snapshot_meta(db: &DB) -> Result<Option<SnapshotMeta>, StorageError> {
+    read_stored(db).map(|s| s.map(|s| s.meta))
+}
+
 fn persist(db: &DB, persisted: &Mutex<Option<LogId>>, snap: &StoredSnapshot) -> Result<(), StorageError> {
     let subject = || ErrorSubject::Snapshot(Some(snap.meta.signature()));
     let mut current = persisted.lock().map_err(|_| sto_msg(subject(), ErrorVerb::Write, "snapshot lock poisoned"))?;

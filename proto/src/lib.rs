@@ -13,3 +13,7 @@ pub mod v1 {
 pub mod raft {
     tonic::include_proto!("rota.raft.v1");
 }
+
+/// The encoded descriptors of rota.proto, agent.proto and raft.proto, for
+/// gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/rota_descriptor.bin"));

@@ -1,6 +1,8 @@
 //! Helpers of the end-to-end tests: a client that tries every replica until
 //! one answers, as a real client does through a failover.
 
+pub mod servers;
+
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -270,4 +272,10 @@ pub async fn wait_access_control(cluster: &LocalCluster, timeout: Duration) -> R
         Ok(rota_json(cluster, &["whoami"]).ok().filter(|me| me["role"] == "admin").map(|_| ()))
     })
     .await
+}
+
+/// Run `rota ARGS` with the cluster's client certificate; its exit status and stdout.
+pub fn rota_cli(cluster: &LocalCluster, args: &[&str]) -> Result<(std::process::ExitStatus, String, String)> {
+    let output = std::process::Command::new(rota_bin()?).args(cluster.cli_flags()?).args(args).output().context("running rota")?;
+    Ok((output.status, String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned()))
 }

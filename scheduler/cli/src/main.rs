@@ -156,6 +156,45 @@ enum Command {
         #[command(subcommand)]
         what: BenchWhat,
     },
+    /// Is a replica SERVING (part of a working quorum)? Exits 0 if so,
+    /// non-zero otherwise: for readiness probes.
+    Health {
+        /// The replica at this address (default: the first of --endpoints).
+        #[arg(long, conflicts_with = "replica")]
+        endpoint: Option<String>,
+        /// The member with this id (its address found through --endpoints).
+        #[arg(long)]
+        replica: Option<u64>,
+    },
+    /// Backups: `rota snapshot save FILE`, `rota snapshot restore FILE --data-dir DIR --id N --peers ...`.
+    Snapshot {
+        #[command(subcommand)]
+        action: SnapshotAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapshotAction {
+    /// Save the leader's state (everything acknowledged before the call) with its index and a checksum.
+    Save { file: PathBuf },
+    /// Build one replica's data directory of a NEW cluster from a backup
+    /// (run it for every member, with the same --peers and --cluster-id).
+    Restore {
+        file: PathBuf,
+        /// The new replica's data directory (empty).
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The new replica's id.
+        #[arg(long)]
+        id: u64,
+        /// The new cluster's members: ID=HOST:PORT,... including this replica.
+        #[arg(long, value_delimiter = ',', required = true)]
+        peers: Vec<String>,
+        /// The new cluster's id, as printed by the first member's restore
+        /// (default: a new one).
+        #[arg(long)]
+        cluster_id: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -373,6 +412,14 @@ struct ServerArgs {
     /// to the founding replicas.
     #[arg(long, value_name = "NAME")]
     bootstrap_admin: Option<String>,
+    /// After losing a quorum for good: make this replica the only member of
+    /// its cluster, from its own data, then grow it back with `rota member
+    /// add`. Refused when this replica lacks entries it knows were committed.
+    #[arg(long)]
+    force_new_cluster: bool,
+    /// With --force-new-cluster: carry on although committed entries are missing here (they are lost).
+    #[arg(long, requires = "force_new_cluster")]
+    i_accept_data_loss: bool,
 }
 
 fn parse_peers(peers: &[String]) -> Result<BTreeMap<u64, String>> {
@@ -401,6 +448,17 @@ async fn run_server(args: ServerArgs, tls: &TlsArgs) -> Result<()> {
         bail!("--id: must be at least 1");
     }
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
+    if args.force_new_cluster {
+        let forced = rota_server::backup::force_new_cluster(&args.data_dir, args.id, &args.listen.to_string(), args.i_accept_data_loss)?;
+        eprintln!(
+            "rota server: --force-new-cluster: replica {} is the only member of its cluster (log to index {}, committed {}); \
+             remove the flag from its next start and add members with `rota member add`",
+            args.id, forced.last_index, forced.known_committed
+        );
+        // The others are not members any more; the survivor alone founds nothing.
+        peers.retain(|id, _| *id == args.id);
+        peers.entry(args.id).or_insert_with(|| args.listen.to_string());
+    }
     let config = ServerConfig {
         id: args.id,
         listen: args.listen,
@@ -440,6 +498,22 @@ async fn main() -> Result<()> {
         Command::Tls { what } => return run_tls(what),
         Command::Sim(sim) => return print_json(&rota_cli::sim::run_sim(&sim)?),
         Command::Bench { what: BenchWhat::Plan(bench) } => return print_json(&rota_cli::sim::run_bench_plan(&bench)?),
+        Command::Snapshot { action: SnapshotAction::Restore { file, data_dir, id, peers, cluster_id } } => {
+            let peers = parse_peers(&peers)?;
+            return rota_cli::ops::snapshot_restore(&file, &data_dir, id, &peers, cluster_id, args.output);
+        }
+        Command::Health { endpoint, replica } => {
+            let security = args.tls.flags().for_client()?;
+            let target = match (endpoint, replica) {
+                (Some(endpoint), _) => rota_cli::ops::HealthTarget::Endpoint(endpoint),
+                (None, Some(id)) => rota_cli::ops::HealthTarget::Replica(id),
+                (None, None) => rota_cli::ops::HealthTarget::Endpoint(
+                    args.endpoints.first().cloned().context("--endpoint, --replica or --endpoints: which replica to ask")?,
+                ),
+            };
+            let client = if args.endpoints.is_empty() { None } else { Some(Client::new(&args.endpoints, &security)?) };
+            return rota_cli::ops::health(client.as_ref(), &security, target, args.output).await;
+        }
         _ => {}
     }
     let credentials = rota_client::Credentials::new(args.token.as_deref(), args.act_as.as_deref())?;
@@ -447,8 +521,18 @@ async fn main() -> Result<()> {
     client.deadline = Duration::from_secs(args.timeout_s);
     let format = args.output;
     match args.command {
-        Command::Server(_) | Command::Tls { .. } | Command::Sim(_) | Command::Bench { what: BenchWhat::Plan(_) } => {
+        Command::Server(_)
+        | Command::Tls { .. }
+        | Command::Sim(_)
+        | Command::Bench { what: BenchWhat::Plan(_) }
+        | Command::Health { .. }
+        | Command::Snapshot { action: SnapshotAction::Restore { .. } } => {
             unreachable!("handled above")
+        }
+        Command::Snapshot { action: SnapshotAction::Save { file } } => {
+            // A large state takes longer than a request's usual attempt.
+            client.attempt_timeout = client.attempt_timeout.max(Duration::from_secs(args.timeout_s));
+            rota_cli::ops::snapshot_save(&client, &file, format).await
         }
         Command::Why { job_id } => cli::why(&client, job_id, format).await,
         Command::Submit(submit) => cli::submit(&client, &submit, format).await,

@@ -64,6 +64,7 @@ impl ClusterApi {
             members,
             snapshot_index: status.snapshot_index.unwrap_or(0),
             purged_index: status.purged_index.unwrap_or(0),
+            cluster_id: self.ctx.cluster_identity.get().unwrap_or_default(),
         }
     }
 
@@ -98,11 +99,14 @@ impl ClusterApi {
         // An operator often adds a replica right after starting it: give it
         // a few seconds to listen.
         let deadline = tokio::time::Instant::now() + JOINER_PROBE_TIMEOUT;
-        let reads = loop {
+        let (reads, joiner_cluster) = loop {
             let asked = tokio::time::timeout_at(deadline, joiner.get_cluster_status(pb::GetClusterStatusRequest {})).await;
             match asked {
                 // A build from before the field existed reads the first format only.
-                Ok(Ok(status)) => break status.into_inner().format_version.max(1),
+                Ok(Ok(status)) => {
+                    let status = status.into_inner();
+                    break (status.format_version.max(1), status.cluster_id);
+                }
                 Ok(Err(status)) if tokio::time::Instant::now() + JOINER_PROBE_RETRY < deadline => {
                     tracing::debug!(address, %status, "the new replica does not answer yet");
                     tokio::time::sleep(JOINER_PROBE_RETRY).await;
@@ -114,6 +118,12 @@ impl ClusterApi {
                 Err(_) => return Err(Status::unavailable("address: the new replica did not say which formats it reads in time").into()),
             }
         };
+        if let Some(ours) = self.ctx.cluster_identity.get().filter(|ours| !joiner_cluster.is_empty() && *ours != joiner_cluster) {
+            return Err(Status::failed_precondition(format!(
+                "address: the replica there belongs to cluster {joiner_cluster}, not this cluster {ours}; a replica of another cluster (a restored backup, say) never joins this one: give it an empty data directory and start it with --join"
+            ))
+            .into());
+        }
         if reads < cluster_version {
             return Err(Status::failed_precondition(format!(
                 "address: the replica there reads formats up to {reads}, and the cluster writes format {cluster_version}; upgrade it before adding it"
@@ -257,6 +267,17 @@ impl ClusterApi {
 
 #[tonic::async_trait]
 impl ClusterService for ClusterApi {
+    type SaveSnapshotStream = crate::backup::ChunkStream;
+
+    async fn save_snapshot(&self, mut request: Request<pb::SaveSnapshotRequest>) -> Result<Response<Self::SaveSnapshotStream>, Status> {
+        // A snapshot holds every job's environment and the token hashes.
+        self.operator(&mut request)?;
+        // Not forwarded: a follower answers with the leader's address, and
+        // the client asks the leader.
+        let backup = crate::backup::save(&self.ctx).await?;
+        Ok(Response::new(crate::backup::chunks(backup)))
+    }
+
     async fn get_cluster_status(&self, mut request: Request<pb::GetClusterStatusRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
         self.reader(&mut request)?;
         Ok(Response::new(self.status()))

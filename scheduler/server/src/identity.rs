@@ -30,8 +30,11 @@ const PEER_TIMEOUT_MS: u64 = 1_000;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Marker {
     pub replica_id: NodeId,
-    /// "founding", "join" or "existing" (a directory from before markers).
+    /// "founding", "join", "restore" or "existing" (a directory from before markers).
     pub origin: String,
+    /// The cluster this replica belongs to, once known (see `cluster_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -87,7 +90,7 @@ pub fn has_raft_data(data_dir: &Path) -> bool {
     std::fs::read_dir(data_dir.join(DB_DIR)).is_ok_and(|mut entries| entries.next().is_some())
 }
 
-fn write_marker(data_dir: &Path, marker: &Marker) -> Result<(), String> {
+pub(crate) fn write_marker(data_dir: &Path, marker: &Marker) -> Result<(), String> {
     std::fs::create_dir_all(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
     let bytes = serde_json::to_vec_pretty(marker).map_err(|e| e.to_string())?;
     let temp = data_dir.join(format!("{MARKER_FILE}.tmp"));
@@ -134,7 +137,7 @@ pub async fn check(id: NodeId, data_dir: &Path, join: bool, peers: &[String], se
             "founding"
         }
     };
-    write_marker(data_dir, &Marker { replica_id: id, origin: origin.to_string() })
+    write_marker(data_dir, &Marker { replica_id: id, origin: origin.to_string(), cluster_id: None })
 }
 
 #[cfg(test)]
@@ -142,7 +145,7 @@ mod tests {
     use super::*;
 
     fn marker(id: NodeId) -> Marker {
-        Marker { replica_id: id, origin: "founding".into() }
+        Marker { replica_id: id, origin: "founding".into(), cluster_id: None }
     }
 
     #[test]
@@ -160,7 +163,7 @@ mod tests {
     async fn markers_are_written_and_checked() {
         let dir = tempfile::tempdir().expect("a temp dir");
         check(4, dir.path(), true, &[], &Security::Plaintext).await.expect("a joining replica with an empty directory starts");
-        assert_eq!(read_marker(dir.path()).unwrap(), Some(Marker { replica_id: 4, origin: "join".into() }));
+        assert_eq!(read_marker(dir.path()).unwrap(), Some(Marker { replica_id: 4, origin: "join".into(), cluster_id: None }));
         let refused = check(4, dir.path(), false, &[], &Security::Plaintext).await.unwrap_err();
         assert!(refused.contains("wiped"), "marker without data: {refused}");
         std::fs::create_dir_all(dir.path().join(DB_DIR).join("x")).unwrap();

@@ -5,9 +5,12 @@ mod agents;
 pub mod alarms;
 mod auth_api;
 pub mod authz;
+pub mod backup;
 pub mod clock;
 mod cluster;
+pub mod cluster_id;
 mod forward;
+pub mod health;
 pub mod identity;
 mod jobs;
 pub mod leader;
@@ -64,6 +67,8 @@ pub enum ServerError {
     Config(String),
     #[error("data directory: {0}")]
     DataDir(String),
+    #[error("backup: {0}")]
+    Backup(String),
 }
 
 #[derive(Debug, Clone)]
@@ -105,6 +110,9 @@ const CLIENT_CALLERS: &[IdentityKind] = &[IdentityKind::User, IdentityKind::Repl
 /// leadership, rewrite queues and quotas or clear alarms.
 const CLUSTER_CALLERS: &[IdentityKind] = &[IdentityKind::User, IdentityKind::Replica];
 const AGENT_CALLERS: &[IdentityKind] = &[IdentityKind::Agent, IdentityKind::Replica];
+/// Health and reflection: anyone with a certificate of the cluster (a
+/// readiness probe runs with the replica's own, an agent may check its replica).
+const PROBE_CALLERS: &[IdentityKind] = &[IdentityKind::User, IdentityKind::Replica, IdentityKind::Agent];
 
 /// What the services share.
 pub struct Context {
@@ -124,6 +132,8 @@ pub struct Context {
     pub journal: Arc<std::sync::Mutex<replicated::Journal>>,
     /// `--bootstrap-admin`: proposed by a leader of a cluster without users.
     pub bootstrap_admin: Option<String>,
+    /// The cluster this replica belongs to (kept in its data directory).
+    pub cluster_identity: cluster_id::ClusterIdentity,
 }
 
 impl Context {
@@ -167,9 +177,10 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         tracing::warn!("--insecure: plaintext links, no certificates: anyone who reaches this port can act as any replica, agent or user");
     }
     identity::check(config.id, &config.data_dir, config.join, &peer_addrs, &config.security).await.map_err(ServerError::DataDir)?;
+    let cluster_identity = cluster_id::ClusterIdentity::load(&config.data_dir).map_err(ServerError::DataDir)?;
     let journal = Arc::new(std::sync::Mutex::new(replicated::Journal::default()));
     let replicated = Replicated { state: ClusterState::default(), journal: journal.clone() };
-    let replica = Replica::open(consensus_config(&config), replicated).await?;
+    let replica = Replica::open(consensus_config(&config, &cluster_identity), replicated).await?;
     let ctx = Arc::new(Context {
         proposer: Proposer::start(replica.clone()),
         replica: replica.clone(),
@@ -179,6 +190,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         leader: leader::Leadership::new(config.node_ttl_ms, config.max_clock_skew_ms),
         journal,
         bootstrap_admin: config.bootstrap_admin.clone(),
+        cluster_identity: cluster_identity.clone(),
     });
     if ctx.unsafe_ack_before_commit {
         tracing::error!("ROTA_TEST_ACK_BEFORE_COMMIT=1: submits are acknowledged before they commit; never use this outside tests");
@@ -187,6 +199,10 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     tokio::spawn(exit_on_fatal(replica.clone()));
     tokio::spawn(leader::run(ctx.clone()));
     tokio::spawn(alarms::watch_disk(ctx.clone(), config.data_dir.clone(), config.min_free_bytes));
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let election_ms = Duration::from_millis(config.election_timeout_max_ms);
+    tokio::spawn(health::run(ctx.clone(), health_reporter, config.election_timeout_max_ms, election_ms));
+    let reflection = health::reflection().map_err(|e| ServerError::Config(format!("reflection: {e}")))?;
     let listener =
         tokio::net::TcpListener::bind(config.listen).await.map_err(|e| ServerError::Config(format!("--listen {}: {e}", config.listen)))?;
     let incoming = config.security.incoming(listener).map_err(|e| ServerError::Config(e.to_string()))?;
@@ -197,7 +213,12 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     // for hostile peers and would cut off honest clients with GOAWAY.
     let server = Server::builder()
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
-        .add_service(InterceptedService::new(replica.raft_service(), interceptor(RAFT_CALLERS)))
+        .add_service(InterceptedService::new(
+            replica.raft_service(),
+            cluster_id::raft_interceptor(cluster_identity.clone(), interceptor(RAFT_CALLERS)),
+        ))
+        .add_service(InterceptedService::new(health_service, interceptor(PROBE_CALLERS)))
+        .add_service(InterceptedService::new(reflection, interceptor(PROBE_CALLERS)))
         .add_service(InterceptedService::new(
             JobServiceServer::new(jobs::JobApi::new(ctx.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -216,7 +237,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
             interceptor(AGENT_CALLERS),
         ))
         .serve_with_incoming(incoming);
-    tokio::spawn(bootstrap(config.clone(), replica.clone()));
+    tokio::spawn(bootstrap(config.clone(), replica.clone(), cluster_identity));
     tracing::info!(id = config.id, listen = %config.listen, "replica serving");
     server.await?;
     Ok(())
@@ -239,7 +260,7 @@ async fn exit_on_fatal(replica: Replica<Replicated>) {
     unsafe { libc::_exit(EXIT_STORAGE_FAILED) }
 }
 
-fn consensus_config(config: &ServerConfig) -> ConsensusConfig {
+fn consensus_config(config: &ServerConfig, cluster_identity: &cluster_id::ClusterIdentity) -> ConsensusConfig {
     let mut consensus = ConsensusConfig::new(config.id, config.data_dir.clone());
     consensus.peer_addrs = config.peers.clone();
     consensus.heartbeat_interval_ms = config.heartbeat_interval_ms;
@@ -252,6 +273,8 @@ fn consensus_config(config: &ServerConfig) -> ConsensusConfig {
         let endpoint = rota_tls::endpoint(addr).map_err(|e| e.to_string())?;
         Ok(security.channel(endpoint.connect_timeout(connect_timeout).tcp_nodelay(true)))
     })));
+    let cluster_identity = cluster_identity.clone();
+    consensus.request_tags = Some(rota_consensus::RequestTags(Arc::new(move |metadata| cluster_identity.tag(metadata))));
     consensus
 }
 
@@ -266,7 +289,7 @@ fn staggered_snapshot_interval(every_entries: u64, id: NodeId) -> u64 {
 /// The lowest id initializes a new cluster, once. It first asks the other
 /// peers whether a cluster already exists, so a replica whose data dir was
 /// lost does not found a second cluster beside the first.
-async fn bootstrap(config: ServerConfig, replica: Replica<Replicated>) {
+async fn bootstrap(config: ServerConfig, replica: Replica<Replicated>, cluster_identity: cluster_id::ClusterIdentity) {
     let lowest = config.peers.keys().next().copied();
     if config.join || lowest != Some(config.id) || replica.is_initialized().await {
         return;
@@ -276,6 +299,12 @@ async fn bootstrap(config: ServerConfig, replica: Replica<Replicated>) {
             tracing::warn!(peer = id, "a peer already belongs to a cluster; not initializing a new one");
             return;
         }
+    }
+    // The founder names the cluster before it exists; the other members
+    // learn the id from its first messages.
+    if let Err(error) = cluster_identity.found() {
+        tracing::error!(%error, "cannot keep a cluster id; not initializing");
+        return;
     }
     match replica.initialize(config.peers.clone()).await {
         Ok(()) => tracing::info!(members = ?config.peers.keys().collect::<Vec<_>>(), "initialized a new cluster"),
