@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::contain::RankTree;
-use crate::exec::{record, signal, spawn};
+use crate::exec::{record, spawn};
 use crate::local::{Known, LocalRanks};
 use crate::rankdir::{self, RankDir};
 use crate::reconcile::{self, Action, Desired, DesiredRank, Lease, RankKey, StopCause};
@@ -49,7 +48,7 @@ impl Reconciler {
     /// Re-adopt every rank recorded on disk; nothing is started or stopped
     /// until the first assignment set arrives.
     pub fn adopt(shared: Arc<Shared>) -> Reconciler {
-        let local = LocalRanks::adopt(&shared.config.data_dir, &shared.ranks_root, &shared.config.containment);
+        let local = LocalRanks::adopt(&shared.config.data_dir, &shared.ranks_root, &shared.config.containment, shared.executor.as_ref());
         let lease = if shared.lease_held() { Lease::Held } else { Lease::Expired };
         Reconciler { shared, local, desired: None, lease }
     }
@@ -81,7 +80,7 @@ impl Reconciler {
 
     /// One reconcile pass: read the disk, decide, act.
     fn pass(&mut self, now_ms: u64) {
-        let on_disk = self.local.observe(self.shared.config.keep_finished_ranks);
+        let on_disk = self.local.observe(self.shared.config.keep_finished_ranks, self.shared.executor.as_ref());
         let lease = if self.shared.lease_held() { Lease::Held } else { Lease::Expired };
         if lease != self.lease {
             match lease {
@@ -100,6 +99,7 @@ impl Reconciler {
     }
 
     fn execute(&mut self, action: Action) {
+        let executor = self.shared.executor.clone();
         match action {
             Action::Start { key, index, rank } => self.start(key, index, &rank, None, rankdir::now_ms()),
             Action::EndUnstarted { key, index, rank, reason, now_ms } => self.start(key, index, &rank, Some(&reason), now_ms),
@@ -117,12 +117,12 @@ impl Reconciler {
             }
             Action::Terminate { key, pgid } => {
                 let Some(known) = self.local.get_mut(key) else { return };
-                signal::terminate(&RankTree::of_spec(&known.spec), pgid);
+                executor.terminate(&known.spec, pgid);
                 known.term_sent = true;
             }
             Action::Kill { key, pgid } => {
                 let Some(known) = self.local.get_mut(key) else { return };
-                if signal::kill(&known.dir, &RankTree::of_spec(&known.spec), pgid) {
+                if executor.kill(&known.dir, &known.spec, pgid) {
                     tracing::warn!(alloc_id = key.alloc_id, rank = key.rank, "grace period over; SIGKILL");
                 }
             }
@@ -130,12 +130,12 @@ impl Reconciler {
                 let Some(known) = self.local.get_mut(key) else { return };
                 tracing::error!(alloc_id = key.alloc_id, rank = key.rank, "the rank's shim vanished without recording an exit");
                 record::lost(&known.dir, now_ms);
-                RankTree::of_spec(&known.spec).remove_cgroup();
+                executor.release(&known.spec);
                 known.exited = true;
             }
             Action::KillLeftovers { key } => {
                 let Some(known) = self.local.get_mut(key) else { return };
-                if signal::kill_leftovers(&known.dir, &RankTree::of_spec(&known.spec)) {
+                if executor.kill_leftovers(&known.dir, &known.spec) {
                     tracing::warn!(
                         alloc_id = key.alloc_id,
                         rank = key.rank,
@@ -145,7 +145,7 @@ impl Reconciler {
             }
             Action::CollectGarbage { key } => {
                 if let Some(known) = self.local.remove(key) {
-                    RankTree::of_spec(&known.spec).remove_cgroup();
+                    executor.release(&known.spec);
                     record::remove(&known.dir);
                 }
             }
@@ -160,7 +160,7 @@ impl Reconciler {
         let spec = spawn::rank_spec(&self.shared.config, key, index, rank, &dir);
         let launch = match stop_reason {
             Some(reason) => spawn::end_unstarted(&dir, &spec, reason, now_ms),
-            None => spawn::launch(&dir, &spec, now_ms),
+            None => self.shared.executor.launch(&dir, &spec, now_ms),
         };
         let mut known = Known::new(dir, spec);
         match launch {

@@ -91,7 +91,7 @@ pub fn end_unstarted(dir: &RankDir, spec: &RankSpec, reason: &str, now_ms: u64) 
 }
 
 /// Create the rank directory and its cgroup, and write its spec.
-fn prepare(dir: &RankDir, spec: &RankSpec) -> bool {
+pub fn prepare(dir: &RankDir, spec: &RankSpec) -> bool {
     let prepared = dir
         .create()
         .map_err(|e| e.to_string())
