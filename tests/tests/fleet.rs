@@ -264,11 +264,19 @@ fn env_or(name: &str, default: u64) -> u64 {
 async fn time_to_running(any: &AnyReplica, request: pb::SubmitJobRequest) -> Result<f64> {
     let started = Instant::now();
     let job_id = any.submit(request).await?.job_id;
-    wait_until(&format!("every rank of job {job_id} running"), WAIT, || async {
+    let waited = wait_until(&format!("every rank of job {job_id} running"), WAIT, || async {
         let job = any.get(job_id).await?;
         Ok(all_ranks_running(&job).then_some(()))
     })
-    .await?;
+    .await;
+    if let Err(error) = waited {
+        let job = any.get(job_id).await?;
+        let mut states = std::collections::BTreeMap::new();
+        for rank in &job.allocations {
+            *states.entry(rank.state.clone()).or_insert(0usize) += 1;
+        }
+        bail!("{error}: job state {:?} ({}), ranks by state {states:?}", job.state, job.reason);
+    }
     let elapsed_ms = started.elapsed().as_secs_f64() * 1_000.0;
     any.wait_job_state(job_id, pb::JobState::Succeeded, WAIT).await?;
     Ok(elapsed_ms)
@@ -277,7 +285,8 @@ async fn time_to_running(any: &AnyReplica, request: pb::SubmitJobRequest) -> Res
 /// The figures of BENCHMARKS.md's fleet section: 3 replicas with TLS and a
 /// fleet of `ROTA_FLEET_BENCH_NODES` (default 1,250) nodes of 8 H100s in 32
 /// racks of 4 leaves, node TTL `ROTA_FLEET_BENCH_TTL_MS` (default 30 s),
-/// heartbeats every 2 s. Prints one line per figure.
+/// heartbeats every 2 s; Raft election timeouts `ROTA_FLEET_BENCH_ELECTION_MIN_MS`
+/// and `_MAX_MS` (the harness's 100..200 ms by default). Prints one line per figure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a benchmark: minutes of CPU; run by hand (see BENCHMARKS.md)"]
 async fn fleet_benchmark() -> Result<()> {
@@ -287,7 +296,14 @@ async fn fleet_benchmark() -> Result<()> {
     let rounds = env_or("ROTA_FLEET_BENCH_ROUNDS", 3) as usize;
     let gang_nodes = env_or("ROTA_FLEET_BENCH_GANG", 128).min(nodes as u64) as u32;
     let dir = tempfile::tempdir()?;
-    let options = ClusterOptions { node_ttl_ms: ttl_ms, ..ClusterOptions::default() };
+    let defaults = ClusterOptions::default();
+    let options = ClusterOptions {
+        node_ttl_ms: ttl_ms,
+        election_min_ms: env_or("ROTA_FLEET_BENCH_ELECTION_MIN_MS", defaults.election_min_ms),
+        election_max_ms: env_or("ROTA_FLEET_BENCH_ELECTION_MAX_MS", defaults.election_max_ms),
+        ..defaults
+    };
+    println!("raft: heartbeat {} ms, election {}..{} ms", options.heartbeat_ms, options.election_min_ms, options.election_max_ms);
     let mut cluster = LocalCluster::start(dir.path(), 3, options)?;
     let mut leader = cluster.wait_leader(WAIT).await?;
     let racks = 32.min(nodes);
