@@ -1,7 +1,7 @@
 //! The seam between the agent's decisions and the host: how a rank is
-//! started, watched and signalled. `Processes`, the default and the only
-//! one a real agent uses, runs each rank's command under a shim as host
-//! processes (see `exec` and `contain`). The fleet's simulated executor
+//! started, watched and signalled. `exec::Processes`, the only one a real
+//! agent uses, runs each rank's command under a shim as host processes (see
+//! `exec` and `contain`). The fleet's simulated executor
 //! (`fleet::sim`) stands in for it, so that many agents' sessions, watches,
 //! reconcile loops and reports run in one process as they are.
 //!
@@ -11,16 +11,26 @@
 
 use std::collections::BTreeMap;
 
-use crate::contain::{self, Containment, FoundRank, RankTree};
-use crate::exec::{signal, spawn};
-use crate::rankdir::{self, Pids, RankDir, RankSpec};
+use crate::contain::{Containment, FoundRank};
+use crate::rankdir::{Pids, RankDir, RankSpec};
+
+/// How a start went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launch {
+    /// The shim runs with this PID.
+    Running { shim_pid: u32 },
+    /// The rank's exit is recorded: it did not run.
+    Ended,
+    /// The rank directory could not be written; nothing was started.
+    Unprepared,
+}
 
 /// How ranks run on this host. Implementations decide nothing: they carry
 /// out what the reconcile loop asks and report what they see.
 pub trait RankExecutor: Send + Sync + 'static {
     /// Write the rank's spec in `dir` and start it (or record why it could
     /// not start).
-    fn launch(&self, dir: &RankDir, spec: &RankSpec, now_ms: u64) -> spawn::Launch;
+    fn launch(&self, dir: &RankDir, spec: &RankSpec, now_ms: u64) -> Launch;
     /// Whether the shim that recorded `pids` still runs.
     fn shim_alive(&self, pids: &Pids) -> bool;
     /// Whether the shim this agent process started as `shim_pid` (before it
@@ -41,46 +51,4 @@ pub trait RankExecutor: Send + Sync + 'static {
     /// Ranks of the agent `agent` (its data directory) found running on the
     /// host, recorded or not: what a starting agent adopts.
     fn found_running(&self, containment: &Containment, agent: &str) -> BTreeMap<(u64, u32), FoundRank>;
-}
-
-/// Ranks as host processes under shims: the agent's executor.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Processes;
-
-impl RankExecutor for Processes {
-    fn launch(&self, dir: &RankDir, spec: &RankSpec, now_ms: u64) -> spawn::Launch {
-        spawn::launch(dir, spec, now_ms)
-    }
-
-    fn shim_alive(&self, pids: &Pids) -> bool {
-        rankdir::shim_alive(pids)
-    }
-
-    fn started_shim_alive(&self, shim_pid: u32) -> bool {
-        contain::alive(shim_pid)
-    }
-
-    fn has_processes(&self, spec: &RankSpec) -> bool {
-        !RankTree::of_spec(spec).is_empty()
-    }
-
-    fn terminate(&self, spec: &RankSpec, pgid: u32) {
-        signal::terminate(&RankTree::of_spec(spec), pgid);
-    }
-
-    fn kill(&self, dir: &RankDir, spec: &RankSpec, pgid: u32) -> bool {
-        signal::kill(dir, &RankTree::of_spec(spec), pgid)
-    }
-
-    fn kill_leftovers(&self, dir: &RankDir, spec: &RankSpec) -> bool {
-        signal::kill_leftovers(dir, &RankTree::of_spec(spec))
-    }
-
-    fn release(&self, spec: &RankSpec) {
-        RankTree::of_spec(spec).remove_cgroup();
-    }
-
-    fn found_running(&self, containment: &Containment, agent: &str) -> BTreeMap<(u64, u32), FoundRank> {
-        contain::live_ranks(containment, agent)
-    }
 }

@@ -6,7 +6,7 @@
 //!   time in, actions out (start, stop, SIGTERM, SIGKILL, lost, collect).
 //! - `local`: what the agent knows of its ranks, read from their directories.
 //! - `executor`: the seam between decisions and the host (`RankExecutor`):
-//!   host processes under shims (`Processes`), or the fleet's simulation.
+//!   host processes under shims (`exec::Processes`), or the fleet's simulation.
 //! - `fleet`: many simulated agents in one process (a test and benchmark
 //!   tool): this agent's own tasks, with a simulated executor.
 //! - `exec`: the executors: `spawn` starts a rank's shim, `signal` signals

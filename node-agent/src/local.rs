@@ -275,7 +275,7 @@ impl LocalRanks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::executor::Processes;
+    use crate::exec::Processes;
     use crate::rankdir::ExitStatus;
 
     fn spec(alloc_id: u64) -> RankSpec {

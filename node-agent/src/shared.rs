@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::contain::Containment;
 use crate::control::ControlPlane;
-use crate::executor::{Processes, RankExecutor};
+use crate::executor::RankExecutor;
 use crate::freshness::LeaderIndexes;
 use crate::inventory::{Gpu, GpuSource};
 use crate::rankdir;
@@ -92,13 +92,9 @@ pub struct Heard {
 
 impl Shared {
     /// `security`: how the agent reaches the replicas (TLS with its node's
-    /// certificate, or plaintext when started `--insecure`).
-    pub fn new(config: AgentConfig, security: &rota_tls::Security, source: GpuSource, inventory: Vec<Gpu>) -> anyhow::Result<Arc<Shared>> {
-        Shared::with_executor(config, security, source, inventory, Arc::new(Processes))
-    }
-
-    /// `new`, with ranks run by `executor` instead of host processes.
-    pub fn with_executor(
+    /// certificate, or plaintext when started `--insecure`); `executor`: how
+    /// its ranks run (`exec::Processes` for a real agent).
+    pub fn new(
         config: AgentConfig,
         security: &rota_tls::Security,
         source: GpuSource,

@@ -193,7 +193,7 @@ async fn run_agent(args: Args) -> Result<()> {
         keep_finished_ranks: args.keep_finished_ranks,
         containment,
     };
-    let shared = Shared::new(config, &security, source, inventory)?;
+    let shared = Shared::new(config, &security, source, inventory, std::sync::Arc::new(rota_agent::exec::Processes))?;
     let logs = InterceptedService::new(
         NodeAgentServiceServer::new(LogServer::new(shared.ranks_root.clone())),
         rota_tls::auth::interceptor(LOG_READERS),

@@ -194,7 +194,7 @@ pub async fn run(config: FleetConfig) -> anyhow::Result<()> {
             containment: Containment::ProcScan,
         };
         let executor = Arc::new(SimExecutor::new(runtime.clone(), counters.clone()));
-        let shared = Shared::with_executor(agent_config, &security, source, inventory, executor.clone())?;
+        let shared = Shared::new(agent_config, &security, source, inventory, executor.clone())?;
         nodes.push(Node { shared, executor });
     }
     tracing::info!(nodes = nodes.len(), racks = config.racks, gpus = %config.gpus, "fleet starting");
