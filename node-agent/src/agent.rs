@@ -11,8 +11,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::contain::users;
-use crate::contain::RankTree;
-use crate::exec::{record, signal, spawn};
+use crate::exec::{record, spawn};
 use crate::local::{Known, LocalRanks};
 use crate::rankdir::{self, RankDir};
 use crate::reconcile::{self, Action, Desired, DesiredRank, Lease, RankKey, StopCause};
@@ -50,7 +49,7 @@ impl Reconciler {
     /// Re-adopt every rank recorded on disk; nothing is started or stopped
     /// until the first assignment set arrives.
     pub fn adopt(shared: Arc<Shared>) -> Reconciler {
-        let local = LocalRanks::adopt(&shared.config.data_dir, &shared.ranks_root, &shared.config.containment);
+        let local = LocalRanks::adopt(&shared.config.data_dir, &shared.ranks_root, &shared.config.containment, shared.executor.as_ref());
         let lease = if shared.lease_held() { Lease::Held } else { Lease::Expired };
         Reconciler { shared, local, desired: None, lease }
     }
@@ -82,7 +81,7 @@ impl Reconciler {
 
     /// One reconcile pass: read the disk, decide, act.
     fn pass(&mut self, now_ms: u64) {
-        let on_disk = self.local.observe(self.shared.config.keep_finished_ranks);
+        let on_disk = self.local.observe(self.shared.config.keep_finished_ranks, self.shared.executor.as_ref());
         let lease = if self.shared.lease_held() { Lease::Held } else { Lease::Expired };
         if lease != self.lease {
             match lease {
@@ -101,6 +100,7 @@ impl Reconciler {
     }
 
     fn execute(&mut self, action: Action) {
+        let executor = self.shared.executor.clone();
         match action {
             Action::Start { key, index, rank } => self.start(key, index, &rank, None, rankdir::now_ms()),
             Action::EndUnstarted { key, index, rank, reason, now_ms } => self.start(key, index, &rank, Some(&reason), now_ms),
@@ -118,12 +118,12 @@ impl Reconciler {
             }
             Action::Terminate { key, pgid } => {
                 let Some(known) = self.local.get_mut(key) else { return };
-                signal::terminate(&RankTree::of_spec(&known.spec), pgid);
+                executor.terminate(&known.spec, pgid);
                 known.term_sent = true;
             }
             Action::Kill { key, pgid } => {
                 let Some(known) = self.local.get_mut(key) else { return };
-                if signal::kill(&known.dir, &RankTree::of_spec(&known.spec), pgid) {
+                if executor.kill(&known.dir, &known.spec, pgid) {
                     tracing::warn!(alloc_id = key.alloc_id, rank = key.rank, "grace period over; SIGKILL");
                 }
             }
@@ -131,12 +131,12 @@ impl Reconciler {
                 let Some(known) = self.local.get_mut(key) else { return };
                 tracing::error!(alloc_id = key.alloc_id, rank = key.rank, "the rank's shim vanished without recording an exit");
                 record::lost(&known.dir, now_ms);
-                RankTree::of_spec(&known.spec).remove_cgroup();
+                executor.release(&known.spec);
                 known.exited = true;
             }
             Action::KillLeftovers { key } => {
                 let Some(known) = self.local.get_mut(key) else { return };
-                if signal::kill_leftovers(&known.dir, &RankTree::of_spec(&known.spec)) {
+                if executor.kill_leftovers(&known.dir, &known.spec) {
                     tracing::warn!(
                         alloc_id = key.alloc_id,
                         rank = key.rank,
@@ -146,7 +146,7 @@ impl Reconciler {
             }
             Action::CollectGarbage { key } => {
                 if let Some(known) = self.local.remove(key) {
-                    RankTree::of_spec(&known.spec).remove_cgroup();
+                    executor.release(&known.spec);
                     record::remove(&known.dir);
                 }
             }
@@ -164,7 +164,7 @@ impl Reconciler {
             None => match users::resolve(&self.shared.config.job_users, &rank.user) {
                 Ok(run_as) => {
                     spawn::run_as(&mut spec, run_as);
-                    spawn::launch(&dir, &spec, now_ms)
+                    self.shared.executor.launch(&dir, &spec, now_ms)
                 }
                 Err(why) => {
                     tracing::warn!(job_id = rank.job_id, user = %rank.user, %why, "rank refused");

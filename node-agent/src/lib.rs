@@ -5,6 +5,10 @@
 //! - `reconcile`: the pure decision: desired assignment set + local ranks +
 //!   time in, actions out (start, stop, SIGTERM, SIGKILL, lost, collect).
 //! - `local`: what the agent knows of its ranks, read from their directories.
+//! - `executor`: the seam between decisions and the host (`RankExecutor`):
+//!   host processes under shims (`exec::Processes`), or the fleet's simulation.
+//! - `fleet`: many simulated agents in one process (a test and benchmark
+//!   tool): this agent's own tasks, with a simulated executor.
 //! - `exec`: the executors: `spawn` starts a rank's shim, `signal` signals
 //!   every process of a rank, `record` writes the agent's records on disk.
 //! - `contain`: finds every process of a rank: its cgroup v2 (`cgroup`) and
@@ -37,6 +41,8 @@ pub mod agent;
 pub mod contain;
 pub mod control;
 pub mod exec;
+pub mod executor;
+pub mod fleet;
 pub mod freshness;
 pub mod inventory;
 pub mod local;

@@ -13,7 +13,8 @@ use std::os::unix::ffi::OsStrExt;
 use serde::Serialize;
 
 use crate::contain::procscan::{self, RankTag};
-use crate::contain::{self, cgroup, Containment, FoundRank, RankTree};
+use crate::contain::{cgroup, Containment, FoundRank, RankTree};
+use crate::executor::RankExecutor;
 use crate::rankdir::{self, rank_dirs, Pids, RankDir, RankSpec, StopRequest};
 use crate::reconcile::{LiveRank, LocalRank, OnDisk, RankKey, ShimState, StopState};
 
@@ -37,9 +38,9 @@ impl Known {
     /// What reconcile needs of this rank. The shim is looked at before the
     /// exit record: a shim writes its exit before it ends, so a shim seen
     /// gone with no exit recorded afterwards really vanished.
-    fn observe(&mut self) -> LocalRank {
+    fn observe(&mut self, executor: &dyn RankExecutor) -> LocalRank {
         if !self.exited {
-            let live = self.observe_live();
+            let live = self.observe_live(executor);
             if !self.dir.has(rankdir::EXIT) {
                 return LocalRank::Live(live);
             }
@@ -48,16 +49,16 @@ impl Known {
         LocalRank::Exited { acked: self.dir.has(rankdir::EXITED_ACK) }
     }
 
-    fn observe_live(&self) -> LiveRank {
+    fn observe_live(&self, executor: &dyn RankExecutor) -> LiveRank {
         let pids = self.dir.pids();
         let shim = match (&pids, self.own_shim) {
-            (Some(pids), _) => running_if(rankdir::shim_alive(pids)),
-            (None, Some(pid)) => running_if(rankdir::proc_stat(pid).is_some_and(|(state, _)| state != 'Z' && state != 'X')),
+            (Some(pids), _) => running_if(executor.shim_alive(pids)),
+            (None, Some(pid)) => running_if(executor.started_shim_alive(pid)),
             (None, None) => ShimState::Unrecorded { spec_written_ms: self.spec_written_ms() },
         };
         // Only a shim that is not running leaves the rank's tree to the
         // agent (a running one stops it itself): scan only then.
-        let leftovers = shim != ShimState::Running && !RankTree::of_spec(&self.spec).is_empty();
+        let leftovers = shim != ShimState::Running && executor.has_processes(&self.spec);
         let stop = match self.dir.read::<StopRequest>(rankdir::STOP) {
             Ok(None) => StopState::NotRequested,
             Ok(Some(stop)) => StopState::Requested { kill_at_ms: stop.kill_at_ms },
@@ -203,10 +204,10 @@ impl LocalRanks {
     /// cannot be read is left alone. Then every rank found running on the
     /// host without a record (the data directory was lost) is adopted too
     /// (see `adopt_unrecorded`), so that it is never started a second time.
-    pub fn adopt(data_dir: &Path, ranks_root: &Path, containment: &Containment) -> LocalRanks {
+    pub fn adopt(data_dir: &Path, ranks_root: &Path, containment: &Containment, executor: &dyn RankExecutor) -> LocalRanks {
         let mut local = Self::adopt_recorded(ranks_root);
         let agent = data_dir.display().to_string();
-        for ((alloc_id, rank), found) in contain::live_ranks(containment, &agent) {
+        for ((alloc_id, rank), found) in executor.found_running(containment, &agent) {
             let key = RankKey { alloc_id, rank };
             if local.ranks.contains_key(&key) {
                 continue;
@@ -248,8 +249,8 @@ impl LocalRanks {
     }
 
     /// Read every rank's directory again: the input of a reconcile pass.
-    pub fn observe(&mut self, keep_finished_ranks: usize) -> OnDisk {
-        let ranks = self.ranks.iter_mut().map(|(key, known)| (*key, known.observe())).collect();
+    pub fn observe(&mut self, keep_finished_ranks: usize, executor: &dyn RankExecutor) -> OnDisk {
+        let ranks = self.ranks.iter_mut().map(|(key, known)| (*key, known.observe(executor))).collect();
         OnDisk { ranks, keep_finished_ranks }
     }
 
@@ -275,6 +276,7 @@ impl LocalRanks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exec::Processes;
     use crate::rankdir::ExitStatus;
 
     fn spec(alloc_id: u64) -> RankSpec {
@@ -305,10 +307,10 @@ mod tests {
         running.write(rankdir::SPEC, &spec(1)).unwrap();
         ended.write(rankdir::SPEC, &spec(2)).unwrap();
         ended.write(rankdir::EXIT, &ExitStatus { exit_code: 0, finished_at_ms: 1 }).unwrap();
-        let mut local = LocalRanks::adopt(root.path(), root.path(), &Containment::ProcScan);
+        let mut local = LocalRanks::adopt(root.path(), root.path(), &Containment::ProcScan, &Processes);
         assert!(!empty.path.exists());
         assert_eq!(local.running(), 1);
-        let on_disk = local.observe(5);
+        let on_disk = local.observe(5, &Processes);
         let LocalRank::Live(live) = &on_disk.ranks[&RankKey { alloc_id: 1, rank: 0 }] else { panic!("{on_disk:?}") };
         assert_eq!((live.assigned_index, live.grace_ms, live.pgid, live.stop), (4, 2_000, None, StopState::NotRequested));
         assert!(matches!(live.shim, ShimState::Unrecorded { spec_written_ms: Some(_) }));
@@ -323,9 +325,9 @@ mod tests {
         let tags =
             [("ROTA_ALLOC_ID", "31337"), ("ROTA_RANK", "1"), ("ROTA_ATTEMPT", "2"), ("ROTA_JOB_ID", "8"), ("ROTA_AGENT_DIR", &agent)];
         let mut orphan = std::process::Command::new("sleep").arg("30").envs(tags).spawn().unwrap();
-        let mut local = LocalRanks::adopt(data.path(), &ranks_root, &Containment::ProcScan);
+        let mut local = LocalRanks::adopt(data.path(), &ranks_root, &Containment::ProcScan, &Processes);
         let key = RankKey { alloc_id: 31_337, rank: 1 };
-        let on_disk = local.observe(5);
+        let on_disk = local.observe(5, &Processes);
         let Some(LocalRank::Live(live)) = on_disk.ranks.get(&key) else { panic!("not adopted: {on_disk:?}") };
         assert_eq!(live.assigned_index, 0, "any set that does not hold it stops it");
         let dir = RankDir::new(&ranks_root, key.alloc_id, key.rank);

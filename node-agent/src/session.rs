@@ -58,6 +58,7 @@ async fn register(shared: &Shared) {
     {
         Ok(response) => {
             shared.raise_index(response.index);
+            shared.heard.registrations.fetch_add(1, Ordering::Relaxed);
             tracing::info!(node = %shared.config.node_name, index = response.index, "registered");
         }
         Err(error) => {

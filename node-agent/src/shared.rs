@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::contain::Containment;
 use crate::control::ControlPlane;
+use crate::executor::RankExecutor;
 use crate::freshness::LeaderIndexes;
 use crate::inventory::{Gpu, GpuSource};
 use crate::rankdir;
@@ -60,6 +61,8 @@ pub struct AgentConfig {
 pub struct Shared {
     pub config: AgentConfig,
     pub control: ControlPlane,
+    /// How ranks run: host processes under shims, or simulated (the fleet).
+    pub executor: Arc<dyn RankExecutor>,
     pub ranks_root: PathBuf,
     /// Highest assignment/commit index seen; never act on anything older.
     highest_index: AtomicU64,
@@ -75,12 +78,31 @@ pub struct Shared {
     /// The node TTL the leader last announced (persisted: a restarted agent
     /// cut off from the start still knows when its lease ends).
     ttl_ms: AtomicU64,
+    /// What the agent heard of the control plane, for observers (the fleet's
+    /// figures): when a heartbeat was last acknowledged and an assignment
+    /// update last arrived (`boottime_ms`), and how often it registered.
+    pub heard: Heard,
+}
+
+/// When the agent last heard the control plane; decides nothing.
+#[derive(Debug, Default)]
+pub struct Heard {
+    pub heartbeat_acked_ms: AtomicU64,
+    pub assignments_ms: AtomicU64,
+    pub registrations: AtomicU64,
 }
 
 impl Shared {
     /// `security`: how the agent reaches the replicas (TLS with its node's
-    /// certificate, or plaintext when started `--insecure`).
-    pub fn new(config: AgentConfig, security: &rota_tls::Security, source: GpuSource, inventory: Vec<Gpu>) -> anyhow::Result<Arc<Shared>> {
+    /// certificate, or plaintext when started `--insecure`); `executor`: how
+    /// its ranks run (`exec::Processes` for a real agent).
+    pub fn new(
+        config: AgentConfig,
+        security: &rota_tls::Security,
+        source: GpuSource,
+        inventory: Vec<Gpu>,
+        executor: Arc<dyn RankExecutor>,
+    ) -> anyhow::Result<Arc<Shared>> {
         let control = ControlPlane::new(&config.endpoints, security)?;
         let ranks_root = config.data_dir.join("ranks");
         std::fs::create_dir_all(&ranks_root)?;
@@ -93,6 +115,7 @@ impl Shared {
         Ok(Arc::new(Shared {
             config,
             control,
+            executor,
             ranks_root,
             highest_index: AtomicU64::new(highest),
             running_ranks: AtomicU32::new(0),
@@ -104,6 +127,7 @@ impl Shared {
             // starts nothing before it knows the leader's TTL.
             lease_until_ms: AtomicU64::new(lease_until),
             ttl_ms: AtomicU64::new(ttl_ms),
+            heard: Heard::default(),
         }))
     }
 
@@ -125,6 +149,7 @@ impl Shared {
         // the lease (replacing the start-up guess, longer or shorter).
         let until_ms = sent_ms.saturating_add(self.ttl_ms.load(Ordering::SeqCst));
         self.lease_until_ms.store(until_ms, Ordering::SeqCst);
+        self.heard.heartbeat_acked_ms.store(self.now_ms(), Ordering::Relaxed);
         // Not synced: losing the last few renewals in a crash only shortens
         // the lease a restarted agent believes it has (the safe direction).
         if let Err(error) = std::fs::write(self.config.data_dir.join(LEASE_FILE), format!("{} {until_ms}", boot_id())) {

@@ -54,6 +54,7 @@ pub async fn watch_loop(shared: Arc<Shared>, sender: watch::Sender<Option<Desire
                         backoff_ms = FIRST_BACKOFF_MS;
                         watch_index = watch_index.max(update.index);
                         heard_ms = shared.now_ms();
+                        shared.heard.assignments_ms.store(heard_ms, std::sync::atomic::Ordering::Relaxed);
                         if sender.send(Some(desired_from(&update))).is_err() {
                             return;
                         }

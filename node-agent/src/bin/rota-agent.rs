@@ -1,5 +1,6 @@
 //! `rota-agent`: the node agent. `rota-agent shim --dir DIR` is the per-rank
-//! shim the agent starts (not meant to be run by hand).
+//! shim the agent starts (not meant to be run by hand). `rota-agent fleet`
+//! runs many simulated agents in one process (a test and benchmark tool).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -87,6 +88,73 @@ struct Args {
     insecure: bool,
 }
 
+/// `rota-agent fleet`: simulated agents for tests and benchmarks (see
+/// `rota_agent::fleet`); never a way to run a real node.
+#[derive(Parser)]
+#[command(
+    name = "rota-agent fleet",
+    about = "A test and benchmark tool: many simulated agents in one process, each with its own session, \
+             heartbeats, assignment watch and reports; ranks are timers (FLEET_RUN_MS, or `sleep N`)"
+)]
+struct FleetArgs {
+    /// Scheduler replica addresses (host:port), comma separated.
+    #[arg(long, env = "ROTA_ENDPOINTS", value_delimiter = ',', required = true)]
+    endpoints: Vec<String>,
+    /// Simulated nodes (at most 10,000).
+    #[arg(long)]
+    nodes: usize,
+    /// GPUs of every node: COUNTxMODEL[,COUNTxMODEL...].
+    #[arg(long, default_value = "8xH100-80GB")]
+    gpus: String,
+    /// Racks the nodes fill in contiguous blocks.
+    #[arg(long, default_value_t = 1)]
+    racks: usize,
+    /// Leaf switches per rack, filled in contiguous blocks.
+    #[arg(long, default_value_t = 1)]
+    leaves_per_rack: usize,
+    /// Each node's data directory is DIR/nodes/NAME; figures go to DIR/fleet-stats.json.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Nodes are named PREFIX-0000, PREFIX-0001, ...
+    #[arg(long, default_value = "sim")]
+    node_prefix: String,
+    /// Heartbeat period of every node (never longer than a quarter of the leader's TTL).
+    #[arg(long, default_value_t = 2_000)]
+    heartbeat_ms: u64,
+    /// Finished ranks kept on disk per node.
+    #[arg(long, default_value_t = 16)]
+    keep_finished_ranks: usize,
+    /// The cluster's CA certificate (PEM).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// The CA's private key: each simulated node gets its own agent certificate
+    /// (rota://agent/NAME) issued from it, since an agent may act for its own node only.
+    #[arg(long)]
+    tls_ca_key: Option<PathBuf>,
+    /// Plaintext, nothing verified: only with replicas started --insecure.
+    #[arg(long)]
+    insecure: bool,
+}
+
+#[tokio::main]
+async fn run_fleet(args: FleetArgs) -> Result<()> {
+    let tls = rota_agent::fleet::FleetTls::from_flags(args.tls_ca, args.tls_ca_key, args.insecure)?;
+    let config = rota_agent::fleet::FleetConfig {
+        endpoints: args.endpoints,
+        nodes: args.nodes,
+        gpus: args.gpus,
+        racks: args.racks,
+        leaves_per_rack: args.leaves_per_rack,
+        data_dir: args.data_dir,
+        node_prefix: args.node_prefix,
+        heartbeat_ms: args.heartbeat_ms,
+        keep_finished_ranks: args.keep_finished_ranks,
+        tls,
+    };
+    rota_agent::fleet::run(config).await
+}
+
+
 /// Logs are read through a replica, which checks who may read whose job.
 const LOG_READERS: &[IdentityKind] = &[IdentityKind::Replica];
 
@@ -147,7 +215,7 @@ async fn run_agent(args: Args) -> Result<()> {
         containment,
         job_users,
     };
-    let shared = Shared::new(config, &security, source, inventory)?;
+    let shared = Shared::new(config, &security, source, inventory, std::sync::Arc::new(rota_agent::exec::Processes))?;
     let logs = InterceptedService::new(
         NodeAgentServiceServer::new(LogServer::new(shared.ranks_root.clone())),
         rota_tls::auth::interceptor(LOG_READERS),
@@ -167,8 +235,11 @@ fn main() -> Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    if std::env::args().nth(1).as_deref() == Some("shim") {
-        return run_shim();
+    match std::env::args().nth(1).as_deref() {
+        Some("shim") => return run_shim(),
+        // "fleet" stands in for the program's name, so its flags parse alone.
+        Some("fleet") => return run_fleet(FleetArgs::parse_from(std::env::args().skip(1))),
+        _ => {}
     }
     run_agent(Args::parse())
 }

@@ -13,16 +13,7 @@ use crate::reconcile::{DesiredRank, RankKey};
 use crate::shared::AgentConfig;
 use crate::shim::EXIT_NOT_STARTED;
 
-/// How a start went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Launch {
-    /// The shim runs with this PID.
-    Running { shim_pid: u32 },
-    /// The rank's exit is recorded: it did not run.
-    Ended,
-    /// The rank directory could not be written; nothing was started.
-    Unprepared,
-}
+pub use crate::executor::Launch;
 
 /// What the shim runs for `rank`: the runtime prefix and the command, the
 /// job's environment plus the variables rota sets (which win).
@@ -120,7 +111,7 @@ pub fn end_unstarted(dir: &RankDir, spec: &RankSpec, reason: &str, now_ms: u64) 
 }
 
 /// Create the rank directory and its cgroup, and write its spec.
-fn prepare(dir: &RankDir, spec: &RankSpec) -> bool {
+pub fn prepare(dir: &RankDir, spec: &RankSpec) -> bool {
     let prepared = dir
         .create()
         .map_err(|e| e.to_string())
