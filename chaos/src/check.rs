@@ -205,6 +205,13 @@ pub fn no_rank_killed(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, cancelle
     Check::new("no_running_rank_killed_or_restarted", violations)
 }
 
+/// Every replica a fault hit did what the fault expects of it: a wiped
+/// replica refused to start and its replacement caught up, a stale one
+/// caught up, a skewed one did not lead, a member change went through.
+pub fn faulted_replicas_recovered(failures: &[String]) -> Check {
+    Check::new("faulted_replicas_recover_as_promised", failures.to_vec())
+}
+
 /// Failover of one leader fault, measured from outside.
 #[derive(Debug, Clone, Serialize)]
 pub struct Failover {

@@ -3,6 +3,7 @@
 //! and the ack is written only once the control plane committed the event.
 //! A restarted agent therefore reports exactly what was not yet committed.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,11 +33,75 @@ pub struct Pending {
     pub acks: Vec<Ack>,
 }
 
+/// The exit of a rank whose directory could not take it (nor, perhaps, the
+/// rank's spec): what the report needs, kept in memory until committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnrecordedExit {
+    pub alloc_id: u64,
+    pub attempt: u32,
+    pub rank: u32,
+    pub exit_code: i32,
+    pub reason: String,
+}
+
+/// Most exits kept in memory: a rank holds one GPU at least, so a node has
+/// far fewer ranks than this at once.
+const MAX_UNRECORDED_EXITS: usize = 4_096;
+
+/// Unrecorded exits by (alloc id, rank), until committed.
+#[derive(Debug, Default)]
+pub struct UnrecordedExits {
+    exits: BTreeMap<(u64, u32), UnrecordedExit>,
+}
+
+impl UnrecordedExits {
+    /// Keep `exit` for the report. Without room (never on a real node) the
+    /// exit is dropped and logged: the scheduler then ends the allocation as
+    /// never started (see the leader's start timeout).
+    pub fn remember(&mut self, exit: UnrecordedExit) {
+        if self.exits.len() >= MAX_UNRECORDED_EXITS && !self.exits.contains_key(&(exit.alloc_id, exit.rank)) {
+            tracing::error!(alloc_id = exit.alloc_id, rank = exit.rank, "too many unrecorded exits; this one is not reported");
+            return;
+        }
+        self.exits.insert((exit.alloc_id, exit.rank), exit);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.exits.is_empty()
+    }
+
+    fn events(&self, room: usize) -> Vec<(UnrecordedExit, pb::RankEvent)> {
+        self.exits
+            .values()
+            .take(room)
+            .map(|exit| {
+                let exited = pb::RankExited { exit_code: exit.exit_code, reason: exit.reason.clone() };
+                let event = pb::RankEvent {
+                    alloc_id: exit.alloc_id,
+                    attempt: exit.attempt,
+                    rank: exit.rank,
+                    kind: Some(pb::rank_event::Kind::Exited(exited)),
+                };
+                (exit.clone(), event)
+            })
+            .collect()
+    }
+
+    fn forget(&mut self, committed: &[UnrecordedExit]) {
+        for exit in committed {
+            self.exits.remove(&(exit.alloc_id, exit.rank));
+        }
+    }
+}
+
 /// Commit the pending events, forever.
 pub async fn report_loop(shared: Arc<Shared>) {
     loop {
         tokio::time::sleep(Duration::from_millis(REPORT_EVERY_MS)).await;
-        let pending = pending(&shared.ranks_root);
+        let mut pending = pending(&shared.ranks_root);
+        let room = MAX_EVENTS_PER_REPORT - pending.events.len();
+        let unrecorded = shared.unrecorded_exits.lock().expect("unrecorded exits lock").events(room);
+        pending.events.extend(unrecorded.iter().map(|(_, event)| event.clone()));
         if pending.events.is_empty() {
             continue;
         }
@@ -52,6 +117,9 @@ pub async fn report_loop(shared: Arc<Shared>) {
             Ok(response) => {
                 shared.raise_index(response.index);
                 acknowledge(&pending.acks);
+                let committed: Vec<UnrecordedExit> = unrecorded.into_iter().map(|(exit, _)| exit).collect();
+                record_late(&shared.ranks_root, &committed);
+                shared.unrecorded_exits.lock().expect("unrecorded exits lock").forget(&committed);
             }
             Err(error) => {
                 // Refused outright: the events are malformed; log and keep them for an operator.
@@ -95,6 +163,25 @@ fn pending_of_rank(dir: &RankDir, pending: &mut Pending) {
         let reason = exit_reason(dir, exit.exit_code);
         pending.events.push(event(pb::rank_event::Kind::Exited(pb::RankExited { exit_code: exit.exit_code, reason: reason.clone() })));
         pending.acks.push((dir.clone(), rankdir::EXITED_ACK, format!("{} {reason}", exit.exit_code)));
+    }
+}
+
+/// Once committed, an exit kept in memory goes to its rank directory if
+/// the disk takes it now (with its ack, so it is not reported again), so
+/// that the directory is collected like any other; else it stays as it is.
+fn record_late(root: &Path, committed: &[UnrecordedExit]) {
+    for exit in committed {
+        let dir = RankDir::new(root, exit.alloc_id, exit.rank);
+        if !dir.path.is_dir() || dir.has(rankdir::EXIT) {
+            continue;
+        }
+        let status = rankdir::ExitStatus { exit_code: exit.exit_code, finished_at_ms: rankdir::now_ms() };
+        // The ack first: an exit on disk without it would be reported again.
+        let written =
+            dir.ack(rankdir::EXITED_ACK, &format!("{} {}", exit.exit_code, exit.reason)).and_then(|()| dir.write(rankdir::EXIT, &status));
+        if let Err(error) = written {
+            tracing::debug!(%error, "the committed exit is still not recorded on disk");
+        }
     }
 }
 

@@ -73,6 +73,9 @@ pub struct Shared {
     /// The node TTL the leader last announced (persisted: a restarted agent
     /// cut off from the start still knows when its lease ends).
     ttl_ms: AtomicU64,
+    /// Exits that could not be recorded in their rank directory (its disk
+    /// is full or read-only): reported from memory (see `outbox`).
+    pub(crate) unrecorded_exits: Mutex<crate::outbox::UnrecordedExits>,
 }
 
 impl Shared {
@@ -102,6 +105,7 @@ impl Shared {
             // starts nothing before it knows the leader's TTL.
             lease_until_ms: AtomicU64::new(lease_until),
             ttl_ms: AtomicU64::new(ttl_ms),
+            unrecorded_exits: Mutex::new(crate::outbox::UnrecordedExits::default()),
         }))
     }
 
