@@ -440,6 +440,11 @@ impl LocalCluster {
                 continue;
             }
             let status = self.status(id).await?;
+            if status.members.is_empty() {
+                // Not a member (yet): a replica started with --join and not
+                // added, or one that refused its data directory.
+                continue;
+            }
             let running = self.replicas.get(&status.leader_id).is_some_and(|r| r.is_running() && !r.paused);
             if status.leader_id == 0 || !running || seen.is_some_and(|s| s != status.leader_id) {
                 return None;

@@ -137,8 +137,14 @@ pub async fn run(config: RunConfig) -> Result<Report> {
         tasks.push(tokio::spawn(workload::submitter(i, clients.clone(), history.clone(), workload_config.clone(), stop.clone())));
     }
 
-    let mut targets =
-        Targets { cluster: &mut cluster, links: &links, agents: &mut agents, agent_links: &agent_links, dir: dir.clone(), next_id: config.replicas + 1 };
+    let mut targets = Targets {
+        cluster: &mut cluster,
+        links: &links,
+        agents: &mut agents,
+        agent_links: &agent_links,
+        dir: dir.clone(),
+        next_id: config.replicas + 1,
+    };
     inject_faults(&mut targets, &history, &config).await?;
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
@@ -304,8 +310,16 @@ async fn expect_caught_up(cluster: &LocalCluster, history: &History, target: u64
 
 /// SIGKILL `target`, wipe its data directory (whole, or its Raft store),
 /// expect it to refuse to start, then replace it as an operator would.
+///
+/// A wiped whole directory is recognized only by what the leader matched
+/// on that replica in its own term (the promise's known limit: see the
+/// README); when the leader has matched nothing there yet (the replica was
+/// cut off for all of its term), only the Raft store is wiped.
 async fn wipe_follower(targets: &mut Targets<'_>, history: &History, target: u64, whole: bool) -> Result<()> {
     let cluster = &mut *targets.cluster;
+    let leader = cluster.wait_leader(ELECTION_WAIT).await?;
+    let matched = cluster.status(leader).await.is_some_and(|s| s.members.iter().any(|m| m.id == target && m.matched_index > 0));
+    let whole = whole && matched;
     cluster.kill(target)?;
     let db = cluster.replicas[&target].data_dir.join("db");
     let wiped = if whole { db.clone() } else { db.join("raft") };
@@ -375,7 +389,9 @@ async fn skew_clock(targets: &mut Targets<'_>, history: &History, target: u64, r
         // Elected, it checks its clock before it takes writes and hands
         // leadership off at once; one check's time (5 s) is the most it may hold it.
         if led_since.is_some_and(|since| since.elapsed() > Duration::from_millis(SKEWED_LEAD_LIMIT_MS)) {
-            history.record_recovery_failure(format!("skew-clock {target}: led for over {SKEWED_LEAD_LIMIT_MS} ms with its clock {offset_ms} ms off"));
+            history.record_recovery_failure(format!(
+                "skew-clock {target}: led for over {SKEWED_LEAD_LIMIT_MS} ms with its clock {offset_ms} ms off"
+            ));
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -404,7 +420,9 @@ async fn change_membership(targets: &mut Targets<'_>, history: &History) -> Resu
         Ok(status) if status.members.iter().any(|m| m.id == id && m.role != "learner") => {
             expect_caught_up(cluster, history, id, "change-membership").await;
         }
-        Ok(status) => history.record_recovery_failure(format!("change-membership {id}: not a voter after member add: {:?}", status.members)),
+        Ok(status) => {
+            history.record_recovery_failure(format!("change-membership {id}: not a voter after member add: {:?}", status.members))
+        }
         Err(error) => history.record_recovery_failure(format!("change-membership {id}: member add failed: {error}")),
     }
     if let Err(error) = admin(cluster, |mut c| async move { c.remove_member(pb::RemoveMemberRequest { id }).await }).await {
@@ -531,7 +549,7 @@ fn build_report(
             .filter(|f| f.kind.parse::<FaultKind>().is_ok_and(FaultKind::ends_ranks_by_rule))
             .map(|f| check::Outage { node: f.target.clone(), from_ms: f.at_ms, to_ms: f.healed_ms.unwrap_or(u64::MAX) })
             .collect();
-        checks.push(check::gpus_exclusive(&runs, &by_id, &outages));
+        checks.push(check::gpus_exclusive(&runs, &by_id, &outages, &samples.gone_by_ms));
         checks.push(check::no_rank_killed(&runs, &by_id, &cancelled, &ended_by_rule));
         checks.push(check::no_two_attempts_alive(samples));
         checks.push(check::liveness(jobs, &acked));

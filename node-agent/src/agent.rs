@@ -194,7 +194,6 @@ impl Reconciler {
         }
         self.local.insert(key, known);
     }
-
 }
 
 /// Report a rank's exit from memory: its directory refused it.
