@@ -79,6 +79,8 @@ pub struct ClusterOptions {
     pub keep_logs: u64,
     /// `rota server --node-ttl-ms`: a node silent this long is declared down.
     pub node_ttl_ms: u64,
+    /// `rota server --start-timeout-ms` (None: the server's default).
+    pub start_timeout_ms: Option<u64>,
     /// Extra environment for every replica (test switches).
     pub env: Vec<(String, String)>,
     /// Extra environment for one replica (by id), after `env`.
@@ -97,6 +99,7 @@ impl Default for ClusterOptions {
             snapshot_every: 20_000,
             keep_logs: 5_000,
             node_ttl_ms: 30_000,
+            start_timeout_ms: None,
             env: vec![],
             env_of: BTreeMap::new(),
             insecure: false,
@@ -268,6 +271,7 @@ impl LocalCluster {
             .args(["--snapshot-every", &self.options.snapshot_every.to_string()])
             .args(["--keep-logs", &self.options.keep_logs.to_string()])
             .args(["--node-ttl-ms", &self.options.node_ttl_ms.to_string()])
+            .args(self.options.start_timeout_ms.map(|ms| format!("--start-timeout-ms={ms}")))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
