@@ -54,6 +54,8 @@ pub struct History {
     /// replica that started, a stale one that never caught up, a skewed one
     /// that led, a member change that failed).
     pub recovery_failures: Mutex<Vec<String>>,
+    /// What a fault could not do as planned, though nothing failed.
+    pub notes: Mutex<Vec<String>>,
 }
 
 impl History {
@@ -74,6 +76,11 @@ impl History {
     pub fn record_recovery_failure(&self, what: String) {
         tracing::error!(%what, "a faulted replica did not recover as expected");
         self.recovery_failures.lock().expect("history lock").push(what);
+    }
+
+    pub fn note(&self, what: String) {
+        tracing::warn!(%what, "fault note");
+        self.notes.lock().expect("history lock").push(what);
     }
 
     pub fn heal_fault(&self, index: usize) {
