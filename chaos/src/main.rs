@@ -39,6 +39,14 @@ struct RunArgs {
     /// agent-disk-full; or all (those needing agents only with --agents).
     #[arg(long, default_value = "kill-leader,pause-leader")]
     faults: String,
+    /// Inject the faults in the order given, round and round (default: each
+    /// drawn at random from the list).
+    #[arg(long)]
+    in_order: bool,
+    /// Longest stale-follower cut, seconds (ended sooner once the leader
+    /// purged what the follower lacks).
+    #[arg(long, default_value_t = 30)]
+    stale_cut_s: u64,
     /// Seconds between faults.
     #[arg(long, default_value_t = 10)]
     interval_s: u64,
@@ -117,6 +125,8 @@ async fn main() -> Result<()> {
         },
         dir: args.dir,
         agent_env: Vec::new(),
+        in_order: args.in_order,
+        stale_cut_s: args.stale_cut_s,
     };
     let report = run(config).await?;
     let json = serde_json::to_string_pretty(&report)?;

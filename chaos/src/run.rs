@@ -46,6 +46,11 @@ pub struct RunConfig {
     pub dir: Option<PathBuf>,
     /// Extra environment for every agent (test switches).
     pub agent_env: Vec<(String, String)>,
+    /// Inject the faults in the order given, round and round, instead of
+    /// drawing each from the seeded RNG (targets are still drawn).
+    pub in_order: bool,
+    /// The longest a stale-follower cut lasts (see `stale_follower`).
+    pub stale_cut_s: u64,
 }
 
 /// What faults can hit.
@@ -179,11 +184,16 @@ async fn inject_faults(targets: &mut Targets<'_>, history: &History, config: &Ru
     let total = Duration::from_secs(config.duration_s);
     let interval = Duration::from_secs(config.interval_s.max(1));
     let mut next = started + interval;
+    let mut injected = 0usize;
     while next + Duration::from_secs(1) < started + total {
         tokio::time::sleep_until(next.into()).await;
-        let kind = config.faults[rng.gen_range(0..config.faults.len())];
+        let kind = match config.in_order {
+            true => config.faults[injected % config.faults.len()],
+            false => config.faults[rng.gen_range(0..config.faults.len())],
+        };
+        injected += 1;
         let leader = targets.cluster.wait_leader(ELECTION_WAIT).await.context("leader before a fault")?;
-        inject_one(targets, history, kind, leader, &mut rng, config.cluster.node_ttl_ms).await?;
+        inject_one(targets, history, kind, leader, &mut rng, config).await?;
         targets.cluster.wait_leader(ELECTION_WAIT).await.with_context(|| format!("leader after {}", kind.name()))?;
         next = Instant::now().max(next + interval);
     }
@@ -197,8 +207,9 @@ async fn inject_one(
     kind: FaultKind,
     leader: u64,
     rng: &mut StdRng,
-    node_ttl_ms: u64,
+    config: &RunConfig,
 ) -> Result<()> {
+    let node_ttl_ms = config.cluster.node_ttl_ms;
     let followers: Vec<u64> = targets.cluster.replicas.keys().copied().filter(|id| *id != leader).collect();
     let (target, name) = match kind {
         FaultKind::KillFollower | FaultKind::StaleFollower | FaultKind::WipeFollower | FaultKind::SkewClock => {
@@ -232,7 +243,7 @@ async fn inject_one(
         FaultKind::AgentDiskFull => {
             std::fs::write(disk_full_file(&targets.dir, &targets.agents[target as usize].name), b"full")?;
         }
-        FaultKind::StaleFollower => stale_follower(targets, history, target, slot).await?,
+        FaultKind::StaleFollower => stale_follower(targets, history, target, slot, Duration::from_secs(config.stale_cut_s)).await?,
         FaultKind::WipeFollower => wipe_follower(targets, history, target, rng.gen_bool(0.5)).await?,
         FaultKind::SkewClock => skew_clock(targets, history, target, rng).await?,
         FaultKind::ChangeMembership => change_membership(targets, history).await?,
@@ -267,20 +278,16 @@ const SKEWED_LEAD_LIMIT_MS: u64 = 6_000;
 /// replica caught up, a member change done) before it records a failure.
 const RECOVERY_WAIT: Duration = Duration::from_secs(90);
 
-/// The longest a stale-follower cut lasts while waiting for the leader to
-/// purge what the follower lacks.
-const STALE_CUT_LIMIT: Duration = Duration::from_secs(30);
-
 /// Cut `target` from its peers until the leader has purged the log entries
-/// it lacks (so only a snapshot can catch it up), at most `STALE_CUT_LIMIT`,
+/// it lacks (so only a snapshot can catch it up), at most `cut_limit`,
 /// heal, and expect it to catch up. A leader that purged nothing meanwhile
 /// is noted (the follower then catches up by log): openraft postpones a
 /// purge while a replication to a follower is in flight, and one to a cut
 /// off follower may stay so.
-async fn stale_follower(targets: &mut Targets<'_>, history: &History, target: u64, slot: u64) -> Result<()> {
+async fn stale_follower(targets: &mut Targets<'_>, history: &History, target: u64, slot: u64, cut_limit: Duration) -> Result<()> {
     let applied = targets.cluster.status(target).await.map_or(0, |s| s.applied_index);
     targets.links.iter().filter(|l| l.from == slot || l.to == slot).for_each(LinkProxy::cut);
-    let deadline = Instant::now() + STALE_CUT_LIMIT;
+    let deadline = Instant::now() + cut_limit;
     let mut purged = 0;
     while Instant::now() < deadline {
         if let Ok(leader) = targets.cluster.wait_leader(Duration::from_secs(5)).await {
@@ -295,7 +302,7 @@ async fn stale_follower(targets: &mut Targets<'_>, history: &History, target: u6
     let how = if purged > applied { "snapshot" } else { "log" };
     if purged <= applied {
         history.note(format!(
-            "stale-follower {target}: in {STALE_CUT_LIMIT:?} cut off, the leader purged nothing past the follower's index {applied} (purged up to {purged}); it caught up by log"
+            "stale-follower {target}: in {cut_limit:?} cut off, the leader purged nothing past the follower's index {applied} (purged up to {purged}); it caught up by log"
         ));
     }
     expect_caught_up(targets.cluster, history, target, &format!("stale-follower (by {how})")).await;
