@@ -198,6 +198,6 @@ impl Reconciler {
 
 /// Report a rank's exit from memory: its directory refused it.
 fn remember_exit(shared: &Shared, spec: &rankdir::RankSpec, exit_code: i32, reason: String) {
-    let exit = outbox::UnrecordedExit { alloc_id: spec.alloc_id, attempt: spec.attempt, rank: spec.rank, exit_code, reason };
+    let exit = crate::shared::UnrecordedExit { alloc_id: spec.alloc_id, attempt: spec.attempt, rank: spec.rank, exit_code, reason };
     shared.unrecorded_exits.lock().expect("unrecorded exits lock").remember(exit);
 }

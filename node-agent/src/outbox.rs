@@ -3,7 +3,6 @@
 //! and the ack is written only once the control plane committed the event.
 //! A restarted agent therefore reports exactly what was not yet committed.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +10,7 @@ use std::time::Duration;
 use rota_proto::v1 as pb;
 
 use crate::rankdir::{self, rank_dirs, RankDir, StopRequest, EXIT_LOST};
-use crate::shared::Shared;
+use crate::shared::{Shared, UnrecordedExit};
 
 /// How often the reporter looks for events to commit.
 const REPORT_EVERY_MS: u64 = 250;
@@ -31,67 +30,6 @@ pub type Ack = (RankDir, &'static str, String);
 pub struct Pending {
     pub events: Vec<pb::RankEvent>,
     pub acks: Vec<Ack>,
-}
-
-/// The exit of a rank whose directory could not take it (nor, perhaps, the
-/// rank's spec): what the report needs, kept in memory until committed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnrecordedExit {
-    pub alloc_id: u64,
-    pub attempt: u32,
-    pub rank: u32,
-    pub exit_code: i32,
-    pub reason: String,
-}
-
-/// Most exits kept in memory: a rank holds one GPU at least, so a node has
-/// far fewer ranks than this at once.
-const MAX_UNRECORDED_EXITS: usize = 4_096;
-
-/// Unrecorded exits by (alloc id, rank), until committed.
-#[derive(Debug, Default)]
-pub struct UnrecordedExits {
-    exits: BTreeMap<(u64, u32), UnrecordedExit>,
-}
-
-impl UnrecordedExits {
-    /// Keep `exit` for the report. Without room (never on a real node) the
-    /// exit is dropped and logged: the scheduler then ends the allocation as
-    /// never started (see the leader's start timeout).
-    pub fn remember(&mut self, exit: UnrecordedExit) {
-        if self.exits.len() >= MAX_UNRECORDED_EXITS && !self.exits.contains_key(&(exit.alloc_id, exit.rank)) {
-            tracing::error!(alloc_id = exit.alloc_id, rank = exit.rank, "too many unrecorded exits; this one is not reported");
-            return;
-        }
-        self.exits.insert((exit.alloc_id, exit.rank), exit);
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.exits.is_empty()
-    }
-
-    fn events(&self, room: usize) -> Vec<(UnrecordedExit, pb::RankEvent)> {
-        self.exits
-            .values()
-            .take(room)
-            .map(|exit| {
-                let exited = pb::RankExited { exit_code: exit.exit_code, reason: exit.reason.clone() };
-                let event = pb::RankEvent {
-                    alloc_id: exit.alloc_id,
-                    attempt: exit.attempt,
-                    rank: exit.rank,
-                    kind: Some(pb::rank_event::Kind::Exited(exited)),
-                };
-                (exit.clone(), event)
-            })
-            .collect()
-    }
-
-    fn forget(&mut self, committed: &[UnrecordedExit]) {
-        for exit in committed {
-            self.exits.remove(&(exit.alloc_id, exit.rank));
-        }
-    }
 }
 
 /// Commit the pending events, forever.
