@@ -8,9 +8,10 @@
 //! `ROTA_TEST_AGENT_DISK_FULL_FILE`: while the file it names exists, every
 //! write into a rank directory (the agent's and its shims') fails with ENOSPC.
 //!
-//! Without the fix (the agent only logging the failed writes), this test
-//! failed at its first wait: the job placed while the disk was full stayed
-//! `running` at attempt 1 for good, although nothing ran it.
+//! Failed with the agent, shim and server of commit 6c59791 (the test
+//! switch alone added; the agent only logged the failed writes) with "timed
+//! out after 60s waiting for job 2 to be placed 2 times": the job placed
+//! while the disk was full stayed `running` at attempt 1, though nothing ran it.
 
 use std::time::Duration;
 

@@ -8,9 +8,9 @@
 //! The test acts as the node's agent itself: it registers, heartbeats and
 //! watches its assignments, and never starts the rank.
 //!
-//! Without the leader's start timeout this test failed at its first wait:
-//! the allocation was never stopped and the job stayed `running` with no
-//! rank started.
+//! Failed on commit 7bf3673 with the leader's start-timeout pass switched
+//! off (the flag still accepted) with "the never-started rank was never
+//! stopped": the job stayed `running` with no rank started.
 
 use std::time::Duration;
 
