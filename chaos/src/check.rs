@@ -127,19 +127,26 @@ fn parse_start(text: &str) -> Option<RankRun> {
 }
 
 /// No GPU was held by two running ranks at once. A rank that wrote no end
-/// marker is taken to hold its GPUs until its job's recorded finish (or
-/// forever, if it never finished): the conservative reading. A rank cut off
-/// by an `outage` past the TTL was stopped by its agent within the outage
-/// (its lease ran out): it is taken to hold them until the outage healed.
-pub fn gpus_exclusive(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, outages: &[Outage]) -> Check {
+/// marker (it was stopped) holds its GPUs until the process sampler no
+/// longer saw its pid (`gone_by_ms`); if the sampler never saw it, until its
+/// job's recorded finish (or forever, if it never finished): the
+/// conservative reading. A rank cut off by an `outage` past the TTL was
+/// stopped by its agent within the outage (its lease ran out): it is taken
+/// to hold them until the outage healed, unless the sampler saw it go sooner.
+pub fn gpus_exclusive(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, outages: &[Outage], gone_by_ms: &BTreeMap<u32, u64>) -> Check {
     /// (start, end, rank) of each use of one GPU.
     type Spans<'a> = Vec<(u64, u64, &'a RankRun)>;
     let mut by_gpu: BTreeMap<(&str, u32), Spans> = BTreeMap::new();
     for run in runs {
         let cut_off_until =
             outages.iter().filter(|o| o.node == run.node && run.start_ms < o.to_ms && run.end_ms.is_none()).map(|o| o.to_ms).min();
-        let end =
-            run.end_ms.or(cut_off_until).or_else(|| jobs.get(&run.job_id).map(|j| j.finished_at_ms).filter(|&t| t > 0)).unwrap_or(u64::MAX);
+        let seen_gone = gone_by_ms.get(&run.pid).copied().filter(|&t| t >= run.start_ms);
+        let end = run
+            .end_ms
+            .or(seen_gone)
+            .or(cut_off_until)
+            .or_else(|| jobs.get(&run.job_id).map(|j| j.finished_at_ms).filter(|&t| t > 0))
+            .unwrap_or(u64::MAX);
         for &gpu in &run.gpus {
             by_gpu.entry((run.node.as_str(), gpu)).or_default().push((run.start_ms, end, run));
         }
@@ -203,6 +210,13 @@ pub fn no_rank_killed(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, cancelle
         }
     }
     Check::new("no_running_rank_killed_or_restarted", violations)
+}
+
+/// Every replica a fault hit did what the fault expects of it: a wiped
+/// replica refused to start and its replacement caught up, a stale one
+/// caught up, a skewed one did not lead, a member change went through.
+pub fn faulted_replicas_recovered(failures: &[String]) -> Check {
+    Check::new("faulted_replicas_recover_as_promised", failures.to_vec())
 }
 
 /// Failover of one leader fault, measured from outside.
@@ -291,9 +305,9 @@ mod tests {
     fn overlapping_gpu_use_is_caught() {
         let jobs = BTreeMap::from([(1, job(1, "succeeded", 0)), (2, job(2, "succeeded", 0))]);
         let fine = [run(1, 10, &[0, 1], 100, Some(200)), run(2, 11, &[1], 250, Some(300))];
-        assert!(gpus_exclusive(&fine, &jobs, &[]).passed);
+        assert!(gpus_exclusive(&fine, &jobs, &[], &BTreeMap::new()).passed);
         let clash = [run(1, 10, &[0, 1], 100, Some(200)), run(2, 11, &[1], 150, Some(300))];
-        let check = gpus_exclusive(&clash, &jobs, &[]);
+        let check = gpus_exclusive(&clash, &jobs, &[], &BTreeMap::new());
         assert!(!check.passed);
         assert!(check.details[0].contains("n1:1"));
     }
@@ -302,10 +316,17 @@ mod tests {
     fn a_rank_without_end_holds_its_gpus_until_its_job_finished() {
         let jobs = BTreeMap::from([(1, job(1, "cancelled", 500)), (2, job(2, "succeeded", 0))]);
         let clash = [run(1, 10, &[0], 100, None), run(2, 11, &[0], 400, Some(600))];
-        assert!(!gpus_exclusive(&clash, &jobs, &[]).passed);
+        assert!(!gpus_exclusive(&clash, &jobs, &[], &BTreeMap::new()).passed);
         let node = clash[0].node.clone();
         let healed = [Outage { node, from_ms: 150, to_ms: 350 }];
-        assert!(gpus_exclusive(&clash, &jobs, &healed).passed, "a rank cut off past the TTL was stopped before the outage healed");
+        assert!(
+            gpus_exclusive(&clash, &jobs, &healed, &BTreeMap::new()).passed,
+            "a rank cut off past the TTL was stopped before the outage healed"
+        );
+        let gone = BTreeMap::from([(10, 350)]);
+        assert!(gpus_exclusive(&clash, &jobs, &[], &gone).passed, "the sampler saw the stopped rank gone before the next one started");
+        let late = BTreeMap::from([(10, 450)]);
+        assert!(!gpus_exclusive(&clash, &jobs, &[], &late).passed, "the sampler saw the stopped rank alive after the next one started");
     }
 
     #[test]

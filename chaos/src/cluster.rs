@@ -79,6 +79,8 @@ pub struct ClusterOptions {
     pub keep_logs: u64,
     /// `rota server --node-ttl-ms`: a node silent this long is declared down.
     pub node_ttl_ms: u64,
+    /// `rota server --start-timeout-ms` (None: the server's default).
+    pub start_timeout_ms: Option<u64>,
     /// Extra environment for every replica (test switches).
     pub env: Vec<(String, String)>,
     /// Extra environment for one replica (by id), after `env`.
@@ -97,6 +99,7 @@ impl Default for ClusterOptions {
             snapshot_every: 20_000,
             keep_logs: 5_000,
             node_ttl_ms: 30_000,
+            start_timeout_ms: None,
             env: vec![],
             env_of: BTreeMap::new(),
             insecure: false,
@@ -135,6 +138,9 @@ pub struct LocalCluster {
     founding_peers: String,
     /// Per-replica --peers, where replicas reach each other through proxies.
     peers_of: BTreeMap<u64, String>,
+    /// The replica whose proxied links (see `start_proxied`) a replica
+    /// uses: itself, or the wiped replica whose host it took over.
+    link_slot: BTreeMap<u64, u64>,
     pub replicas: BTreeMap<u64, Replica>,
     /// The cluster's CA and certificates (under `root/tls`).
     pub pki: Pki,
@@ -152,7 +158,18 @@ impl LocalCluster {
     ) -> Result<LocalCluster> {
         let pki = Pki::at(root)?;
         let security = if options.insecure { Security::Plaintext } else { pki.security(IdentityKind::User, HARNESS_USER)? };
-        Ok(LocalCluster { bin: rota_bin()?, root: root.to_path_buf(), options, founding_peers, peers_of, replicas, pki, security })
+        let link_slot = replicas.keys().map(|&id| (id, id)).collect();
+        Ok(LocalCluster {
+            bin: rota_bin()?,
+            root: root.to_path_buf(),
+            options,
+            founding_peers,
+            peers_of,
+            link_slot,
+            replicas,
+            pki,
+            security,
+        })
     }
 
     /// How the harness's clients connect: TLS as user `harness`, or plaintext.
@@ -260,11 +277,15 @@ impl LocalCluster {
             .args(["--snapshot-every", &self.options.snapshot_every.to_string()])
             .args(["--keep-logs", &self.options.keep_logs.to_string()])
             .args(["--node-ttl-ms", &self.options.node_ttl_ms.to_string()])
+            .args(self.options.start_timeout_ms.map(|ms| format!("--start-timeout-ms={ms}")))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
         if join {
-            command.arg("--join").args(["--peers", &format!("{id}={}", replica.addr)]);
+            // A replica on a wiped replica's host reaches its peers through
+            // that replica's proxies.
+            let own = format!("{id}={}", replica.addr);
+            command.arg("--join").args(["--peers", self.peers_of.get(&id).unwrap_or(&own)]);
         } else {
             command.args(["--peers", self.peers_of.get(&id).unwrap_or(&self.founding_peers)]);
         }
@@ -288,8 +309,64 @@ impl LocalCluster {
             bail!("replica id {id} is taken; ids are never reused");
         }
         self.replicas.insert(id, new_replica(&self.root, id)?);
+        self.link_slot.insert(id, id);
         self.spawn(id, true)?;
         Ok(self.replicas[&id].addr.clone())
+    }
+
+    /// The replica whose proxied links `id` uses (links name replicas by it).
+    pub fn link_slot(&self, id: u64) -> u64 {
+        self.link_slot.get(&id).copied().unwrap_or(id)
+    }
+
+    /// Start a fresh replica `new_id` with `--join` on the host (address,
+    /// metrics address, proxied links) of `old`, which must have stopped;
+    /// `old` is forgotten. The operator's remedy for a wiped data
+    /// directory; add `new_id` with `rota member add` afterwards.
+    pub fn replace_on_same_host(&mut self, old: u64, new_id: u64) -> Result<String> {
+        if self.replicas.contains_key(&new_id) {
+            bail!("replica id {new_id} is taken; ids are never reused");
+        }
+        let previous = self.replicas.get(&old).context("unknown replica")?;
+        if previous.is_running() {
+            bail!("replica {old} is still running");
+        }
+        let replica = Replica {
+            id: new_id,
+            addr: previous.addr.clone(),
+            metrics_addr: previous.metrics_addr.clone(),
+            data_dir: self.root.join(format!("replica-{new_id}")),
+            child: None,
+            paused: false,
+        };
+        self.replicas.remove(&old);
+        let slot = self.link_slot(old);
+        self.link_slot.remove(&old);
+        self.link_slot.insert(new_id, slot);
+        if let Some(peers) = self.peers_of.remove(&old) {
+            let own = format!("{old}=");
+            let peers: Vec<String> =
+                peers.split(',').map(|p| if p.starts_with(&own) { format!("{new_id}={}", replica.addr) } else { p.to_string() }).collect();
+            self.peers_of.insert(new_id, peers.join(","));
+        }
+        let addr = replica.addr.clone();
+        self.replicas.insert(new_id, replica);
+        self.spawn(new_id, true)?;
+        Ok(addr)
+    }
+
+    /// Stop a replica (SIGKILL) and forget it: it was removed from the cluster.
+    pub fn forget(&mut self, id: u64) -> Result<()> {
+        self.kill(id)?;
+        self.replicas.remove(&id);
+        self.link_slot.remove(&id);
+        self.peers_of.remove(&id);
+        Ok(())
+    }
+
+    /// The extra environment of one replica (see `set_env_of`).
+    pub fn env_of(&self, id: u64) -> Vec<(String, String)> {
+        self.options.env_of.get(&id).cloned().unwrap_or_default()
     }
 
     /// SIGKILL, by PID.
@@ -373,6 +450,11 @@ impl LocalCluster {
                 continue;
             }
             let status = self.status(id).await?;
+            if status.members.is_empty() {
+                // Not a member (yet): a replica started with --join and not
+                // added, or one that refused its data directory.
+                continue;
+            }
             let running = self.replicas.get(&status.leader_id).is_some_and(|r| r.is_running() && !r.paused);
             if status.leader_id == 0 || !running || seen.is_some_and(|s| s != status.leader_id) {
                 return None;

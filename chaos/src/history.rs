@@ -50,6 +50,12 @@ pub struct History {
     pub unacked: Mutex<u64>,
     /// Why, for the first few of them.
     pub unacked_errors: Mutex<Vec<String>>,
+    /// What a fault expected of the replica it hit and did not see (a wiped
+    /// replica that started, a stale one that never caught up, a skewed one
+    /// that led, a member change that failed).
+    pub recovery_failures: Mutex<Vec<String>>,
+    /// What a fault could not do as planned, though nothing failed.
+    pub notes: Mutex<Vec<String>>,
 }
 
 impl History {
@@ -65,6 +71,16 @@ impl History {
         let mut faults = self.faults.lock().expect("history lock");
         faults.push(fault);
         faults.len() - 1
+    }
+
+    pub fn record_recovery_failure(&self, what: String) {
+        tracing::error!(%what, "a faulted replica did not recover as expected");
+        self.recovery_failures.lock().expect("history lock").push(what);
+    }
+
+    pub fn note(&self, what: String) {
+        tracing::warn!(%what, "fault note");
+        self.notes.lock().expect("history lock").push(what);
     }
 
     pub fn heal_fault(&self, index: usize) {

@@ -31,9 +31,22 @@ struct RunArgs {
     #[arg(long, default_value_t = 60)]
     duration_s: u64,
     /// Comma separated: kill-leader, pause-leader, partition-leader,
-    /// kill-follower, restart-agent, partition-agent (lasts past the node TTL).
+    /// long-partition-leader (leader cut from replicas and agents past the
+    /// node TTL), kill-follower, stale-follower (needs a snapshot to catch
+    /// up), wipe-follower (data dir wiped; replaced under a new id),
+    /// skew-clock, change-membership (a replica added and removed),
+    /// restart-agent, partition-agent (lasts past the node TTL),
+    /// agent-disk-full; or all (those needing agents only with --agents).
     #[arg(long, default_value = "kill-leader,pause-leader")]
     faults: String,
+    /// Inject the faults in the order given, round and round (default: each
+    /// drawn at random from the list).
+    #[arg(long)]
+    in_order: bool,
+    /// Longest stale-follower cut, seconds (ended sooner once the leader
+    /// purged what the follower lacks).
+    #[arg(long, default_value_t = 30)]
+    stale_cut_s: u64,
     /// Seconds between faults.
     #[arg(long, default_value_t = 10)]
     interval_s: u64,
@@ -59,6 +72,14 @@ struct RunArgs {
     /// The replicas' node TTL; partition-agent faults last about twice it.
     #[arg(long, default_value_t = 30_000)]
     node_ttl_ms: u64,
+    /// Replicas snapshot after this many entries (default: 20000, or 1000
+    /// when stale-follower is among the faults, so a follower cut off for a
+    /// while needs a snapshot to catch up).
+    #[arg(long)]
+    snapshot_every: Option<u64>,
+    /// Log entries kept behind a snapshot (default: 5000, or 200 with stale-follower).
+    #[arg(long)]
+    keep_logs: Option<u64>,
     /// Keep data dirs, logs and markers here (default: a temporary dir, kept only on failure).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -80,11 +101,14 @@ async fn main() -> Result<()> {
     if !matches!(args.replicas, 3 | 5 | 7) {
         anyhow::bail!("--replicas: 3, 5 or 7");
     }
+    let faults = parse_faults(&args.faults, args.agents > 0)?;
+    let stale = faults.contains(&rota_chaos::faults::FaultKind::StaleFollower);
+    let defaults = ClusterOptions::default();
     let config = RunConfig {
         replicas: args.replicas,
         agents: args.agents,
         duration_s: args.duration_s,
-        faults: parse_faults(&args.faults)?,
+        faults,
         interval_s: args.interval_s,
         seed: args.seed,
         settle_s: args.settle_s,
@@ -95,10 +119,14 @@ async fn main() -> Result<()> {
             election_min_ms: args.election_min_ms,
             election_max_ms: args.election_max_ms,
             node_ttl_ms: args.node_ttl_ms,
-            ..ClusterOptions::default()
+            snapshot_every: args.snapshot_every.unwrap_or(if stale { 1_000 } else { defaults.snapshot_every }),
+            keep_logs: args.keep_logs.unwrap_or(if stale { 200 } else { defaults.keep_logs }),
+            ..defaults.clone()
         },
         dir: args.dir,
         agent_env: Vec::new(),
+        in_order: args.in_order,
+        stale_cut_s: args.stale_cut_s,
     };
     let report = run(config).await?;
     let json = serde_json::to_string_pretty(&report)?;

@@ -51,7 +51,18 @@ pub struct Samples {
     pub attempts_seen: u64,
     pub overlaps_total: u64,
     pub overlaps: Vec<Overlap>,
+    /// Per tagged pid, the time of the first sample that no longer saw it
+    /// after one that did: it was gone by then. Tells when a rank that was
+    /// stopped (and wrote no end marker) let go of its GPUs.
+    #[serde(skip)]
+    pub gone_by_ms: BTreeMap<u32, u64>,
+    /// Tagged pids alive in the latest sample.
+    #[serde(skip)]
+    alive: BTreeSet<u32>,
 }
+
+/// Most pids whose end is remembered (a run starts far fewer ranks).
+const MAX_PIDS_TRACKED: usize = 1_000_000;
 
 /// The tags in a NUL-separated environment, if it has all three.
 pub fn parse_tags(environ: &[u8]) -> Option<Tags> {
@@ -101,6 +112,17 @@ pub fn record(samples: &mut Samples, seen: &mut BTreeSet<(u64, u32)>, found: &[(
         seen.insert((tags.job_id, tags.attempt));
     }
     samples.attempts_seen = seen.len() as u64;
+    let alive: BTreeSet<u32> = found.iter().map(|(pid, _)| *pid).collect();
+    for gone in samples.alive.difference(&alive) {
+        if samples.gone_by_ms.len() < MAX_PIDS_TRACKED {
+            samples.gone_by_ms.insert(*gone, at_ms);
+        }
+    }
+    for pid in &alive {
+        // Seen again (a reused pid): its end is not known yet.
+        samples.gone_by_ms.remove(pid);
+    }
+    samples.alive = alive;
     for (job_id, attempts) in by_job.into_iter().filter(|(_, attempts)| attempts.len() > 1) {
         samples.overlaps_total += 1;
         if samples.overlaps.len() < MAX_OVERLAPS_KEPT {
@@ -155,5 +177,7 @@ mod tests {
         assert_eq!(samples.overlaps[0].pids, vec![10, 30]);
         record(&mut samples, &mut seen, &[(30, tags(1, 2))], 7);
         assert_eq!((samples.overlaps_total, samples.samples, samples.attempts_seen), (1, 3, 3));
+        assert_eq!(samples.gone_by_ms.get(&10), Some(&7), "pid 10 was gone by the sample that missed it");
+        assert_eq!(samples.gone_by_ms.get(&30), None, "pid 30 still runs");
     }
 }

@@ -22,6 +22,8 @@ pub struct Report {
     pub cancels: usize,
     pub probes: usize,
     pub faults: Vec<Fault>,
+    /// What a fault could not do as planned, though nothing failed.
+    pub notes: Vec<String>,
     pub failovers: Vec<Failover>,
     pub failover_submit: Distribution,
     pub failover_schedule: Distribution,
@@ -46,6 +48,16 @@ pub fn summary(report: &Report) -> String {
         report.acknowledged_submits, report.unacknowledged_submits, report.resubmits, report.cancels, report.probes
     );
     out += &format!("faults: {}\n", report.faults.len());
+    let mut kinds: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for fault in &report.faults {
+        *kinds.entry(fault.kind.as_str()).or_default() += 1;
+    }
+    for (kind, count) in kinds {
+        out += &format!("  {kind}: {count}\n");
+    }
+    for note in &report.notes {
+        out += &format!("  note: {note}\n");
+    }
     let d = &report.failover_submit;
     out += &format!(
         "failover to first acknowledged submit (ms): n={} min {} median {} p99 {} max {}\n",

@@ -46,6 +46,11 @@ pub struct RunConfig {
     pub dir: Option<PathBuf>,
     /// Extra environment for every agent (test switches).
     pub agent_env: Vec<(String, String)>,
+    /// Inject the faults in the order given, round and round, instead of
+    /// drawing each from the seeded RNG (targets are still drawn).
+    pub in_order: bool,
+    /// The longest a stale-follower cut lasts (see `stale_follower`).
+    pub stale_cut_s: u64,
 }
 
 /// What faults can hit.
@@ -55,18 +60,31 @@ struct Targets<'a> {
     agents: &'a mut Vec<LocalAgent>,
     /// Per agent, its links to each replica.
     agent_links: &'a [Vec<LinkProxy>],
+    /// The run's directory.
+    dir: PathBuf,
+    /// The id the next new replica gets (ids are never reused).
+    next_id: u64,
+}
+
+/// The file whose presence makes agent `name`'s rank directories unwritable
+/// (its `ROTA_TEST_AGENT_DISK_FULL_FILE`).
+fn disk_full_file(dir: &std::path::Path, name: &str) -> PathBuf {
+    dir.join("disk-full").join(name)
 }
 
 /// Start `count` agents with 8 fake H100s each, each reaching the replicas
 /// through links of its own (so one agent can be cut off), and wait until
-/// all registered.
+/// all registered. With `disk_full_switch`, each agent gets its own
+/// `ROTA_TEST_AGENT_DISK_FULL_FILE`.
 async fn start_agents(
     dir: &std::path::Path,
     cluster: &LocalCluster,
     count: u32,
     env: &[(String, String)],
+    disk_full_switch: bool,
 ) -> Result<(Vec<LocalAgent>, Vec<Vec<LinkProxy>>)> {
     let options = AgentOptions { env: env.to_vec(), insecure: cluster.is_insecure(), ..AgentOptions::default() };
+    std::fs::create_dir_all(dir.join("disk-full"))?;
     let mut agents = Vec::new();
     let mut agent_links = Vec::new();
     for i in 1..=count {
@@ -76,7 +94,12 @@ async fn start_agents(
             links.push(LinkProxy::start(AGENT_LINK_BASE + u64::from(i), id, replica.addr.clone()).await?);
         }
         let endpoints: Vec<&str> = links.iter().map(|l| l.listen_addr.as_str()).collect();
-        agents.push(LocalAgent::start(dir, &format!("node-{i}"), &endpoints.join(","), options.clone())?);
+        let name = format!("node-{i}");
+        let mut options = options.clone();
+        if disk_full_switch {
+            options.env.push(("ROTA_TEST_AGENT_DISK_FULL_FILE".into(), disk_full_file(dir, &name).display().to_string()));
+        }
+        agents.push(LocalAgent::start(dir, &name, &endpoints.join(","), options)?);
         agent_links.push(links);
     }
     let deadline = Instant::now() + ELECTION_WAIT;
@@ -100,7 +123,8 @@ pub async fn run(config: RunConfig) -> Result<Report> {
     let (mut cluster, links) = LocalCluster::start_proxied(&dir, config.replicas, config.cluster.clone()).await?;
     cluster.wait_leader(ELECTION_WAIT).await.context("first election")?;
     let clients = Clients::new(&cluster.endpoints(), cluster.security())?;
-    let (mut agents, agent_links) = start_agents(&dir, &cluster, config.agents, &config.agent_env).await?;
+    let disk_full_switch = config.faults.contains(&FaultKind::AgentDiskFull);
+    let (mut agents, agent_links) = start_agents(&dir, &cluster, config.agents, &config.agent_env, disk_full_switch).await?;
     let history = Arc::new(History::default());
     let stop = Arc::new(AtomicBool::new(false));
     let sampling = Arc::new(AtomicBool::new(false));
@@ -118,7 +142,14 @@ pub async fn run(config: RunConfig) -> Result<Report> {
         tasks.push(tokio::spawn(workload::submitter(i, clients.clone(), history.clone(), workload_config.clone(), stop.clone())));
     }
 
-    let mut targets = Targets { cluster: &mut cluster, links: &links, agents: &mut agents, agent_links: &agent_links };
+    let mut targets = Targets {
+        cluster: &mut cluster,
+        links: &links,
+        agents: &mut agents,
+        agent_links: &agent_links,
+        dir: dir.clone(),
+        next_id: config.replicas + 1,
+    };
     inject_faults(&mut targets, &history, &config).await?;
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
@@ -153,11 +184,16 @@ async fn inject_faults(targets: &mut Targets<'_>, history: &History, config: &Ru
     let total = Duration::from_secs(config.duration_s);
     let interval = Duration::from_secs(config.interval_s.max(1));
     let mut next = started + interval;
+    let mut injected = 0usize;
     while next + Duration::from_secs(1) < started + total {
         tokio::time::sleep_until(next.into()).await;
-        let kind = config.faults[rng.gen_range(0..config.faults.len())];
+        let kind = match config.in_order {
+            true => config.faults[injected % config.faults.len()],
+            false => config.faults[rng.gen_range(0..config.faults.len())],
+        };
+        injected += 1;
         let leader = targets.cluster.wait_leader(ELECTION_WAIT).await.context("leader before a fault")?;
-        inject_one(targets, history, kind, leader, &mut rng, config.cluster.node_ttl_ms).await?;
+        inject_one(targets, history, kind, leader, &mut rng, config).await?;
         targets.cluster.wait_leader(ELECTION_WAIT).await.with_context(|| format!("leader after {}", kind.name()))?;
         next = Instant::now().max(next + interval);
     }
@@ -171,42 +207,274 @@ async fn inject_one(
     kind: FaultKind,
     leader: u64,
     rng: &mut StdRng,
-    node_ttl_ms: u64,
+    config: &RunConfig,
 ) -> Result<()> {
+    let node_ttl_ms = config.cluster.node_ttl_ms;
     let followers: Vec<u64> = targets.cluster.replicas.keys().copied().filter(|id| *id != leader).collect();
     let (target, name) = match kind {
-        FaultKind::KillFollower => {
+        FaultKind::KillFollower | FaultKind::StaleFollower | FaultKind::WipeFollower | FaultKind::SkewClock => {
             let id = followers[rng.gen_range(0..followers.len())];
             (id, format!("replica-{id}"))
         }
-        FaultKind::RestartAgent | FaultKind::PartitionAgent => {
+        FaultKind::RestartAgent | FaultKind::PartitionAgent | FaultKind::AgentDiskFull => {
             anyhow::ensure!(!targets.agents.is_empty(), "{} needs agents (--agents N)", kind.name());
             let i = rng.gen_range(0..targets.agents.len());
             (i as u64, targets.agents[i].name.clone())
         }
+        FaultKind::ChangeMembership => (targets.next_id, format!("replica-{}", targets.next_id)),
         _ => (leader, format!("replica-{leader}")),
     };
     let fault = Fault { kind: kind.name().into(), target: name, at_ms: now_ms(), healed_ms: None, leader_before: Some(leader) };
     tracing::info!(kind = kind.name(), target = %fault.target, "fault");
     let index = history.record_fault(fault);
-    let links_of = |id: u64| targets.links.iter().filter(move |l| l.from == id || l.to == id);
+    let slot = targets.cluster.link_slot(target);
+    let links_of = |slot: u64| targets.links.iter().filter(move |l| l.from == slot || l.to == slot);
+    let agent_links_to = |slot: u64| targets.agent_links.iter().flatten().filter(move |l| l.to == slot);
     match kind {
         FaultKind::KillLeader | FaultKind::KillFollower => targets.cluster.kill(target)?,
         FaultKind::PauseLeader => targets.cluster.pause(target)?,
-        FaultKind::PartitionLeader => links_of(target).for_each(LinkProxy::cut),
+        FaultKind::PartitionLeader => links_of(slot).for_each(LinkProxy::cut),
+        FaultKind::LongPartitionLeader => {
+            links_of(slot).for_each(LinkProxy::cut);
+            agent_links_to(slot).for_each(LinkProxy::cut);
+        }
         FaultKind::RestartAgent => targets.agents[target as usize].kill()?,
         FaultKind::PartitionAgent => targets.agent_links[target as usize].iter().for_each(LinkProxy::cut),
+        FaultKind::AgentDiskFull => {
+            std::fs::write(disk_full_file(&targets.dir, &targets.agents[target as usize].name), b"full")?;
+        }
+        FaultKind::StaleFollower => stale_follower(targets, history, target, slot, Duration::from_secs(config.stale_cut_s)).await?,
+        FaultKind::WipeFollower => wipe_follower(targets, history, target, rng.gen_bool(0.5)).await?,
+        FaultKind::SkewClock => skew_clock(targets, history, target, rng).await?,
+        FaultKind::ChangeMembership => change_membership(targets, history).await?,
     }
-    tokio::time::sleep(kind.duration(node_ttl_ms)).await;
+    if !matches!(kind, FaultKind::SkewClock | FaultKind::StaleFollower | FaultKind::WipeFollower | FaultKind::ChangeMembership) {
+        tokio::time::sleep(kind.duration(node_ttl_ms)).await;
+    }
     match kind {
         FaultKind::KillLeader | FaultKind::KillFollower => targets.cluster.restart(target)?,
         FaultKind::PauseLeader => targets.cluster.resume(target)?,
-        FaultKind::PartitionLeader => links_of(target).for_each(LinkProxy::heal),
+        FaultKind::PartitionLeader => links_of(slot).for_each(LinkProxy::heal),
+        FaultKind::LongPartitionLeader => {
+            links_of(slot).for_each(LinkProxy::heal);
+            agent_links_to(slot).for_each(LinkProxy::heal);
+        }
         FaultKind::RestartAgent => targets.agents[target as usize].restart()?,
         FaultKind::PartitionAgent => targets.agent_links[target as usize].iter().for_each(LinkProxy::heal),
+        FaultKind::AgentDiskFull => std::fs::remove_file(disk_full_file(&targets.dir, &targets.agents[target as usize].name))?,
+        FaultKind::SkewClock => unskew_clock(targets, target)?,
+        FaultKind::StaleFollower | FaultKind::WipeFollower | FaultKind::ChangeMembership => {}
     }
     history.heal_fault(index);
     Ok(())
+}
+
+/// The longest a replica with a skewed clock may lead: elected, it checks
+/// its clock against its peers' before it takes writes (every 5 s after)
+/// and hands leadership off once proven wrong.
+const SKEWED_LEAD_LIMIT_MS: u64 = 6_000;
+
+/// How long a replica fault waits for what it expects (a snapshot taken, a
+/// replica caught up, a member change done) before it records a failure.
+const RECOVERY_WAIT: Duration = Duration::from_secs(90);
+
+/// Cut `target` from its peers until the leader has purged the log entries
+/// it lacks (so only a snapshot can catch it up), at most `cut_limit`,
+/// heal, and expect it to catch up. A leader that purged nothing meanwhile
+/// is noted (the follower then catches up by log): openraft postpones a
+/// purge while a replication to a follower is in flight, and one to a cut
+/// off follower may stay so.
+async fn stale_follower(targets: &mut Targets<'_>, history: &History, target: u64, slot: u64, cut_limit: Duration) -> Result<()> {
+    let applied = targets.cluster.status(target).await.map_or(0, |s| s.applied_index);
+    targets.links.iter().filter(|l| l.from == slot || l.to == slot).for_each(LinkProxy::cut);
+    let deadline = Instant::now() + cut_limit;
+    let mut purged = 0;
+    while Instant::now() < deadline {
+        if let Ok(leader) = targets.cluster.wait_leader(Duration::from_secs(5)).await {
+            purged = targets.cluster.status(leader).await.map_or(0, |s| s.purged_index);
+            if purged > applied {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    targets.links.iter().filter(|l| l.from == slot || l.to == slot).for_each(LinkProxy::heal);
+    let how = if purged > applied { "snapshot" } else { "log" };
+    if purged <= applied {
+        history.note(format!(
+            "stale-follower {target}: in {cut_limit:?} cut off, the leader purged nothing past the follower's index {applied} (purged up to {purged}); it caught up by log"
+        ));
+    }
+    expect_caught_up(targets.cluster, history, target, &format!("stale-follower (by {how})")).await;
+    Ok(())
+}
+
+/// Wait until `target` applied what the leader had committed; record a failure otherwise.
+async fn expect_caught_up(cluster: &LocalCluster, history: &History, target: u64, what: &str) {
+    let commit = match cluster.wait_leader(ELECTION_WAIT).await {
+        Ok(leader) => cluster.status(leader).await.map_or(0, |s| s.commit_index),
+        Err(error) => {
+            history.record_recovery_failure(format!("{what} {target}: no leader to catch up from: {error}"));
+            return;
+        }
+    };
+    if let Err(error) = cluster.wait_applied(target, commit, RECOVERY_WAIT).await {
+        history.record_recovery_failure(format!("{what} {target}: did not catch up: {error}"));
+    }
+}
+
+/// SIGKILL `target`, wipe its data directory (whole, or its Raft store),
+/// expect it to refuse to start, then replace it as an operator would.
+///
+/// A wiped whole directory is recognized only by what the leader matched
+/// on that replica in its own term (the promise's known limit: see the
+/// README); when the leader has matched nothing there yet (the replica was
+/// cut off for all of its term), only the Raft store is wiped.
+async fn wipe_follower(targets: &mut Targets<'_>, history: &History, target: u64, whole: bool) -> Result<()> {
+    let cluster = &mut *targets.cluster;
+    let leader = cluster.wait_leader(ELECTION_WAIT).await?;
+    let matched = cluster.status(leader).await.is_some_and(|s| s.members.iter().any(|m| m.id == target && m.matched_index > 0));
+    let whole = whole && matched;
+    cluster.kill(target)?;
+    let db = cluster.replicas[&target].data_dir.join("db");
+    let wiped = if whole { db.clone() } else { db.join("raft") };
+    std::fs::remove_dir_all(&wiped).with_context(|| format!("wiping {}", wiped.display()))?;
+    cluster.restart(target)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        if let Some(status) = cluster.exit_status(target)? {
+            break !status.success();
+        }
+        if Instant::now() > deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    if !refused {
+        history.record_recovery_failure(format!(
+            "wipe-follower {target}: started (or exited zero) with its data directory wiped ({}); log: {}",
+            if whole { "whole" } else { "Raft store" },
+            cluster.log_tail(target, 1_000)
+        ));
+        cluster.kill(target)?;
+    }
+    // The operator's remedy: remove the member, add the host back under a new id.
+    if let Err(error) = admin(cluster, |mut c| async move { c.remove_member(pb::RemoveMemberRequest { id: target }).await }).await {
+        history.record_recovery_failure(format!("wipe-follower {target}: member remove failed: {error}"));
+        return Ok(());
+    }
+    let new_id = targets.next_id;
+    targets.next_id += 1;
+    let address = cluster.replace_on_same_host(target, new_id)?;
+    let added = admin(cluster, |mut c| {
+        let address = address.clone();
+        async move { c.add_member(pb::AddMemberRequest { id: new_id, address }).await }
+    })
+    .await;
+    if let Err(error) = added {
+        history.record_recovery_failure(format!("wipe-follower {target}: member add of replica {new_id} failed: {error}"));
+        return Ok(());
+    }
+    expect_caught_up(cluster, history, new_id, "wipe-follower replacement").await;
+    Ok(())
+}
+
+/// Restart `target` with its clock far off; it must not lead while skewed.
+async fn skew_clock(targets: &mut Targets<'_>, history: &History, target: u64, rng: &mut StdRng) -> Result<()> {
+    let offsets_ms: [i64; 3] = [86_400_000, -86_400_000, 30_000];
+    let offset_ms = offsets_ms[rng.gen_range(0..offsets_ms.len())];
+    let cluster = &mut *targets.cluster;
+    cluster.kill(target)?;
+    let normal = cluster.env_of(target);
+    let mut skewed = normal.clone();
+    skewed.push(("ROTA_TEST_CLOCK_OFFSET_MS".into(), offset_ms.to_string()));
+    cluster.set_env_of(target, skewed);
+    cluster.restart(target)?;
+    cluster.set_env_of(target, normal);
+    // Watch leadership while the clock is off (the fault's duration follows).
+    let watch_until = Instant::now() + FaultKind::SkewClock.duration(0);
+    let mut led_since: Option<Instant> = None;
+    while Instant::now() < watch_until {
+        let leads = cluster.status(target).await.is_some_and(|s| s.leader_id == target);
+        match (leads, led_since) {
+            (true, None) => led_since = Some(Instant::now()),
+            (false, _) => led_since = None,
+            _ => {}
+        }
+        // Elected, it checks its clock before it takes writes and hands
+        // leadership off at once; one check's time (5 s) is the most it may hold it.
+        if led_since.is_some_and(|since| since.elapsed() > Duration::from_millis(SKEWED_LEAD_LIMIT_MS)) {
+            history.record_recovery_failure(format!(
+                "skew-clock {target}: led for over {SKEWED_LEAD_LIMIT_MS} ms with its clock {offset_ms} ms off"
+            ));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// Restart the skewed replica with its own clock.
+fn unskew_clock(targets: &mut Targets<'_>, target: u64) -> Result<()> {
+    targets.cluster.kill(target)?;
+    targets.cluster.restart(target)
+}
+
+/// Add a replica under a new id (learner, then voter) and remove it again.
+async fn change_membership(targets: &mut Targets<'_>, history: &History) -> Result<()> {
+    let id = targets.next_id;
+    targets.next_id += 1;
+    let cluster = &mut *targets.cluster;
+    let address = cluster.start_joining(id)?;
+    let added = admin(cluster, |mut c| {
+        let address = address.clone();
+        async move { c.add_member(pb::AddMemberRequest { id, address }).await }
+    })
+    .await;
+    match added {
+        Ok(status) if status.members.iter().any(|m| m.id == id && m.role != "learner") => {
+            expect_caught_up(cluster, history, id, "change-membership").await;
+        }
+        Ok(status) => {
+            history.record_recovery_failure(format!("change-membership {id}: not a voter after member add: {:?}", status.members))
+        }
+        Err(error) => history.record_recovery_failure(format!("change-membership {id}: member add failed: {error}")),
+    }
+    if let Err(error) = admin(cluster, |mut c| async move { c.remove_member(pb::RemoveMemberRequest { id }).await }).await {
+        history.record_recovery_failure(format!("change-membership {id}: member remove failed: {error}"));
+    }
+    // Removed (or never added): stop it, unless it still counts as a voter.
+    let voter = match cluster.wait_leader(ELECTION_WAIT).await {
+        Ok(leader) => cluster.status(leader).await.is_some_and(|s| s.members.iter().any(|m| m.id == id)),
+        Err(_) => false,
+    };
+    if !voter {
+        cluster.forget(id)?;
+    }
+    Ok(())
+}
+
+/// A cluster admin call sent to the leader, retried across leader changes
+/// until it succeeds or `RECOVERY_WAIT` passes.
+async fn admin<F, Fut>(cluster: &LocalCluster, call: F) -> Result<pb::ClusterStatus>
+where
+    F: Fn(pb::cluster_service_client::ClusterServiceClient<tonic::transport::Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<pb::ClusterStatus>, tonic::Status>>,
+{
+    let deadline = Instant::now() + RECOVERY_WAIT;
+    loop {
+        let error = match cluster.wait_leader(ELECTION_WAIT).await {
+            Ok(leader) => match call(cluster.cluster_client(leader)?).await {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(status) => anyhow::anyhow!("{status}"),
+            },
+            Err(error) => error,
+        };
+        if Instant::now() > deadline {
+            return Err(error);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Wait (bounded) until every acknowledged job is final.
@@ -289,8 +557,15 @@ fn build_report(
             .filter(|f| f.kind.parse::<FaultKind>().is_ok_and(FaultKind::outlasts_ttl))
             .map(|f| check::Outage { node: f.target.clone(), from_ms: f.at_ms, to_ms: f.healed_ms.unwrap_or(u64::MAX) })
             .collect();
-        checks.push(check::gpus_exclusive(&runs, &by_id, &outages));
-        checks.push(check::no_rank_killed(&runs, &by_id, &cancelled, &outages));
+        // Faults that may end an agent's ranks by rule (an agent whose disk
+        // is full ends the ranks it cannot record): their jobs may run again.
+        let ended_by_rule: Vec<check::Outage> = faults
+            .iter()
+            .filter(|f| f.kind.parse::<FaultKind>().is_ok_and(FaultKind::ends_ranks_by_rule))
+            .map(|f| check::Outage { node: f.target.clone(), from_ms: f.at_ms, to_ms: f.healed_ms.unwrap_or(u64::MAX) })
+            .collect();
+        checks.push(check::gpus_exclusive(&runs, &by_id, &outages, &samples.gone_by_ms));
+        checks.push(check::no_rank_killed(&runs, &by_id, &cancelled, &ended_by_rule));
         checks.push(check::no_two_attempts_alive(samples));
         checks.push(check::liveness(jobs, &acked));
     } else {
@@ -303,6 +578,7 @@ fn build_report(
             checks.push(Check::skipped(name, "no agents in this run (--agents 0): no job runs"));
         }
     }
+    checks.push(check::faulted_replicas_recovered(&history.recovery_failures.lock().expect("history lock")));
     let failovers = check::failovers(&faults, &probes, jobs);
     checks.push(check::failover_bound(&failovers, FAILOVER_LIMIT_MS));
     let failover_submit = check::distribution(failovers.iter().filter_map(|f| f.submit_ms).collect());
@@ -320,6 +596,7 @@ fn build_report(
         cancels: cancels.len(),
         probes: probes.len(),
         faults,
+        notes: history.notes.lock().expect("history lock").clone(),
         failovers,
         failover_submit,
         failover_schedule,

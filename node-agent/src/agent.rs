@@ -15,7 +15,9 @@ use crate::exec::{record, spawn};
 use crate::local::{Known, LocalRanks};
 use crate::rankdir::{self, RankDir};
 use crate::reconcile::{self, Action, Desired, DesiredRank, Lease, RankKey, StopCause};
+use crate::shim::EXIT_NOT_STARTED;
 use crate::{outbox, session};
+use rota_client::wire::AGENT_DISK_FULL_REASON;
 
 pub use crate::outbox::exit_reason;
 pub use crate::rankdir::{rank_dirs, EXIT_LOST};
@@ -113,7 +115,10 @@ impl Reconciler {
                         "rank no longer assigned here (node was declared lost); stopping it"
                     );
                 }
-                record::stop(&known.dir, cause.reason(), requested_at_ms, kill_at_ms);
+                let request = rankdir::StopRequest { reason: cause.reason().to_string(), requested_at_ms, kill_at_ms };
+                if record::stop(&known.dir, &request).is_err() {
+                    known.unrecorded_stop = Some(request);
+                }
                 tracing::info!(alloc_id = key.alloc_id, rank = key.rank, reason = cause.reason(), grace_ms, "stopping rank: SIGTERM");
             }
             Action::Terminate { key, pgid } => {
@@ -130,7 +135,13 @@ impl Reconciler {
             Action::DeclareLost { key, now_ms } => {
                 let Some(known) = self.local.get_mut(key) else { return };
                 tracing::error!(alloc_id = key.alloc_id, rank = key.rank, "the rank's shim vanished without recording an exit");
-                record::lost(&known.dir, now_ms);
+                if let Err(error) = record::lost(&known.dir, now_ms) {
+                    // Its stop's reason if it was stopped, else its disk's.
+                    let stop = known.dir.stop().or_else(|| known.unrecorded_stop.clone());
+                    let reason = stop.map_or_else(|| AGENT_DISK_FULL_REASON.to_string(), |s| s.reason);
+                    tracing::error!(alloc_id = key.alloc_id, rank = key.rank, %error, %reason, "reporting the rank's exit from memory");
+                    remember_exit(&self.shared, &known.spec, EXIT_LOST, reason);
+                }
                 executor.release(&known.spec);
                 known.exited = true;
             }
@@ -179,9 +190,24 @@ impl Reconciler {
                 known.own_shim = Some(shim_pid);
             }
             spawn::Launch::Ended => known.exited = true,
-            // Known but without a shim: the next pass finds it lost.
-            spawn::Launch::Unprepared => {}
+            // Its directory cannot be written (disk full, read-only): it did
+            // not start. Its end is reported from memory, never left to hang.
+            spawn::Launch::Unprepared => {
+                let (exit_code, reason) = match stop_reason {
+                    Some(reason) => (0, reason.to_string()),
+                    None => (EXIT_NOT_STARTED, AGENT_DISK_FULL_REASON.to_string()),
+                };
+                tracing::error!(job_id = rank.job_id, alloc_id = key.alloc_id, rank = key.rank, %reason, "rank not started: its directory cannot be written");
+                remember_exit(&self.shared, &known.spec, exit_code, reason);
+                known.exited = true;
+            }
         }
         self.local.insert(key, known);
     }
+}
+
+/// Report a rank's exit from memory: its directory refused it.
+fn remember_exit(shared: &Shared, spec: &rankdir::RankSpec, exit_code: i32, reason: String) {
+    let exit = crate::shared::UnrecordedExit { alloc_id: spec.alloc_id, attempt: spec.attempt, rank: spec.rank, exit_code, reason };
+    shared.unrecorded_exits.lock().expect("unrecorded exits lock").remember(exit);
 }

@@ -26,13 +26,17 @@ pub struct Known {
     /// Shim PID when this agent process started the shim.
     pub own_shim: Option<u32>,
     pub term_sent: bool,
-    /// Its exit is recorded; never cleared.
+    /// Its exit is recorded (on disk, or in memory when the disk refused
+    /// it); never cleared.
     pub exited: bool,
+    /// A stop request the disk refused (full, read-only): the stop goes on
+    /// from memory.
+    pub unrecorded_stop: Option<StopRequest>,
 }
 
 impl Known {
     pub fn new(dir: RankDir, spec: RankSpec) -> Known {
-        Known { dir, spec, own_shim: None, term_sent: false, exited: false }
+        Known { dir, spec, own_shim: None, term_sent: false, exited: false, unrecorded_stop: None }
     }
 
     /// What reconcile needs of this rank. The shim is looked at before the
@@ -60,7 +64,10 @@ impl Known {
         // agent (a running one stops it itself): scan only then.
         let leftovers = shim != ShimState::Running && executor.has_processes(&self.spec);
         let stop = match self.dir.read::<StopRequest>(rankdir::STOP) {
-            Ok(None) => StopState::NotRequested,
+            Ok(None) => match &self.unrecorded_stop {
+                Some(stop) => StopState::Requested { kill_at_ms: stop.kill_at_ms },
+                None => StopState::NotRequested,
+            },
             Ok(Some(stop)) => StopState::Requested { kill_at_ms: stop.kill_at_ms },
             Err(_) => StopState::Unreadable,
         };

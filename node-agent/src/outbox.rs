@@ -10,7 +10,7 @@ use std::time::Duration;
 use rota_proto::v1 as pb;
 
 use crate::rankdir::{self, rank_dirs, RankDir, StopRequest, EXIT_LOST};
-use crate::shared::Shared;
+use crate::shared::{Shared, UnrecordedExit};
 
 /// How often the reporter looks for events to commit.
 const REPORT_EVERY_MS: u64 = 250;
@@ -36,7 +36,10 @@ pub struct Pending {
 pub async fn report_loop(shared: Arc<Shared>) {
     loop {
         tokio::time::sleep(Duration::from_millis(REPORT_EVERY_MS)).await;
-        let pending = pending(&shared.ranks_root);
+        let mut pending = pending(&shared.ranks_root);
+        let room = MAX_EVENTS_PER_REPORT - pending.events.len();
+        let unrecorded = shared.unrecorded_exits.lock().expect("unrecorded exits lock").events(room);
+        pending.events.extend(unrecorded.iter().map(|(_, event)| event.clone()));
         if pending.events.is_empty() {
             continue;
         }
@@ -52,6 +55,9 @@ pub async fn report_loop(shared: Arc<Shared>) {
             Ok(response) => {
                 shared.raise_index(response.index);
                 acknowledge(&pending.acks);
+                let committed: Vec<UnrecordedExit> = unrecorded.into_iter().map(|(exit, _)| exit).collect();
+                record_late(&shared.ranks_root, &committed);
+                shared.unrecorded_exits.lock().expect("unrecorded exits lock").forget(&committed);
             }
             Err(error) => {
                 // Refused outright: the events are malformed; log and keep them for an operator.
@@ -95,6 +101,25 @@ fn pending_of_rank(dir: &RankDir, pending: &mut Pending) {
         let reason = exit_reason(dir, exit.exit_code);
         pending.events.push(event(pb::rank_event::Kind::Exited(pb::RankExited { exit_code: exit.exit_code, reason: reason.clone() })));
         pending.acks.push((dir.clone(), rankdir::EXITED_ACK, format!("{} {reason}", exit.exit_code)));
+    }
+}
+
+/// Once committed, an exit kept in memory goes to its rank directory if
+/// the disk takes it now (with its ack, so it is not reported again), so
+/// that the directory is collected like any other; else it stays as it is.
+fn record_late(root: &Path, committed: &[UnrecordedExit]) {
+    for exit in committed {
+        let dir = RankDir::new(root, exit.alloc_id, exit.rank);
+        if !dir.path.is_dir() || dir.has(rankdir::EXIT) {
+            continue;
+        }
+        let status = rankdir::ExitStatus { exit_code: exit.exit_code, finished_at_ms: rankdir::now_ms() };
+        // The ack first: an exit on disk without it would be reported again.
+        let written =
+            dir.ack(rankdir::EXITED_ACK, &format!("{} {}", exit.exit_code, exit.reason)).and_then(|()| dir.write(rankdir::EXIT, &status));
+        if let Err(error) = written {
+            tracing::debug!(%error, "the committed exit is still not recorded on disk");
+        }
     }
 }
 

@@ -176,6 +176,9 @@ impl RankDir {
     pub fn create(&self) -> Result<(), RankDirError> {
         use std::os::unix::fs::PermissionsExt;
         let io = |source| RankDirError::Io { path: self.path.clone(), source };
+        if let Some(error) = test_disk_full() {
+            return Err(io(error));
+        }
         std::fs::create_dir_all(self.work_dir()).map_err(io)?;
         std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(0o711)).map_err(io)
     }
@@ -221,9 +224,40 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), RankDirErr
     write_atomic(path, &bytes)
 }
 
+impl RankDirError {
+    /// Whether the error says the disk cannot take the write (full, over
+    /// quota, read-only), as opposed to a record that is malformed.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, RankDirError::Io { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EROFS)))
+    }
+}
+
+/// TEST ONLY: the file named by `ROTA_TEST_AGENT_DISK_FULL_FILE`. While it
+/// exists, every write into a rank directory (by the agent or a shim, which
+/// inherits the variable) fails with ENOSPC, as on a full disk; tests raise
+/// and clear the condition by creating and removing the file.
+fn test_disk_full() -> Option<std::io::Error> {
+    static FILE: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    let file = FILE.get_or_init(|| {
+        let file = std::env::var_os("ROTA_TEST_AGENT_DISK_FULL_FILE").map(PathBuf::from);
+        if let Some(file) = &file {
+            tracing::error!(
+                file = %file.display(),
+                "ROTA_TEST_AGENT_DISK_FULL_FILE: rank directory writes fail while this file exists; never use this outside tests"
+            );
+        }
+        file
+    });
+    file.as_ref().filter(|f| f.exists()).map(|_| std::io::Error::from_raw_os_error(libc::ENOSPC))
+}
+
 /// Write to `path.tmp`, fsync, rename over `path`.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RankDirError> {
     let io = |source| RankDirError::Io { path: path.to_path_buf(), source };
+    if let Some(error) = test_disk_full() {
+        return Err(io(error));
+    }
     let tmp = path.with_extension("tmp");
     // 0600: a rank's spec holds its environment, which may hold secrets.
     let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(io)?;

@@ -3,7 +3,10 @@
 //! task module (session, watch, outbox, executors, the reconcile loop)
 //! reads it from here, so none of them imports the loop that wires them.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+use rota_proto::v1 as pb;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -78,6 +81,9 @@ pub struct Shared {
     /// The node TTL the leader last announced (persisted: a restarted agent
     /// cut off from the start still knows when its lease ends).
     ttl_ms: AtomicU64,
+    /// Exits that could not be recorded in their rank directory (its disk
+    /// is full or read-only): reported from memory (see `outbox`).
+    pub(crate) unrecorded_exits: Mutex<UnrecordedExits>,
     /// What the agent heard of the control plane, for observers (the fleet's
     /// figures): when a heartbeat was last acknowledged and an assignment
     /// update last arrived (`boottime_ms`), and how often it registered.
@@ -127,6 +133,7 @@ impl Shared {
             // starts nothing before it knows the leader's TTL.
             lease_until_ms: AtomicU64::new(lease_until),
             ttl_ms: AtomicU64::new(ttl_ms),
+            unrecorded_exits: Mutex::new(UnrecordedExits::default()),
             heard: Heard::default(),
         }))
     }
@@ -187,6 +194,67 @@ impl Shared {
             if let Err(error) = rankdir::write_atomic(&path, index.to_string().as_bytes()) {
                 tracing::warn!(%error, "cannot persist the assignment index");
             }
+        }
+    }
+}
+
+/// The exit of a rank whose directory could not take it (nor, perhaps, the
+/// rank's spec): what the report needs, kept in memory until committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnrecordedExit {
+    pub alloc_id: u64,
+    pub attempt: u32,
+    pub rank: u32,
+    pub exit_code: i32,
+    pub reason: String,
+}
+
+/// Most exits kept in memory: a rank holds one GPU at least, so a node has
+/// far fewer ranks than this at once.
+const MAX_UNRECORDED_EXITS: usize = 4_096;
+
+/// Unrecorded exits by (alloc id, rank), until committed.
+#[derive(Debug, Default)]
+pub struct UnrecordedExits {
+    exits: BTreeMap<(u64, u32), UnrecordedExit>,
+}
+
+impl UnrecordedExits {
+    /// Keep `exit` for the report. Without room (never on a real node) the
+    /// exit is dropped and logged: the scheduler then ends the allocation as
+    /// never started (see the leader's start timeout).
+    pub fn remember(&mut self, exit: UnrecordedExit) {
+        if self.exits.len() >= MAX_UNRECORDED_EXITS && !self.exits.contains_key(&(exit.alloc_id, exit.rank)) {
+            tracing::error!(alloc_id = exit.alloc_id, rank = exit.rank, "too many unrecorded exits; this one is not reported");
+            return;
+        }
+        self.exits.insert((exit.alloc_id, exit.rank), exit);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.exits.is_empty()
+    }
+
+    pub(crate) fn events(&self, room: usize) -> Vec<(UnrecordedExit, pb::RankEvent)> {
+        self.exits
+            .values()
+            .take(room)
+            .map(|exit| {
+                let exited = pb::RankExited { exit_code: exit.exit_code, reason: exit.reason.clone() };
+                let event = pb::RankEvent {
+                    alloc_id: exit.alloc_id,
+                    attempt: exit.attempt,
+                    rank: exit.rank,
+                    kind: Some(pb::rank_event::Kind::Exited(exited)),
+                };
+                (exit.clone(), event)
+            })
+            .collect()
+    }
+
+    pub(crate) fn forget(&mut self, committed: &[UnrecordedExit]) {
+        for exit in committed {
+            self.exits.remove(&(exit.alloc_id, exit.rank));
         }
     }
 }

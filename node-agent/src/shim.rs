@@ -100,7 +100,20 @@ pub fn run(dir: &Path) -> Result<i32, ShimError> {
     };
     let own = std::process::id();
     let shim_start_ticks = rankdir::proc_stat(own).map_or(0, |(_, start)| start);
-    rank.write(rankdir::PIDS, &Pids { shim_pid: own, shim_start_ticks, child_pid: child.id() })?;
+    if let Err(error) = rank.write(rankdir::PIDS, &Pids { shim_pid: own, shim_start_ticks, child_pid: child.id() }) {
+        // Unrecorded, the command would run unseen by the agent (a restarted
+        // one would not find its group): end it at once and leave, so that
+        // the agent finds the shim gone and reports the rank ended.
+        tracing::error!(%error, "cannot record the rank's PIDs; ending the command");
+        // SAFETY: kill(2) on the command's own process group (setpgid above).
+        unsafe {
+            libc::kill(-(child.id() as i32), libc::SIGKILL);
+        }
+        let _ = child.wait();
+        contain::stop_leftovers(&RankTree::of_spec(&spec), 0, reap_orphans);
+        let _ = record_exit(&rank, EXIT_NOT_STARTED);
+        return Err(error.into());
+    }
 
     let (done_tx, done_rx) = mpsc::channel();
     for (reader, name) in [

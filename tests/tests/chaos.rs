@@ -27,6 +27,8 @@ fn config(seed: u64, duration_s: u64, faults: Vec<FaultKind>) -> RunConfig {
         cluster: ClusterOptions::default(),
         dir: None,
         agent_env: Vec::new(),
+        in_order: false,
+        stale_cut_s: 30,
     }
 }
 
@@ -108,5 +110,41 @@ async fn agents_cut_off_past_the_ttl_never_leave_two_attempts_alive() -> Result<
     println!("{}", summary(&report));
     ensure!(report.passed, "chaos run failed:\n{}", summary(&report));
     ensure!(report.faults.iter().any(|f| f.kind == "partition-agent"), "an agent was cut off");
+    Ok(())
+}
+
+/// The replica and disk faults, each once, in order: a wiped follower
+/// replaced under a new id, an agent whose disk is full, a member added and
+/// removed, a skewed clock, a stale follower. Every check holds, the
+/// recovery of the faulted replicas included. (`long-partition-leader` is
+/// left to the long runs: agents cut off from the leader do not yet renew
+/// their leases through its successor; see BENCHMARKS.md.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replica_and_disk_faults_lose_nothing_and_replicas_recover() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let faults = vec![
+        FaultKind::WipeFollower,
+        FaultKind::AgentDiskFull,
+        FaultKind::ChangeMembership,
+        FaultKind::SkewClock,
+        FaultKind::StaleFollower,
+    ];
+    let mut config = config(16, 36, faults);
+    config.in_order = true;
+    config.interval_s = 1;
+    config.agents = 2;
+    config.submitters = 1;
+    config.submit_interval_ms = 3_000;
+    config.settle_s = 180;
+    config.stale_cut_s = 4;
+    config.cluster.node_ttl_ms = 4_000;
+    config.cluster.snapshot_every = 200;
+    config.cluster.keep_logs = 50;
+    let report = run(config).await?;
+    println!("{}", summary(&report));
+    ensure!(report.passed, "chaos run failed:\n{}", summary(&report));
+    for kind in ["wipe-follower", "agent-disk-full", "change-membership", "skew-clock", "stale-follower"] {
+        ensure!(report.faults.iter().any(|f| f.kind == kind), "no {kind} fault was injected:\n{}", summary(&report));
+    }
     Ok(())
 }

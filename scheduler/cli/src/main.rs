@@ -403,6 +403,12 @@ struct ServerArgs {
     /// peers' refuses to lead (and hands leadership to a peer).
     #[arg(long, default_value_t = rota_server::clock::DEFAULT_MAX_CLOCK_SKEW_MS)]
     max_clock_skew_ms: u64,
+    /// A rank assigned this long and not reported started by its agent gets
+    /// its allocation stopped and its job requeued (default: 2 x the node
+    /// TTL + 30 s); its GPUs are freed once the agent reports the rank ended
+    /// or the node is declared down.
+    #[arg(long)]
+    start_timeout_ms: Option<u64>,
     /// Raise the `nospace` alarm (the cluster takes no new work) when the
     /// data directory has less free space than this, in MiB.
     #[arg(long, default_value_t = rota_server::alarms::DEFAULT_MIN_FREE_BYTES / (1024 * 1024))]
@@ -473,6 +479,7 @@ async fn run_server(args: ServerArgs, tls: &TlsArgs) -> Result<()> {
         keep_logs_behind_snapshot: args.keep_logs,
         node_ttl_ms: args.node_ttl_ms,
         max_clock_skew_ms: args.max_clock_skew_ms,
+        start_timeout_ms: args.start_timeout_ms,
         min_free_bytes: args.min_free_mb.saturating_mul(1024 * 1024),
         security,
         bootstrap_admin: args.bootstrap_admin,

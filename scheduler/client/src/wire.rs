@@ -21,6 +21,11 @@ pub const FIELD_METADATA: &str = "rota-field";
 /// the node ran out (no acknowledged heartbeat for a TTL); the scheduler
 /// requeues such a job instead of failing it.
 pub const LEASE_EXPIRED_REASON: &str = "lease_expired";
+/// Exit reason an agent reports for a rank whose directory it could not
+/// write (its disk full, over quota or read-only): the rank did not start,
+/// or its end could not be recorded. Not the job's fault: the scheduler
+/// requeues it instead of failing it.
+pub const AGENT_DISK_FULL_REASON: &str = "agent_disk_full";
 /// Largest gRPC message a replica accepts or sends (requests are far smaller;
 /// this bounds what a malformed or hostile client can make us buffer).
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;

@@ -155,7 +155,10 @@ fn events_to_commands(state: &ClusterState, node: &str, events: &[pb::RankEvent]
             Some(pb::rank_event::Kind::Started(_)) => Command::AllocStarted { alloc_id, rank },
             Some(pb::rank_event::Kind::Exited(exited)) => {
                 tracing::info!(node, alloc_id, rank, exit_code = exited.exit_code, reason = %exited.reason, "rank exited");
-                if exited.reason == rota_client::wire::LEASE_EXPIRED_REASON {
+                // Ended by its node, not by itself: requeued, not failed.
+                let by_its_node =
+                    [rota_client::wire::LEASE_EXPIRED_REASON, rota_client::wire::AGENT_DISK_FULL_REASON].contains(&exited.reason.as_str());
+                if by_its_node {
                     Command::AllocLost { alloc_id, rank }
                 } else {
                     Command::AllocExited { alloc_id, rank, exit_code: exited.exit_code }

@@ -91,6 +91,9 @@ pub struct ServerConfig {
     /// A replica whose clock is further than this from a majority of its
     /// peers' refuses to lead.
     pub max_clock_skew_ms: u64,
+    /// A rank assigned and not started this long gets its allocation
+    /// stopped as lost (None: 2 x `node_ttl_ms` + 30 s; see `leader::starts`).
+    pub start_timeout_ms: Option<u64>,
     /// Free bytes in the data directory below which this replica raises the
     /// `nospace` alarm (the cluster then takes no new work).
     pub min_free_bytes: u64,
@@ -187,7 +190,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         forwarder: forward::Forwarder::new(config.security.clone()),
         lease_ms: config.election_timeout_max_ms,
         unsafe_ack_before_commit: std::env::var("ROTA_TEST_ACK_BEFORE_COMMIT").is_ok_and(|v| v == "1"),
-        leader: leader::Leadership::new(config.node_ttl_ms, config.max_clock_skew_ms),
+        leader: leader::Leadership::new(config.node_ttl_ms, config.max_clock_skew_ms).with_start_timeout_ms(config.start_timeout_ms),
         journal,
         bootstrap_admin: config.bootstrap_admin.clone(),
         cluster_identity: cluster_identity.clone(),

@@ -11,11 +11,15 @@
 //!   lock, on a thread of lower CPU priority than the rest of the replica.
 //! - Proposes `NodeDown` for nodes silent past the TTL; apply ends their
 //!   allocations (whole gangs) and requeues the jobs.
+//! - `starts`: stops (as lost) allocations with a rank assigned and never
+//!   started within `--start-timeout-ms`; their GPUs are freed once the
+//!   agent reports the rank ended or its node is down.
 //!
 //! The decisions themselves come from `rota_core::policy::plan`.
 
 mod heartbeats;
 mod planner;
+pub mod starts;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,7 +33,7 @@ use crate::replicated::PlannerCopy;
 use crate::Context;
 use heartbeats::HeartbeatTable;
 use planner::PlannerThread;
-use rota_core::state::{ClusterState, Command};
+use rota_core::state::{ClusterState, Command, Plan, Stop, StopReason};
 
 /// Shortest time between two plans; applied-index changes in between are coalesced.
 const PLAN_MIN_INTERVAL_MS: u64 = 50;
@@ -45,6 +49,8 @@ const CLOCK_PROBE_TIMEOUT_MS: u64 = 1_000;
 /// times are read from.
 pub struct Leadership {
     pub node_ttl_ms: u64,
+    /// A rank assigned this long and not started gets its allocation stopped.
+    pub start_timeout_ms: u64,
     pub max_clock_skew_ms: u64,
     epoch: Instant,
     table: Mutex<Option<HeartbeatTable>>,
@@ -61,12 +67,21 @@ impl Leadership {
     pub fn new(node_ttl_ms: u64, max_clock_skew_ms: u64) -> Leadership {
         Leadership {
             node_ttl_ms,
+            start_timeout_ms: starts::default_start_timeout_ms(node_ttl_ms),
             max_clock_skew_ms,
             epoch: Instant::now(),
             table: Mutex::new(None),
             clock_verified_term: AtomicU64::new(0),
             clock_suspect: AtomicBool::new(false),
         }
+    }
+
+    /// `--start-timeout-ms` when given (else 2 x the TTL + 30 s).
+    pub fn with_start_timeout_ms(mut self, start_timeout_ms: Option<u64>) -> Leadership {
+        if let Some(timeout_ms) = start_timeout_ms {
+            self.start_timeout_ms = timeout_ms;
+        }
+        self
     }
 
     /// Whether this leader's clock was found in agreement with its peers' in `term`.
@@ -164,6 +179,7 @@ async fn lead(ctx: &Context, term: u64) {
         }
     };
     let mut clock_checked_at: Option<Instant> = None;
+    let mut starts = starts::StartWatch::new(ctx.leader.start_timeout_ms);
     let mut heard_recorded_at = Instant::now();
     let heard_every = Duration::from_millis(heartbeats::heard_record_every_ms(ctx.leader.node_ttl_ms));
     while still_leader(ctx, term) {
@@ -193,6 +209,9 @@ async fn lead(ctx: &Context, term: u64) {
             }
         }
         if !propose_node_downs(ctx).await {
+            break;
+        }
+        if !stop_never_started(ctx, &mut starts).await {
             break;
         }
         if heard_recorded_at.elapsed() >= heard_every {
@@ -453,6 +472,30 @@ async fn propose_node_downs(ctx: &Context) -> bool {
         }
     }
     true
+}
+
+/// Stop, as lost, every allocation with a rank assigned and not started
+/// within the bound (see `starts`). False when leadership is lost.
+async fn stop_never_started(ctx: &Context, starts: &mut starts::StartWatch) -> bool {
+    let now_ms = ctx.leader.now_ms();
+    let (overdue, index) = ctx.read(|state| (starts.overdue(state, now_ms), state.applied_index));
+    if overdue.is_empty() {
+        return true;
+    }
+    for alloc_id in &overdue {
+        tracing::warn!(
+            alloc_id,
+            start_timeout_ms = ctx.leader.start_timeout_ms,
+            "never_started: a rank of the allocation was assigned and not started in time; stopping it as lost (its job is requeued once its agent reports the rank ended or its node is down)"
+        );
+    }
+    metrics::counter!("rota_allocs_never_started_total").increment(overdue.len() as u64);
+    let stops = overdue.into_iter().map(|alloc_id| Stop { alloc_id, reason: StopReason::NodeLost }).collect();
+    let plan = Plan { computed_at_index: index, stops, ..Plan::default() };
+    match ctx.proposer.propose(Command::ApplyPlan(plan)).await {
+        Ok(_) => true,
+        Err(error) => proposal_failed("never-started stops", &error),
+    }
 }
 
 /// Record in the log, coarsely, which nodes this leader heard since its

@@ -1,0 +1,81 @@
+//! An agent whose disk is full (its rank directories refuse every write):
+//! a rank it cannot record is reported ended with the reason
+//! `agent_disk_full` and its job requeued, never left as a rank the
+//! scheduler believes runs; the agent keeps running its other ranks, and
+//! once its disk takes writes again every job completes.
+//!
+//! The disk is filled through the agent's test switch
+//! `ROTA_TEST_AGENT_DISK_FULL_FILE`: while the file it names exists, every
+//! write into a rank directory (the agent's and its shims') fails with ENOSPC.
+//!
+//! Failed with the agent, shim and server of commit 6c59791 (the test
+//! switch alone added; the agent only logged the failed writes) with "timed
+//! out after 60s waiting for job 2 to be placed 2 times": the job placed
+//! while the disk was full stayed `running` at attempt 1, though nothing ran it.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use rota_chaos::agents::{AgentOptions, LocalAgent};
+use rota_chaos::cluster::{ClusterOptions, LocalCluster};
+use rota_e2e::{pid_alive, shell_job, wait_nodes_ready, wait_number, wait_until, AnyReplica};
+use rota_proto::v1 as pb;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Wait until the job has been placed at least `attempts` times.
+async fn wait_attempts(any: &AnyReplica, job_id: u64, attempts: u32) -> Result<pb::Job> {
+    wait_until(&format!("job {job_id} to be placed {attempts} times"), WAIT, || async {
+        let job = any.get(job_id).await?;
+        Ok((job.attempts >= attempts).then_some(job))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ranks_an_agent_cannot_record_are_requeued_and_its_other_ranks_run_on() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let marks = dir.path().join("marks");
+    std::fs::create_dir_all(&marks)?;
+    let full = dir.path().join("disk-full");
+    let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
+    cluster.wait_leader(WAIT).await?;
+    let options =
+        AgentOptions { env: vec![("ROTA_TEST_AGENT_DISK_FULL_FILE".into(), full.display().to_string())], ..AgentOptions::default() };
+    let agent = LocalAgent::start(dir.path(), "node-a", &cluster.endpoints_csv(), options)?;
+    wait_nodes_ready(&cluster, 1, WAIT).await?;
+    let any = AnyReplica::new(&cluster)?;
+
+    // A runs until released; its first attempt notes its pid.
+    let long = r#"echo $$ > "$MARK_DIR/a-$ROTA_ATTEMPT.tmp"; mv "$MARK_DIR/a-$ROTA_ATTEMPT.tmp" "$MARK_DIR/a-$ROTA_ATTEMPT"
+while [ ! -e "$MARK_DIR/release" ]; do sleep 0.05; done"#;
+    let a = any.submit(shell_job(1, 1, &marks, long)).await?.job_id;
+    let a_pid = wait_number(&marks.join("a-1"), WAIT).await?;
+    any.wait_job_state(a, pb::JobState::Running, WAIT).await?;
+
+    std::fs::write(&full, b"full")?;
+    // B is placed while the disk is full: it cannot start, and must not be
+    // left as running.
+    let b = any.submit(shell_job(1, 1, &marks, r#"touch "$MARK_DIR/b-ran""#)).await?.job_id;
+    let requeued = wait_attempts(&any, b, 2).await?;
+    ensure!(!marks.join("b-ran").exists(), "B ran although its rank directory could not be written");
+    ensure!(requeued.state != pb::JobState::Failed as i32, "B failed instead of being requeued: {}", requeued.reason);
+    ensure!(pid_alive(a_pid), "A's rank was stopped although only its records could not be written");
+    ensure!(any.get(a).await?.state == pb::JobState::Running as i32, "A is no longer running");
+
+    // A ends while the disk is full: its exit cannot be recorded, so it is
+    // reported from memory and A requeued, not left running.
+    std::fs::write(marks.join("release"), b"")?;
+    wait_attempts(&any, a, 2).await?;
+    ensure!(!pid_alive(a_pid), "A's first attempt still runs");
+    let log = agent.log_tail(64 * 1024);
+    ensure!(log.contains("agent_disk_full"), "the agent's log names the reason: {log}");
+
+    // The disk takes writes again: both jobs complete.
+    std::fs::remove_file(&full)?;
+    let a_done = any.wait_job_state(a, pb::JobState::Succeeded, WAIT).await?;
+    let b_done = any.wait_job_state(b, pb::JobState::Succeeded, WAIT).await?;
+    ensure!(marks.join("b-ran").exists(), "B ran once the disk was back");
+    ensure!(a_done.attempts >= 2 && b_done.attempts >= 2, "attempts: A {} B {}", a_done.attempts, b_done.attempts);
+    Ok(())
+}
