@@ -86,6 +86,8 @@ pub struct ClusterOptions {
     /// Plaintext links (`--insecure`) instead of TLS with certificates; only
     /// for tests that need plaintext, each saying why.
     pub insecure: bool,
+    /// Extra `rota server` flags for every replica (e.g. limits).
+    pub server_args: Vec<String>,
 }
 
 impl Default for ClusterOptions {
@@ -100,6 +102,7 @@ impl Default for ClusterOptions {
             env: vec![],
             env_of: BTreeMap::new(),
             insecure: false,
+            server_args: vec![],
         }
     }
 }
@@ -254,6 +257,7 @@ impl LocalCluster {
             .args(["--snapshot-every", &self.options.snapshot_every.to_string()])
             .args(["--keep-logs", &self.options.keep_logs.to_string()])
             .args(["--node-ttl-ms", &self.options.node_ttl_ms.to_string()])
+            .args(&self.options.server_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);

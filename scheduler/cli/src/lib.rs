@@ -278,8 +278,11 @@ pub async fn logs(client: &Client, job_id: u64, rank: u32, stderr: bool, follow:
     let address =
         nodes.nodes.iter().find(|n| n.name == node).map(|n| n.address.clone()).with_context(|| format!("node {node} is not registered"))?;
     let endpoint = rota_tls::endpoint(&address).with_context(|| format!("node {node} has a bad address {address:?}"))?;
+    // The node's own agent, not whoever holds a certificate of the cluster.
+    let agent = rota_tls::Identity::new(rota_tls::IdentityKind::Agent, &node).with_context(|| format!("node name {node:?}"))?;
     let channel = client
         .security()
+        .expecting(rota_tls::ServerIdentity::Exactly(agent))?
         .connect(endpoint.connect_timeout(std::time::Duration::from_secs(5)))
         .await
         .with_context(|| format!("cannot reach the agent of node {node} at {address}"))?;

@@ -9,6 +9,7 @@ mod forward;
 pub mod identity;
 mod jobs;
 pub mod leader;
+pub mod limits;
 mod metrics_loop;
 mod proposer;
 pub mod replicated;
@@ -89,6 +90,8 @@ pub struct ServerConfig {
     /// TLS with this replica's certificate on every link (served and
     /// dialed), or plaintext when started `--insecure`.
     pub security: Security,
+    /// Request rate, streams and requests in flight per caller identity.
+    pub limits: limits::LimitsConfig,
 }
 
 /// Who may call each service (a replica also forwards clients' and agents'
@@ -99,6 +102,9 @@ const CLIENT_CALLERS: &[IdentityKind] = &[IdentityKind::User, IdentityKind::Repl
 /// leadership, rewrite queues and quotas or clear alarms.
 const CLUSTER_CALLERS: &[IdentityKind] = &[IdentityKind::User, IdentityKind::Replica];
 const AGENT_CALLERS: &[IdentityKind] = &[IdentityKind::Agent, IdentityKind::Replica];
+/// The methods that answer with a stream (capped per identity).
+const JOB_STREAMS: &[&str] = &["/rota.v1.JobService/WatchJobs"];
+const AGENT_STREAMS: &[&str] = &["/rota.v1.AgentService/WatchAssignments"];
 
 /// What the services share.
 pub struct Context {
@@ -180,9 +186,13 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     tokio::spawn(alarms::watch_disk(ctx.clone(), config.data_dir.clone(), config.min_free_bytes));
     let listener =
         tokio::net::TcpListener::bind(config.listen).await.map_err(|e| ServerError::Config(format!("--listen {}: {e}", config.listen)))?;
+    config.limits.check().map_err(ServerError::Config)?;
+    let limiter = limits::Limiter::new(config.limits);
+    let limited = |class, streams| (limiter.clone(), class, streams);
     let incoming = config.security.incoming(listener).map_err(|e| ServerError::Config(e.to_string()))?;
     // Every service first establishes its caller from the connection's
-    // certificate (rota_tls::auth) and refuses callers of the wrong kind.
+    // certificate (rota_tls::auth) and refuses callers of the wrong kind;
+    // then the caller's limits (limits.rs) are taken, before any work.
     // Clients that give up on slow attempts during a failover reset their
     // streams; hyper's default allowance for that (20 pending resets) is made
     // for hostile peers and would cut off honest clients with GOAWAY.
@@ -190,19 +200,25 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .add_service(InterceptedService::new(replica.raft_service(), interceptor(RAFT_CALLERS)))
         .add_service(InterceptedService::new(
-            JobServiceServer::new(jobs::JobApi::new(ctx.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            limits::Limited::new(
+                JobServiceServer::new(jobs::JobApi::new(ctx.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                limited(limits::Class::User, JOB_STREAMS),
+            ),
             interceptor(CLIENT_CALLERS),
         ))
         .add_service(InterceptedService::new(
-            ClusterServiceServer::new(cluster::ClusterApi::new(ctx.clone())),
+            limits::Limited::new(ClusterServiceServer::new(cluster::ClusterApi::new(ctx.clone())), limited(limits::Class::User, &[])),
             interceptor(CLUSTER_CALLERS),
         ))
         .add_service(InterceptedService::new(
-            AgentServiceServer::new(agents::AgentApi::new(ctx.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            limits::Limited::new(
+                AgentServiceServer::new(agents::AgentApi::new(ctx.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                limited(limits::Class::Agent, AGENT_STREAMS),
+            ),
             interceptor(AGENT_CALLERS),
         ))
         .serve_with_incoming(incoming);
