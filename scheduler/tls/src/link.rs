@@ -136,6 +136,9 @@ fn client_config(roots: &Arc<ReloadingRoots>, own: Option<&Arc<ReloadingKey>>, e
         Some(own) => builder.with_client_cert_resolver(Arc::new(ClientResolver(own.clone()))),
     };
     client.alpn_protocols = vec![b"h2".to_vec()];
+    // A resumed session skips certificate verification: a certificate of a
+    // CA removed from the bundle would go on working through it.
+    client.resumption = rustls::client::Resumption::disabled();
     Ok(client)
 }
 
@@ -160,6 +163,10 @@ impl Security {
                     .with_client_cert_verifier(Arc::new(ClientVerifier { roots: roots.clone() }))
                     .with_cert_resolver(Arc::new(ServerResolver(own.clone())));
                 server.alpn_protocols = vec![b"h2".to_vec()];
+                // No resumption: every connection's certificate is checked
+                // against the bundle as it is now (connections are long-lived).
+                server.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+                server.send_tls13_tickets = 0;
                 Some(Arc::new(server))
             }
         };
