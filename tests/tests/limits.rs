@@ -76,9 +76,9 @@ struct FloodCounts {
 /// submits to the leader under its replica certificate, more than the user
 /// rate in all: replicas are not limited, so the victim is not refused for
 /// the flooder's traffic either. Prevents one user (a runaway script) from
-/// starving the others; failed without the limiter wired in (lib.rs
-/// serving the services unwrapped) with "the flooder was never refused
-/// (... accepted)".
+/// starving the others. Failed with the limiter bypassed (`Limited::admit`
+/// letting every request through) with "the flooder was never refused
+/// (2057 accepted)".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_user_is_refused_with_a_hint_while_another_gets_through() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -146,7 +146,8 @@ async fn a_flooding_user_is_refused_with_a_hint_while_another_gets_through() -> 
 /// A user may hold `--user-max-streams` job watches open, no more: the next
 /// one is refused RESOURCE_EXHAUSTED with a retry hint, another user's is
 /// not, and a closed stream gives its place back. Prevents one user from
-/// tying up a replica's memory and tasks with watches.
+/// tying up a replica's memory and tasks with watches. Failed with the
+/// limiter bypassed with "a stream above the cap was opened".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_streams_are_capped_per_user_and_given_back() -> Result<()> {
     let dir = tempfile::tempdir()?;

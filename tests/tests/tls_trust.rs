@@ -40,9 +40,9 @@ fn chain(status: &tonic::Status) -> String {
 /// new CA is appended to the replica's bundle, then answered; once the old
 /// CA is removed from the bundle, a user of the old CA is refused. Prevents
 /// a CA rotation from needing every replica restarted (or an old, maybe
-/// compromised, CA staying trusted until then). Failed before the bundle
-/// was reloaded (read once at start, `pem::roots` in `Security::tls`) with
-/// "timed out after 30s waiting for the new CA's user to be answered".
+/// compromised, CA staying trusted until then). Failed on commit 32ce68e
+/// (bundle reloaded, but TLS sessions resumed without a certificate check)
+/// with "timed out after 30s waiting for the old CA's user to be refused".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ca_is_rotated_by_editing_the_bundle_without_restart() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -88,9 +88,9 @@ async fn a_ca_is_rotated_by_editing_the_bundle_without_restart() -> Result<()> {
 /// replica: a `rota server` started with an agent's certificate is refused
 /// by clients (and would be by agents and replicas: they dial replicas the
 /// same way) at the handshake, naming what the certificate is. Prevents an
-/// impostor collecting submits, assignments or votes. Failed before the
-/// dialer checked the server's identity with "an impostor with an agent's
-/// certificate was answered: ClusterStatus { ... }".
+/// impostor collecting submits, assignments or votes. Failed with the
+/// identity check taken out of `ServerVerifier` with "an impostor with an
+/// agent's certificate was answered: ClusterStatus { replica_id: 1, ... }".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_with_an_agent_certificate_is_no_replica_to_its_clients() -> Result<()> {
     let dir = tempfile::tempdir()?;

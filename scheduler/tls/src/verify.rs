@@ -189,9 +189,8 @@ mod tests {
     /// A CA rotated in the bundle: certificates of a CA appended to the file
     /// verify from the next check on, and those of a CA removed from it no
     /// longer do. Prevents a CA rotation from needing a restart of every
-    /// process (the bundle was read once, at start). Failed before
-    /// `ReloadingRoots` with "a certificate of the appended CA verifies":
-    /// the verifiers were built once from the file as it was at start.
+    /// process (the bundle was read once, at start), and a half-written
+    /// bundle from being taken.
     #[test]
     fn a_ca_appended_to_the_bundle_is_trusted_and_a_removed_one_no_longer() {
         let dir = tempfile::tempdir().expect("tempdir");
