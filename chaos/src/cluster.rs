@@ -88,6 +88,8 @@ pub struct ClusterOptions {
     /// Plaintext links (`--insecure`) instead of TLS with certificates; only
     /// for tests that need plaintext, each saying why.
     pub insecure: bool,
+    /// Extra `rota server` flags for every replica (e.g. limits).
+    pub server_args: Vec<String>,
 }
 
 impl Default for ClusterOptions {
@@ -103,6 +105,7 @@ impl Default for ClusterOptions {
             env: vec![],
             env_of: BTreeMap::new(),
             insecure: false,
+            server_args: vec![],
         }
     }
 }
@@ -278,6 +281,7 @@ impl LocalCluster {
             .args(["--keep-logs", &self.options.keep_logs.to_string()])
             .args(["--node-ttl-ms", &self.options.node_ttl_ms.to_string()])
             .args(self.options.start_timeout_ms.map(|ms| format!("--start-timeout-ms={ms}")))
+            .args(&self.options.server_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use rota_cli::{self as cli, bench::BenchSubmitArgs, drill::DrillArgs, output::Format, SubmitArgs};
 use rota_client::Client;
-use rota_server::{self as server, ServerConfig};
+use rota_server::{self as server, limits, ServerConfig};
 
 #[derive(Parser)]
 #[command(name = "rota", version, about = "A highly available GPU cluster scheduler")]
@@ -426,6 +426,59 @@ struct ServerArgs {
     /// With --force-new-cluster: carry on although committed entries are missing here (they are lost).
     #[arg(long, requires = "force_new_cluster")]
     i_accept_data_loss: bool,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// Limits per caller identity (each user, each agent; replicas are never
+/// limited). A refused request gets RESOURCE_EXHAUSTED with `retry-after-ms`.
+#[derive(clap::Args, Debug)]
+struct LimitArgs {
+    /// Requests per second of one user (0: no rate limit).
+    #[arg(long, default_value_t = limits::DEFAULT_USER_REQUESTS_PER_S)]
+    user_requests_per_s: u32,
+    /// Requests one user may send at once above its rate.
+    #[arg(long, default_value_t = limits::DEFAULT_USER_BURST)]
+    user_burst: u32,
+    /// Streams (job watches) one user may hold open.
+    #[arg(long, default_value_t = limits::DEFAULT_USER_MAX_STREAMS)]
+    user_max_streams: u32,
+    /// Requests of one user being served at once.
+    #[arg(long, default_value_t = limits::DEFAULT_USER_MAX_IN_FLIGHT)]
+    user_max_in_flight: u32,
+    /// Requests per second of one agent (0: no rate limit).
+    #[arg(long, default_value_t = limits::DEFAULT_AGENT_REQUESTS_PER_S)]
+    agent_requests_per_s: u32,
+    #[arg(long, default_value_t = limits::DEFAULT_AGENT_BURST)]
+    agent_burst: u32,
+    /// Streams (assignment watches) one agent may hold open.
+    #[arg(long, default_value_t = limits::DEFAULT_AGENT_MAX_STREAMS)]
+    agent_max_streams: u32,
+    #[arg(long, default_value_t = limits::DEFAULT_AGENT_MAX_IN_FLIGHT)]
+    agent_max_in_flight: u32,
+    /// Identities whose limits are tracked at once (idle ones are forgotten).
+    #[arg(long, default_value_t = limits::DEFAULT_MAX_IDENTITIES)]
+    max_limited_identities: usize,
+}
+
+impl LimitArgs {
+    fn config(&self) -> limits::LimitsConfig {
+        limits::LimitsConfig {
+            user: limits::ClassLimits {
+                requests_per_s: self.user_requests_per_s,
+                burst: self.user_burst,
+                max_streams: self.user_max_streams,
+                max_in_flight: self.user_max_in_flight,
+            },
+            agent: limits::ClassLimits {
+                requests_per_s: self.agent_requests_per_s,
+                burst: self.agent_burst,
+                max_streams: self.agent_max_streams,
+                max_in_flight: self.agent_max_in_flight,
+            },
+            max_identities: self.max_limited_identities,
+        }
+    }
 }
 
 fn parse_peers(peers: &[String]) -> Result<BTreeMap<u64, String>> {
@@ -483,6 +536,7 @@ async fn run_server(args: ServerArgs, tls: &TlsArgs) -> Result<()> {
         min_free_bytes: args.min_free_mb.saturating_mul(1024 * 1024),
         security,
         bootstrap_admin: args.bootstrap_admin,
+        limits: args.limits.config(),
     };
     server::run(config).await?;
     Ok(())

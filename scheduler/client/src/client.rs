@@ -194,12 +194,19 @@ impl Client {
                 Ok(Err(status)) => status,
                 Err(_) => Status::deadline_exceeded("attempt timed out"),
             };
-            if !retry::worth_retrying_now(status.code()) {
+            // Refused by this caller's limits: the same replica takes it
+            // after the wait it named (a full cluster names none).
+            let wait = wire::retry_after(&status).filter(|_| status.code() == Code::ResourceExhausted);
+            if !retry::worth_retrying_now(status.code()) && wait.is_none() {
                 return Err(ClientError::Status(status));
             }
             if started.elapsed() >= self.deadline {
                 let elapsed_ms = started.elapsed().as_millis() as u64;
                 return Err(ClientError::GaveUp { elapsed_ms, attempts, last: status });
+            }
+            if let Some(wait) = wait {
+                tokio::time::sleep(wait.min(self.deadline.saturating_sub(started.elapsed()))).await;
+                continue;
             }
             match self.leader_hint(&status) {
                 Some(leader) if leader != target => target = leader,

@@ -17,6 +17,9 @@ pub const FORWARDED_METADATA: &str = "rota-forwarded";
 pub const REASON_CODE_METADATA: &str = "rota-reason-code";
 /// Response metadata key naming the request field a refusal is about.
 pub const FIELD_METADATA: &str = "rota-field";
+/// Response metadata key of a request refused by its caller's limits
+/// (RESOURCE_EXHAUSTED): milliseconds to wait before trying again.
+pub const RETRY_AFTER_METADATA: &str = "retry-after-ms";
 /// Exit reason an agent reports for a rank it stopped because its lease on
 /// the node ran out (no acknowledged heartbeat for a TTL); the scheduler
 /// requeues such a job instead of failing it.
@@ -37,6 +40,13 @@ pub const CONNECT_TIMEOUT_MS: u64 = 1_000;
 pub fn channel(endpoint: &str, security: &Security) -> Result<Channel, TlsError> {
     let parsed = rota_tls::endpoint(endpoint)?;
     Ok(security.channel(parsed.connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS)).tcp_nodelay(true)))
+}
+
+/// How long a refusal asks the caller to wait (`retry-after-ms`), if it does:
+/// a refusal by the caller's limits, not a full cluster.
+pub fn retry_after(status: &tonic::Status) -> Option<Duration> {
+    let value = status.metadata().get(RETRY_AFTER_METADATA)?.to_str().ok()?;
+    value.parse::<u64>().ok().map(Duration::from_millis)
 }
 
 /// The stable code and field a replica attached to a refusal, if any.

@@ -61,9 +61,19 @@ impl Forwarder {
         Ok(AgentServiceClient::new(self.channel(addr)?).max_decoding_message_size(super::MAX_MESSAGE_BYTES))
     }
 
-    /// An agent's log service, under this replica's certificate.
-    pub fn agent_logs(&self, addr: &str) -> Result<NodeAgentServiceClient<Channel>, Status> {
-        Ok(NodeAgentServiceClient::new(self.channel(addr)?))
+    /// The log service of `node`'s agent at `addr`, under this replica's
+    /// certificate; the server must show that node's agent certificate.
+    pub fn agent_logs(&self, addr: &str, node: &str) -> Result<NodeAgentServiceClient<Channel>, Status> {
+        let agent = rota_tls::Identity::new(rota_tls::IdentityKind::Agent, node)
+            .map_err(|e| Status::failed_precondition(format!("node name {node:?}: {e}")))?;
+        let security = self
+            .security
+            .expecting(rota_tls::ServerIdentity::Exactly(agent))
+            .map_err(|e| Status::internal(format!("TLS setup for node {node}: {e}")))?;
+        let endpoint = rota_tls::endpoint(addr)
+            .map_err(|e| Status::unavailable(format!("node {node} has a bad address {addr}: {e}")))?
+            .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS));
+        Ok(NodeAgentServiceClient::new(security.channel(endpoint)))
     }
 
     pub fn auth(&self, addr: &str) -> Result<AuthServiceClient<Channel>, Status> {

@@ -203,7 +203,7 @@ impl JobService for JobApi {
         let actor = self.ctx.actor(&mut request)?;
         let message = request.into_inner();
         let (job_id, rank) = (message.job_id, message.rank);
-        let (address, owner, group) = self.ctx.read(|state| {
+        let (node, address, owner, group) = self.ctx.read(|state| {
             let job = state.jobs.get(&job_id).ok_or_else(|| Status::not_found(format!("job {job_id} not found")))?;
             let node = job
                 .alloc
@@ -218,10 +218,10 @@ impl JobService for JobApi {
                 .map(|n| n.address.clone())
                 .ok_or_else(|| Status::not_found(format!("node {node} is not registered")))?;
             let owner = state.auth.job_marks.get(&job_id).and_then(|m| m.owner.clone());
-            Ok::<_, Status>((address, owner, job.spec.group.clone()))
+            Ok::<_, Status>((node, address, owner, job.spec.group.clone()))
         })?;
         self.ctx.permit(&actor, Action::OwnJob { owner: owner.as_deref(), group: &group })?;
-        let stream = self.ctx.forwarder.agent_logs(&address)?.read_log(message).await?.into_inner();
+        let stream = self.ctx.forwarder.agent_logs(&address, &node)?.read_log(message).await?.into_inner();
         Ok(Response::new(Box::pin(stream)))
     }
 

@@ -14,6 +14,7 @@ pub mod health;
 pub mod identity;
 mod jobs;
 pub mod leader;
+pub mod limits;
 mod metrics_loop;
 mod proposer;
 pub mod replicated;
@@ -103,6 +104,8 @@ pub struct ServerConfig {
     /// The user made the cluster's first admin when it has no users yet
     /// (given to the founding replicas; ignored once any user exists).
     pub bootstrap_admin: Option<String>,
+    /// Request rate, streams and requests in flight per caller identity.
+    pub limits: limits::LimitsConfig,
 }
 
 /// Who may call each service (a replica also forwards clients' and agents'
@@ -116,6 +119,9 @@ const AGENT_CALLERS: &[IdentityKind] = &[IdentityKind::Agent, IdentityKind::Repl
 /// Health and reflection: anyone with a certificate of the cluster (a
 /// readiness probe runs with the replica's own, an agent may check its replica).
 const PROBE_CALLERS: &[IdentityKind] = &[IdentityKind::User, IdentityKind::Replica, IdentityKind::Agent];
+/// The methods that answer with a stream (capped per identity).
+const JOB_STREAMS: &[&str] = &["/rota.v1.JobService/WatchJobs", "/rota.v1.JobService/ReadLogs"];
+const AGENT_STREAMS: &[&str] = &["/rota.v1.AgentService/WatchAssignments"];
 
 /// What the services share.
 pub struct Context {
@@ -208,9 +214,13 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     let reflection = health::reflection().map_err(|e| ServerError::Config(format!("reflection: {e}")))?;
     let listener =
         tokio::net::TcpListener::bind(config.listen).await.map_err(|e| ServerError::Config(format!("--listen {}: {e}", config.listen)))?;
+    config.limits.check().map_err(ServerError::Config)?;
+    let limiter = limits::Limiter::new(config.limits);
+    let limited = |class, streams| (limiter.clone(), class, streams);
     let incoming = config.security.incoming(listener).map_err(|e| ServerError::Config(e.to_string()))?;
     // Every service first establishes its caller from the connection's
-    // certificate (rota_tls::auth) and refuses callers of the wrong kind.
+    // certificate (rota_tls::auth) and refuses callers of the wrong kind;
+    // then the caller's limits (limits.rs) are taken, before any work.
     // Clients that give up on slow attempts during a failover reset their
     // streams; hyper's default allowance for that (20 pending resets) is made
     // for hostile peers and would cut off honest clients with GOAWAY.
@@ -223,20 +233,29 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         .add_service(InterceptedService::new(health_service, interceptor(PROBE_CALLERS)))
         .add_service(InterceptedService::new(reflection, interceptor(PROBE_CALLERS)))
         .add_service(InterceptedService::new(
-            JobServiceServer::new(jobs::JobApi::new(ctx.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            limits::Limited::new(
+                JobServiceServer::new(jobs::JobApi::new(ctx.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                limited(limits::Class::User, JOB_STREAMS),
+            ),
             interceptor(CLIENT_CALLERS),
         ))
         .add_service(InterceptedService::new(
-            ClusterServiceServer::new(cluster::ClusterApi::new(ctx.clone())),
+            limits::Limited::new(ClusterServiceServer::new(cluster::ClusterApi::new(ctx.clone())), limited(limits::Class::User, &[])),
             interceptor(CLUSTER_CALLERS),
         ))
-        .add_service(InterceptedService::new(AuthServiceServer::new(auth_api::AuthApi::new(ctx.clone())), interceptor(CLIENT_CALLERS)))
         .add_service(InterceptedService::new(
-            AgentServiceServer::new(agents::AgentApi::new(ctx.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            limits::Limited::new(AuthServiceServer::new(auth_api::AuthApi::new(ctx.clone())), limited(limits::Class::User, &[])),
+            interceptor(CLIENT_CALLERS),
+        ))
+        .add_service(InterceptedService::new(
+            limits::Limited::new(
+                AgentServiceServer::new(agents::AgentApi::new(ctx.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                limited(limits::Class::Agent, AGENT_STREAMS),
+            ),
             interceptor(AGENT_CALLERS),
         ))
         .serve_with_incoming(incoming);

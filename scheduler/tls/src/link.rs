@@ -15,7 +15,6 @@ use http::Uri;
 use hyper_util::rt::TokioIo;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName};
-use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -25,8 +24,9 @@ use tonic::transport::server::Connected;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::identity::Identity;
-use crate::reload::{ClientResolver, ReloadingKey, ServerResolver};
-use crate::{pem, TlsError};
+use crate::reload::{ClientResolver, ReloadingKey, ReloadingRoots, ServerResolver};
+use crate::verify::{ClientVerifier, ServerIdentity, ServerVerifier};
+use crate::TlsError;
 
 /// A TLS handshake that takes longer than this is dropped.
 pub const HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
@@ -104,9 +104,13 @@ pub enum Security {
 }
 
 pub struct TlsSetup {
+    /// Dials replicas (the server must show a replica's certificate).
     client: Arc<ClientConfig>,
     /// Only with a certificate of our own.
     server: Option<Arc<ServerConfig>>,
+    /// What another dialing configuration is made from.
+    roots: Arc<ReloadingRoots>,
+    own: Option<Arc<ReloadingKey>>,
 }
 
 impl std::fmt::Debug for Security {
@@ -118,39 +122,72 @@ impl std::fmt::Debug for Security {
     }
 }
 
+/// A dialing configuration: the CA bundle as it is at each handshake, the
+/// server's identity as `expected`, our certificate if we have one.
+fn client_config(roots: &Arc<ReloadingRoots>, own: Option<&Arc<ReloadingKey>>, expected: ServerIdentity) -> Result<ClientConfig, TlsError> {
+    let verifier = Arc::new(ServerVerifier { roots: roots.clone(), expected });
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Setup(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let mut client = match own {
+        None => builder.with_no_client_auth(),
+        Some(own) => builder.with_client_cert_resolver(Arc::new(ClientResolver(own.clone()))),
+    };
+    client.alpn_protocols = vec![b"h2".to_vec()];
+    // A resumed session skips certificate verification: a certificate of a
+    // CA removed from the bundle would go on working through it.
+    client.resumption = rustls::client::Resumption::disabled();
+    Ok(client)
+}
+
 impl Security {
-    /// TLS trusting the CA in `ca`, presenting `(cert, key)` if given
-    /// (re-read when the files change).
+    /// TLS trusting the CA bundle in `ca`, presenting `(cert, key)` if
+    /// given; every file is re-read when it changes. Dials replicas only
+    /// (see [`Security::expecting`] for another server).
     pub fn tls(ca: &Path, cert_and_key: Option<(&Path, &Path)>) -> Result<Security, TlsError> {
         let provider = provider();
-        let roots = Arc::new(pem::roots(ca)?);
-        let setup = |e: rustls::Error| TlsError::Setup(e.to_string());
-        let client_builder = ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(setup)?
-            .with_root_certificates(roots.clone());
-        let (mut client, server) = match cert_and_key {
-            None => (client_builder.with_no_client_auth(), None),
-            Some((cert, key)) => {
-                let own = Arc::new(ReloadingKey::open(cert, key, provider.clone())?);
-                let client = client_builder.with_client_cert_resolver(Arc::new(ClientResolver(own.clone())));
-                // Clients without a certificate get through the handshake and
-                // are refused per request (UNAUTHENTICATED), with a reason.
-                let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
-                    .allow_unauthenticated()
-                    .build()
-                    .map_err(|e| TlsError::Setup(e.to_string()))?;
+        let roots = Arc::new(ReloadingRoots::open(ca, provider.clone())?);
+        let own = match cert_and_key {
+            None => None,
+            Some((cert, key)) => Some(Arc::new(ReloadingKey::open(cert, key, provider.clone())?)),
+        };
+        let client = client_config(&roots, own.as_ref(), ServerIdentity::AnyReplica)?;
+        let server = match &own {
+            None => None,
+            Some(own) => {
                 let mut server = ServerConfig::builder_with_provider(provider)
                     .with_safe_default_protocol_versions()
-                    .map_err(setup)?
-                    .with_client_cert_verifier(verifier)
-                    .with_cert_resolver(Arc::new(ServerResolver(own)));
+                    .map_err(|e| TlsError::Setup(e.to_string()))?
+                    .with_client_cert_verifier(Arc::new(ClientVerifier { roots: roots.clone() }))
+                    .with_cert_resolver(Arc::new(ServerResolver(own.clone())));
                 server.alpn_protocols = vec![b"h2".to_vec()];
-                (client, Some(Arc::new(server)))
+                // No resumption: every connection's certificate is checked
+                // against the bundle as it is now (connections are long-lived).
+                server.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+                server.send_tls13_tickets = 0;
+                Some(Arc::new(server))
             }
         };
-        client.alpn_protocols = vec![b"h2".to_vec()];
-        Ok(Security::Tls(Arc::new(TlsSetup { client: Arc::new(client), server })))
+        Ok(Security::Tls(Arc::new(TlsSetup { client: Arc::new(client), server, roots, own })))
+    }
+
+    /// The same certificates, dialing a server that must show `expected`
+    /// (an agent's log service: `ServerIdentity::Exactly(rota://agent/NODE)`).
+    pub fn expecting(&self, expected: ServerIdentity) -> Result<Security, TlsError> {
+        match self {
+            Security::Plaintext => Ok(Security::Plaintext),
+            Security::Tls(setup) => {
+                let client = client_config(&setup.roots, setup.own.as_ref(), expected)?;
+                Ok(Security::Tls(Arc::new(TlsSetup {
+                    client: Arc::new(client),
+                    server: setup.server.clone(),
+                    roots: setup.roots.clone(),
+                    own: setup.own.clone(),
+                })))
+            }
+        }
     }
 
     pub fn is_tls(&self) -> bool {
@@ -190,7 +227,8 @@ impl Security {
     }
 
     /// The certificate a TLS server at `addr` presents now (a fresh
-    /// connection each call): how an operator or a test sees a rotation.
+    /// connection each call, checked as any dial is): how an operator or a
+    /// test sees a rotation.
     pub async fn server_certificate(&self, addr: &str) -> Result<CertificateDer<'static>, TlsError> {
         let Security::Tls(setup) = self else {
             return Err(TlsError::Setup("plaintext has no certificates".into()));
@@ -388,7 +426,7 @@ pub(crate) fn verify_server_cert(ca_pem: &[u8], der: &CertificateDer<'_>, name: 
     use rustls::client::danger::ServerCertVerifier;
     use rustls::client::WebPkiServerVerifier;
     let mut roots = rustls::RootCertStore::empty();
-    for cert in pem::certificates_from_pem(ca_pem)? {
+    for cert in crate::pem::certificates_from_pem(ca_pem)? {
         roots.add(cert).map_err(|e| e.to_string())?;
     }
     let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider()).build().map_err(|e| e.to_string())?;

@@ -3,12 +3,20 @@
 //! `RELOAD_CHECK_MS` on a new handshake. New connections get the new
 //! certificate; open ones keep theirs. A half-written or mismatched pair is
 //! not taken: the previous one is served until the files agree again.
+//!
+//! The CA bundle follows its file the same way ([`ReloadingRoots`]), so a
+//! CA is rotated without a restart: append the new CA to the bundle on
+//! every machine, move every certificate to the new CA, then remove the old
+//! one from the bundle.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
+use rustls::server::danger::ClientCertVerifier;
+use rustls::server::WebPkiClientVerifier;
 use rustls::sign::CertifiedKey;
 
 use crate::{pem, TlsError};
@@ -19,7 +27,7 @@ pub const RELOAD_CHECK_MS: u64 = 1_000;
 /// What identifies a version of a file without reading it.
 type Stamp = Option<(SystemTime, u64)>;
 
-fn stamp(path: &Path) -> Stamp {
+pub(crate) fn stamp(path: &Path) -> Stamp {
     let meta = std::fs::metadata(path).ok()?;
     Some((meta.modified().ok()?, meta.len()))
 }
@@ -97,6 +105,88 @@ fn load(cert_path: &Path, key_path: &Path, provider: &CryptoProvider) -> Result<
     let certified = CertifiedKey::from_der(chain, key, provider)
         .map_err(|e| TlsError::bad_file(key_path, format!("does not match {}: {e}", cert_path.display())))?;
     Ok(Arc::new(certified))
+}
+
+/// The verifiers built from one version of the CA bundle.
+#[derive(Debug, Clone)]
+pub struct Verifiers {
+    /// Checks servers' certificates (this process dialing).
+    pub server: Arc<WebPkiServerVerifier>,
+    /// Checks clients' certificates (this process serving); clients without
+    /// one get through the handshake and are refused per request.
+    pub client: Arc<dyn ClientCertVerifier>,
+}
+
+#[derive(Debug)]
+struct LoadedRoots {
+    verifiers: Verifiers,
+    stamp: Stamp,
+    checked: Instant,
+}
+
+/// The trusted CA bundle, re-read when its file changes (checked at most
+/// once per `RELOAD_CHECK_MS`, on a handshake). A file that cannot be used
+/// (half written, no certificate in it) is not taken: the previous bundle
+/// stays trusted until the file is whole again.
+#[derive(Debug)]
+pub struct ReloadingRoots {
+    path: PathBuf,
+    provider: Arc<CryptoProvider>,
+    check_every: Duration,
+    loaded: Mutex<LoadedRoots>,
+}
+
+impl ReloadingRoots {
+    /// Load the bundle now; an error here names the file.
+    pub fn open(path: &Path, provider: Arc<CryptoProvider>) -> Result<ReloadingRoots, TlsError> {
+        Self::open_checking_every(path, provider, Duration::from_millis(RELOAD_CHECK_MS))
+    }
+
+    pub(crate) fn open_checking_every(
+        path: &Path,
+        provider: Arc<CryptoProvider>,
+        check_every: Duration,
+    ) -> Result<ReloadingRoots, TlsError> {
+        let stamp = stamp(path);
+        let verifiers = load_roots(path, &provider)?;
+        Ok(ReloadingRoots {
+            path: path.to_path_buf(),
+            provider,
+            check_every,
+            loaded: Mutex::new(LoadedRoots { verifiers, stamp, checked: Instant::now() }),
+        })
+    }
+
+    /// The verifiers of the bundle as it is now.
+    pub fn current(&self) -> Verifiers {
+        let mut loaded = match self.loaded.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if loaded.checked.elapsed() >= self.check_every {
+            loaded.checked = Instant::now();
+            let stamp = stamp(&self.path);
+            if stamp != loaded.stamp {
+                match load_roots(&self.path, &self.provider) {
+                    Ok(verifiers) => {
+                        tracing::info!(ca = %self.path.display(), "CA bundle changed; trusting the new bundle");
+                        loaded.verifiers = verifiers;
+                        loaded.stamp = stamp;
+                    }
+                    Err(error) => tracing::warn!(%error, "CA bundle changed but cannot be used (yet); keeping the previous one"),
+                }
+            }
+        }
+        loaded.verifiers.clone()
+    }
+}
+
+fn load_roots(path: &Path, provider: &Arc<CryptoProvider>) -> Result<Verifiers, TlsError> {
+    let roots = Arc::new(pem::roots(path)?);
+    let setup = |e: rustls::server::VerifierBuilderError| TlsError::bad_file(path, format!("not a usable CA bundle: {e}"));
+    let server = WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone()).build().map_err(setup)?;
+    let client = WebPkiClientVerifier::builder_with_provider(roots, provider.clone()).allow_unauthenticated().build().map_err(setup)?;
+    Ok(Verifiers { server, client })
 }
 
 #[derive(Debug)]

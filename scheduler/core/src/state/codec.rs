@@ -133,24 +133,40 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<ClusterState, CodecError> {
     decode_snapshot_up_to(bytes, FORMAT_VERSION)
 }
 
+/// Decode the next value of a snapshot's body from `reader`. The body is
+/// read piece by piece through `Read`, and bincode's reader then allocates
+/// whatever a length prefix claims before reading it: a corrupt length
+/// would abort the replica on a huge allocation instead of failing here.
+/// The limit (the bytes left) makes such a length an error first. The
+/// encoding is bincode's default (`bincode::serialize`).
+fn read_part<T: serde::de::DeserializeOwned>(what: &'static str, reader: &mut &[u8]) -> Result<T, CodecError> {
+    use bincode::Options;
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+        .with_limit(reader.len() as u64)
+        .deserialize_from(reader)
+        .map_err(corrupt(what))
+}
+
 pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterState, CodecError> {
     let what = "snapshot";
     let (version, body) = checked_body(what, bytes, supported.min(FORMAT_VERSION))?;
     let mut reader = body;
-    let mut state: ClusterState = bincode::deserialize_from(&mut reader).map_err(corrupt(what))?;
+    let mut state: ClusterState = read_part(what, &mut reader)?;
     state.cluster_version = FIRST_FORMAT_VERSION;
     if version >= 2 {
-        let cluster_version: u16 = bincode::deserialize_from(&mut reader).map_err(corrupt(what))?;
+        let cluster_version: u16 = read_part(what, &mut reader)?;
         if !(2..=version).contains(&cluster_version) {
             return Err(CodecError::Corrupt { what, detail: format!("cluster version {cluster_version} in a format {version} snapshot") });
         }
         state.cluster_version = cluster_version;
     }
     if version >= 3 {
-        state.alarms = bincode::deserialize_from(&mut reader).map_err(corrupt(what))?;
+        state.alarms = read_part(what, &mut reader)?;
     }
     if version >= 4 {
-        state.node_heard_ms = bincode::deserialize_from(&mut reader).map_err(corrupt(what))?;
+        state.node_heard_ms = read_part(what, &mut reader)?;
     }
     if version >= 5 {
         state.auth = bincode::deserialize_from(&mut reader).map_err(corrupt(what))?;
