@@ -94,7 +94,7 @@ fn fleet_job(request_id: &str, replicas: u32, gpus: u32, run_ms: u64) -> pb::Sub
         env: [("FLEET_RUN_MS".to_string(), run_ms.to_string())].into_iter().collect(),
         ..Default::default()
     };
-    pb::SubmitJobRequest { spec: Some(spec), request_id: request_id.to_string() }
+    pb::SubmitJobRequest { spec: Some(spec), request_id: request_id.to_string(), ..Default::default() }
 }
 
 /// Whether every rank of the job's current attempt reported its start.

@@ -218,6 +218,7 @@ mod tests {
             grace_period_s: 0,
             log_cap_bytes: 0,
             cgroup: None,
+            run_as: None,
         }
     }
 

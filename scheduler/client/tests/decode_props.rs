@@ -106,7 +106,7 @@ proptest! {
     /// conversion and validation, refuse by field or accept.
     #[test]
     fn damaged_submits_are_refused_by_field(at in any::<prop::sample::Index>(), byte in any::<u8>(), spec in wire_spec()) {
-        let request = pb::SubmitJobRequest { spec: Some(spec), request_id: "r-1".into() };
+        let request = pb::SubmitJobRequest { spec: Some(spec), request_id: "r-1".into(), ..Default::default() };
         let mut bytes = request.encode_to_vec();
         let position = at.index(bytes.len());
         bytes[position] = byte;
