@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::contain::users;
 use crate::exec::{record, spawn};
 use crate::local::{Known, LocalRanks};
 use crate::rankdir::{self, RankDir};
 use crate::reconcile::{self, Action, Desired, DesiredRank, Lease, RankKey, StopCause};
 use crate::shim::EXIT_NOT_STARTED;
+use crate::users;
 use crate::{outbox, session};
 use rota_client::wire::AGENT_DISK_FULL_REASON;
 

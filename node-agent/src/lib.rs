@@ -11,6 +11,7 @@
 //!   tool): this agent's own tasks, with a simulated executor.
 //! - `exec`: the executors: `spawn` starts a rank's shim, `signal` signals
 //!   every process of a rank, `record` writes the agent's records on disk.
+//! - `users`: which local user a rank runs as (the job's owner, checked).
 //! - `contain`: finds every process of a rank: its cgroup v2 (`cgroup`) and
 //!   the /proc scan of its environment tags (`procscan`); stops leftovers.
 //! - `shared`: what the tasks share (configuration, control plane, index guard).
@@ -53,4 +54,5 @@ pub mod reconcile;
 pub mod session;
 pub mod shared;
 pub mod shim;
+pub mod users;
 pub mod watch;

@@ -59,7 +59,7 @@ pub struct RankSpec {
     pub cgroup: Option<PathBuf>,
     /// The local user the command runs as; `None`: the agent's own.
     #[serde(default)]
-    pub run_as: Option<crate::contain::users::RunAs>,
+    pub run_as: Option<crate::users::RunAs>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -57,7 +57,7 @@ pub struct AgentConfig {
     /// How the processes of a rank are found and stopped.
     pub containment: Containment,
     /// Which local user a rank runs as.
-    pub job_users: crate::contain::users::JobUsers,
+    pub job_users: crate::users::JobUsers,
 }
 
 /// What the agent's tasks share.

@@ -86,7 +86,7 @@ pub fn run(dir: &Path) -> Result<i32, ShimError> {
                 join_cgroup(procs)?;
             }
             if let Some(run_as) = &run_as {
-                contain::users::become_user(run_as)?;
+                crate::users::become_user(run_as)?;
             }
             Ok(())
         });
@@ -152,7 +152,7 @@ pub fn run(dir: &Path) -> Result<i32, ShimError> {
 
 /// The working directory belongs to the rank's user; the rank directory
 /// around it stays the agent's.
-fn give_work_dir(rank: &RankDir, run_as: &contain::users::RunAs) -> Result<(), ShimError> {
+fn give_work_dir(rank: &RankDir, run_as: &crate::users::RunAs) -> Result<(), ShimError> {
     let work = rank.work_dir();
     std::os::unix::fs::chown(&work, Some(run_as.uid), Some(run_as.gid))
         .map_err(|source| ShimError::Spawn { command: format!("chown {}", work.display()), source })

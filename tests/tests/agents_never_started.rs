@@ -44,7 +44,11 @@ async fn a_rank_never_started_is_stopped_and_its_gpus_freed_only_once_its_agent_
         })
     };
     let any = AnyReplica::new(&cluster)?;
-    let request = pb::SubmitJobRequest { spec: Some(pb::JobSpec { gpus_per_replica: 8, ..spec() }), request_id: "never-started".into(), ..Default::default() };
+    let request = pb::SubmitJobRequest {
+        spec: Some(pb::JobSpec { gpus_per_replica: 8, ..spec() }),
+        request_id: "never-started".into(),
+        ..Default::default()
+    };
     let job_id = any.submit(request).await?.job_id;
     any.wait_job_state(job_id, pb::JobState::Running, WAIT).await?;
 

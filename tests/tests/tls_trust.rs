@@ -50,6 +50,9 @@ async fn a_ca_is_rotated_by_editing_the_bundle_without_restart() -> Result<()> {
     let leader = cluster.wait_leader(WAIT).await?;
     let addr = cluster.replicas[&leader].addr.clone();
     let pid = cluster.replicas[&leader].pid();
+    // alice may read the cluster once her certificate is trusted.
+    rota_e2e::wait_access_control(&cluster, WAIT).await?;
+    rota_e2e::rota_json(&cluster, &["auth", "user", "add", "alice", "--role", "viewer"])?;
     let old_ca_pem = std::fs::read_to_string(cluster.pki.ca())?;
 
     // A second CA and a user it signed; that user trusts both CAs.

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use rota_agent::agent::{self, AgentConfig, Shared};
-use rota_agent::contain::users::JobUsers;
 use rota_agent::contain::Containment;
 use rota_agent::inventory::GpuSource;
 use rota_agent::logs::LogServer;
+use rota_agent::users::JobUsers;
 use rota_proto::v1::node_agent_service_server::NodeAgentServiceServer;
 use rota_tls::{IdentityKind, TlsFlags};
 use tonic::service::interceptor::InterceptedService;
@@ -68,7 +68,7 @@ struct Args {
     #[arg(long, default_value = "owner")]
     job_users: String,
     /// Lowest uid a job may run as (system accounts sit below it).
-    #[arg(long, default_value_t = rota_agent::contain::users::DEFAULT_MIN_UID)]
+    #[arg(long, default_value_t = rota_agent::users::DEFAULT_MIN_UID)]
     min_job_uid: u32,
     /// Let jobs run as root (uid 0); refused otherwise.
     #[arg(long)]
@@ -153,7 +153,6 @@ async fn run_fleet(args: FleetArgs) -> Result<()> {
     };
     rota_agent::fleet::run(config).await
 }
-
 
 /// Logs are read through a replica, which checks who may read whose job.
 const LOG_READERS: &[IdentityKind] = &[IdentityKind::Replica];

@@ -13,7 +13,6 @@
 
 pub mod cgroup;
 pub mod procscan;
-pub mod users;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -7,11 +7,12 @@ use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
-use crate::contain::{cgroup, procscan, users};
+use crate::contain::{cgroup, procscan};
 use crate::rankdir::{self, ExitStatus, RankDir, RankSpec, StopRequest};
 use crate::reconcile::{DesiredRank, RankKey};
 use crate::shared::AgentConfig;
 use crate::shim::EXIT_NOT_STARTED;
+use crate::users;
 
 pub use crate::executor::Launch;
 
@@ -164,7 +165,7 @@ mod tests {
             log_cap_bytes: 4_096,
             keep_finished_ranks: 1,
             containment: Containment::Cgroups { subtree: "/cg/rota".into() },
-            job_users: crate::contain::users::JobUsers::Agent,
+            job_users: crate::users::JobUsers::Agent,
         }
     }
 

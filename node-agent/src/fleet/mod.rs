@@ -193,7 +193,7 @@ pub async fn run(config: FleetConfig) -> anyhow::Result<()> {
             keep_finished_ranks: config.keep_finished_ranks,
             containment: Containment::ProcScan,
             // Simulated ranks run nothing: no local user to become.
-            job_users: crate::contain::users::JobUsers::Agent,
+            job_users: crate::users::JobUsers::Agent,
         };
         let executor = Arc::new(SimExecutor::new(runtime.clone(), counters.clone()));
         let shared = Shared::new(agent_config, &security, source, inventory, executor.clone())?;

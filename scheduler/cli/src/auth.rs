@@ -49,7 +49,7 @@ pub async fn whoami(client: &Client, format: Format) -> Result<()> {
     Ok(())
 }
 
-pub async fn user_set(client: &Client, name: &str, role: &str, groups: &[String], impersonate: bool) -> Result<()> {
+pub async fn user_set(client: &Client, name: &str, role: &str, groups: &[String], impersonate: bool, format: Format) -> Result<()> {
     let groups: Vec<String> = groups.iter().filter(|g| !g.is_empty()).cloned().collect();
     let user = pb::User { name: name.into(), role: role.into(), groups: groups.clone(), impersonate, created_ms: 0 };
     client
@@ -59,11 +59,14 @@ pub async fn user_set(client: &Client, name: &str, role: &str, groups: &[String]
             async move { auth.set_user(user).await.map(|r| r.into_inner()) }
         })
         .await?;
-    println!("user {name}: {role} of [{}]{}", groups.join(","), if impersonate { ", may impersonate" } else { "" });
+    match format {
+        Format::Json => println!("{}", json!({"user": name, "role": role, "groups": groups, "impersonate": impersonate})),
+        Format::Table => println!("user {name}: {role} of [{}]{}", groups.join(","), if impersonate { ", may impersonate" } else { "" }),
+    }
     Ok(())
 }
 
-pub async fn user_remove(client: &Client, name: &str) -> Result<()> {
+pub async fn user_remove(client: &Client, name: &str, format: Format) -> Result<()> {
     client
         .retrying(|i| {
             let mut auth = client.auth_at(i);
@@ -71,7 +74,10 @@ pub async fn user_remove(client: &Client, name: &str) -> Result<()> {
             async move { auth.remove_user(request).await.map(|r| r.into_inner()) }
         })
         .await?;
-    println!("user {name} removed; its tokens are revoked");
+    match format {
+        Format::Json => println!("{}", json!({"removed": name})),
+        Format::Table => println!("user {name} removed; its tokens are revoked"),
+    }
     Ok(())
 }
 
@@ -121,7 +127,7 @@ pub async fn token_create(client: &Client, user: &str, ttl: &str, format: Format
     Ok(())
 }
 
-pub async fn token_revoke(client: &Client, id: &str) -> Result<()> {
+pub async fn token_revoke(client: &Client, id: &str, format: Format) -> Result<()> {
     client
         .retrying(|i| {
             let mut auth = client.auth_at(i);
@@ -129,7 +135,10 @@ pub async fn token_revoke(client: &Client, id: &str) -> Result<()> {
             async move { auth.revoke_token(request).await.map(|r| r.into_inner()) }
         })
         .await?;
-    println!("token {id} revoked");
+    match format {
+        Format::Json => println!("{}", json!({"revoked": id})),
+        Format::Table => println!("token {id} revoked"),
+    }
     Ok(())
 }
 

@@ -617,11 +617,13 @@ async fn main() -> Result<()> {
         Command::Whoami => cli::auth::whoami(&client, format).await,
         Command::Auth { action: AuthAction::Show } => cli::auth::show(&client, format).await,
         Command::Auth { action: AuthAction::User { action: UserAction::Add { name, role, groups, impersonate } } } => {
-            cli::auth::user_set(&client, &name, &role, &groups, impersonate).await
+            cli::auth::user_set(&client, &name, &role, &groups, impersonate, format).await
         }
-        Command::Auth { action: AuthAction::User { action: UserAction::Remove { name } } } => cli::auth::user_remove(&client, &name).await,
+        Command::Auth { action: AuthAction::User { action: UserAction::Remove { name } } } => {
+            cli::auth::user_remove(&client, &name, format).await
+        }
         Command::Token { action: TokenAction::Create { user, ttl } } => cli::auth::token_create(&client, &user, &ttl, format).await,
-        Command::Token { action: TokenAction::Revoke { id } } => cli::auth::token_revoke(&client, &id).await,
+        Command::Token { action: TokenAction::Revoke { id } } => cli::auth::token_revoke(&client, &id, format).await,
         Command::Token { action: TokenAction::List { user } } => cli::auth::token_list(&client, user.as_deref(), format).await,
         Command::Audit { user, since, limit } => cli::auth::audit(&client, user.as_deref(), since.as_deref(), limit, format).await,
         Command::Drill(drill) => {
