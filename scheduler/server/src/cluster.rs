@@ -294,7 +294,7 @@ impl ClusterService for ClusterApi {
         let here = |message: pb::AddMemberRequest| async move {
             let result = self.add_here(&message).await;
             if !matches!(result, Err(Failure::NotLeader(_))) {
-                let outcome = result.as_ref().map(|_| ()).map_err(|f| failure_status(f));
+                let outcome = result.as_ref().map(|_| ()).map_err(failure_status);
                 self.note(actor, format!("add member {} at {}", message.id, message.address), &outcome).await;
             }
             result
@@ -379,7 +379,7 @@ impl ClusterService for ClusterApi {
         let here = |message: pb::RemoveMemberRequest| async move {
             let result = self.remove_here(&message).await;
             if !matches!(result, Err(Failure::NotLeader(_))) {
-                let outcome = result.as_ref().map(|_| ()).map_err(|f| failure_status(f));
+                let outcome = result.as_ref().map(|_| ()).map_err(failure_status);
                 self.note(actor, format!("remove member {}", message.id), &outcome).await;
             }
             result
