@@ -147,7 +147,18 @@ async fn a_rank_starts_once_survives_a_stale_update_and_is_killed_after_its_grac
     let data = tempfile::tempdir().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_rota-agent"))
         // --insecure: the stub control plane above serves plaintext.
-        .args(["--insecure", "--endpoints", &endpoint, "--node-name", "stub-node", "--fake-gpus", "1xH100-80GB", "--data-dir"])
+        .args([
+            "--insecure",
+            "--job-users",
+            "agent",
+            "--endpoints",
+            &endpoint,
+            "--node-name",
+            "stub-node",
+            "--fake-gpus",
+            "1xH100-80GB",
+            "--data-dir",
+        ])
         .arg(data.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
