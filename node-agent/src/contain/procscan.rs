@@ -155,7 +155,16 @@ mod tests {
         let mut tagged = std::process::Command::new("sleep").arg("30").envs(tags("/a")).spawn().unwrap();
         let mut other_agents = std::process::Command::new("sleep").arg("30").envs(tags("/b")).spawn().unwrap();
         let mut untagged = std::process::Command::new("sleep").arg("30").spawn().unwrap();
-        let found = scan();
+        // Between fork and exec a child still shows its parent's
+        // environment: scan until both tagged children show theirs.
+        let mut found = scan();
+        for _ in 0..500 {
+            if !pids_of(&found, "/a", 987_654_321, 5).is_empty() && !pids_of(&found, "/b", 987_654_321, 5).is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            found = scan();
+        }
         assert_eq!(pids_of(&found, "/a", 987_654_321, 5), vec![tagged.id()]);
         assert_eq!(pids_of(&found, "/b", 987_654_321, 5), vec![other_agents.id()]);
         assert!(!found.contains_key(&untagged.id()));

@@ -94,7 +94,19 @@ mod tests {
                 .spawn()
                 .expect("sleep")
         };
+        // Between fork and exec a child still shows its parent's
+        // environment in /proc: wait until the scan sees the tags.
+        let until_seen = |tree: &RankTree| {
+            for _ in 0..500 {
+                if !tree.is_empty() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            panic!("the tagged process never showed its tags");
+        };
         let mut child = tagged();
+        until_seen(&tree);
         // Group 0 is never signalled: only the tags lead to the process.
         terminate(&tree, 0);
         assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGTERM));
@@ -102,6 +114,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dir = RankDir { path: root.path().to_path_buf() };
         let mut child = tagged();
+        until_seen(&tree);
         assert!(kill_leftovers(&dir, &tree));
         assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
         assert!(!kill_leftovers(&dir, &tree), "nothing is left");
