@@ -282,6 +282,13 @@ impl LocalCluster {
             .args(["--node-ttl-ms", &self.options.node_ttl_ms.to_string()])
             .args(self.options.start_timeout_ms.map(|ms| format!("--start-timeout-ms={ms}")))
             .args(&self.options.server_args)
+            // The harness's one user submits for a whole workload: no rate
+            // limit unless a test sets one (the other limits stay).
+            .args(if self.options.server_args.iter().any(|a| a.starts_with("--user-requests-per-s")) {
+                Vec::new()
+            } else {
+                vec!["--user-requests-per-s", "0"]
+            })
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);

@@ -24,6 +24,15 @@ const RATE_PER_S: u64 = 40;
 const BURST: u64 = 40;
 const MAX_STREAMS: u32 = 2;
 
+/// Wait for role checks, then make `names` users of the test jobs' group.
+async fn add_users(cluster: &LocalCluster, names: &[&str]) -> Result<()> {
+    rota_e2e::wait_access_control(cluster, WAIT).await?;
+    for name in names {
+        rota_e2e::rota_json(cluster, &["auth", "user", "add", name, "--role", "user", "--groups", "e2e"])?;
+    }
+    Ok(())
+}
+
 fn options() -> ClusterOptions {
     let server_args = [
         ("--user-requests-per-s", RATE_PER_S.to_string()),
@@ -83,6 +92,7 @@ struct FloodCounts {
 async fn a_flooding_user_is_refused_with_a_hint_while_another_gets_through() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let cluster = LocalCluster::start(dir.path(), 3, options())?;
+    add_users(&cluster, &["alice", "bob", "mallory"]).await?;
     let leader = cluster.wait_leader(WAIT).await?;
     let follower = cluster.replicas.values().find(|r| r.id != leader).context("a follower")?.addr.clone();
     let mut victim = user(&cluster, &follower, "alice")?;
@@ -152,6 +162,7 @@ async fn a_flooding_user_is_refused_with_a_hint_while_another_gets_through() -> 
 async fn open_streams_are_capped_per_user_and_given_back() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let cluster = LocalCluster::start(dir.path(), 1, options())?;
+    add_users(&cluster, &["alice", "bob", "mallory"]).await?;
     let leader = cluster.wait_leader(WAIT).await?;
     let addr = cluster.replicas[&leader].addr.clone();
     let mut alice = user(&cluster, &addr, "alice")?;
@@ -240,7 +251,11 @@ async fn victim_latency_with_and_without_a_flooder() -> Result<()> {
     let victim_rate = env("ROTA_BENCH_VICTIM_RATE", 50);
     let flooders = env("ROTA_BENCH_FLOODERS", 16);
     let dir = tempfile::tempdir()?;
-    let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
+    // The replicas' default user rate (the harness turns it off otherwise).
+    let rate = "500".to_string();
+    let options = ClusterOptions { server_args: vec!["--user-requests-per-s".into(), rate], ..Default::default() };
+    let cluster = LocalCluster::start(dir.path(), 3, options)?;
+    add_users(&cluster, &["alice", "bob", "mallory"]).await?;
     let leader = cluster.wait_leader(WAIT).await?;
     let addr = cluster.replicas[&leader].addr.clone();
     let mut victim = user(&cluster, &addr, "alice")?;
