@@ -52,7 +52,13 @@ impl Context {
             Caller::Unchecked => return Ok(Resolved { actor: Actor::unchecked(&from), authenticated_by: "insecure" }),
             Caller::Verified(identity) => match identity.kind {
                 IdentityKind::Replica => {
-                    return Ok(Resolved { actor: forwarded_actor(request.metadata(), &from)?, authenticated_by: "replica" })
+                    let actor = forwarded_actor(request.metadata(), &from)?;
+                    // A follower that had not seen the users yet forwarded
+                    // a user's request: wait for them here as well.
+                    if actor.user.is_some() {
+                        self.check_access_control_active()?;
+                    }
+                    return Ok(Resolved { actor, authenticated_by: "replica" });
                 }
                 IdentityKind::User => (identity.name, "certificate"),
                 IdentityKind::Agent => return Err(Status::permission_denied(format!("{identity} may not call this service"))),
