@@ -63,7 +63,7 @@ impl Context {
                 IdentityKind::User => (identity.name, "certificate"),
                 IdentityKind::Agent => return Err(Status::permission_denied(format!("{identity} may not call this service"))),
             },
-            Caller::Bearer(token) => (self.read(|state| check_token(state, &token, wall_clock_ms()))?, "token"),
+            Caller::Bearer(token) => (self.read(|state| check_token(state, &token, crate::clock::wall_clock_ms()))?, "token"),
         };
         self.check_access_control_active()?;
         let actor = match header(request.metadata(), ACT_AS_METADATA)? {
@@ -117,10 +117,6 @@ impl Context {
             command
         }
     }
-}
-
-fn wall_clock_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn header(metadata: &MetadataMap, key: &str) -> Result<Option<String>, Status> {
