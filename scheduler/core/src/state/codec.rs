@@ -169,7 +169,7 @@ pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterStat
         state.node_heard_ms = read_part(what, &mut reader)?;
     }
     if version >= 5 {
-        state.auth = bincode::deserialize_from(&mut reader).map_err(corrupt(what))?;
+        state.auth = read_part(what, &mut reader)?;
     }
     if !reader.is_empty() {
         return Err(CodecError::Corrupt { what, detail: format!("{} bytes after the state", reader.len()) });
@@ -223,6 +223,21 @@ mod tests {
         let at = wrong.len() - 2;
         wrong[at..].copy_from_slice(&9u16.to_le_bytes());
         assert!(matches!(decode_snapshot(&wrong), Err(CodecError::Corrupt { .. })));
+    }
+
+    /// Every part of a snapshot reads under the limit of the bytes left: a
+    /// length prefix claiming half a terabyte is an error, not an abort.
+    #[test]
+    fn a_huge_length_in_any_snapshot_part_is_refused_without_allocating_it() {
+        let mut state = ClusterState::default();
+        state.cluster_version = FORMAT_VERSION;
+        let bytes = encode_snapshot(&state);
+        let auth_len = bincode::serialize(&state.auth).unwrap().len();
+        let mut hostile = bytes[..bytes.len() - auth_len].to_vec();
+        hostile.extend_from_slice(&1u64.to_le_bytes());
+        hostile.extend_from_slice(&((1u64 << 39) - 1).to_le_bytes());
+        hostile.extend_from_slice(b"admin");
+        assert!(matches!(decode_snapshot(&hostile), Err(CodecError::Corrupt { what: "snapshot", .. })));
     }
 
     #[test]
