@@ -1,5 +1,3 @@
-use std::collections::BTreeSet;
-
 use super::*;
 
 fn node(name: &str, gpus: u32) -> NodeRegistration {
@@ -417,38 +415,3 @@ mod audited {
     }
 }
 
-/// A job asking for the size a GPU is sold as (`H200-141GB`) or its family
-/// (`H200`) runs on the GPU rota names `H200-140GB`, once the cluster's
-/// version has the alias rule; before, the planner offers nothing and
-/// apply refuses a placement a newer leader would propose, so mixed
-/// replicas never disagree.
-#[test]
-fn model_aliases_match_from_their_cluster_version_in_plan_and_apply_alike() {
-    let mut h200 = node("h", 8);
-    for gpu in &mut h200.gpus {
-        (gpu.model, gpu.memory_mib) = ("H200-140GB".into(), 143_771);
-    }
-    for version in [codec::FIRST_FORMAT_VERSION, gpu_model::ALIASES_FROM_VERSION] {
-        let mut state = ClusterState::default();
-        state.cluster_version = version;
-        run(&mut state, vec![Command::RegisterNode(h200.clone())]);
-        for (i, model) in ["H200-141GB", "h200", "H200-140GB"].into_iter().enumerate() {
-            let spec = JobSpec { gpu_model: Some(model.into()), ..gang(1, 2) };
-            assert!(matches!(submit(&mut state, &format!("r{i}"), spec), CommandResult::Submitted { .. }));
-        }
-        let submitted = submit(&mut state, "nvl", JobSpec { gpu_model: Some("H200-94GB".into()), ..gang(1, 2) });
-        let CommandResult::Submitted { job_id: other_part, .. } = submitted else { panic!("{submitted:?}") };
-        let plan = crate::policy::plan(&state, state.now_ms);
-        let planned: BTreeSet<JobId> = plan.placements.iter().map(|p| p.job_id).collect();
-        let aliases = version >= gpu_model::ALIASES_FROM_VERSION;
-        let expected: BTreeSet<JobId> = if aliases { [1, 2, 3].into() } else { [3].into() };
-        assert_eq!(planned, expected, "at cluster version {version}");
-        assert!(!planned.contains(&other_part));
-        let proposed = Plan { placements: vec![placement(1, &[("h", &[0, 1])])], ..Plan::default() };
-        let result = run(&mut state, vec![Command::ApplyPlan(proposed)]).remove(0);
-        let expected = if aliases { (1, 0) } else { (0, 1) };
-        let CommandResult::PlanApplied { placed, rejected, .. } = result else { panic!("{result:?}") };
-        assert_eq!((placed, rejected), expected, "at cluster version {version}");
-        assert_eq!(state.jobs[&1].state == JobState::Running, aliases);
-    }
-}
