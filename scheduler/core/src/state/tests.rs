@@ -414,4 +414,3 @@ mod audited {
         state.check_invariants().expect("consistent");
     }
 }
-
