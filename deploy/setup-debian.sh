@@ -61,6 +61,9 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
 
+# The Debian package is built with cargo-deb.
+cargo deb --version >/dev/null 2>&1 || cargo install --locked cargo-deb --version 3.8.0
+
 # Tests: Python tools from PyPI (deploy/python-tools.txt) in a virtualenv of
 # their own, installed again only when that list changes.
 venv="${ROTA_VENV:-/var/tmp/rota-venv}"

@@ -47,11 +47,8 @@ fn rendered() -> Result<Option<(String, Vec<Value>)>> {
     }
     let yaml = run(Command::new("kubectl").arg("kustomize").arg(repo().join("deploy/kubernetes")))?;
     let to_json = "import json, sys, yaml; print(json.dumps([d for d in yaml.safe_load_all(sys.stdin) if d]))";
-    let mut child = Command::new(&python)
-        .args(["-c", to_json])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
+    let mut child =
+        Command::new(&python).args(["-c", to_json]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn()?;
     std::io::Write::write_all(child.stdin.as_mut().context("stdin")?, yaml.as_bytes())?;
     let output = child.wait_with_output()?;
     ensure!(output.status.success(), "YAML to JSON failed");
@@ -97,10 +94,16 @@ fn replicas_start_together_keep_a_quorum_and_probe_health_over_tls() -> Result<(
     let container = &pod["containers"][0];
     let probe = container["readinessProbe"]["exec"]["command"].to_string();
     ensure!(probe.contains("rota health") && probe.contains("--tls-ca"), "readiness is gRPC health over TLS: {probe}");
-    ensure!(pod["volumes"].as_array().into_iter().flatten().any(|v| v["secret"]["secretName"] == "rota-replica-tls"), "certificates from a Secret");
+    ensure!(
+        pod["volumes"].as_array().into_iter().flatten().any(|v| v["secret"]["secretName"] == "rota-replica-tls"),
+        "certificates from a Secret"
+    );
     ensure!(spec["volumeClaimTemplates"][0]["metadata"]["name"] == "data", "a persistent volume per replica");
     let start = object(&objects, "ConfigMap", "rota-replica-start").or_else(|_| {
-        objects.iter().find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("rota-replica-start"))).context("the start script")
+        objects
+            .iter()
+            .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("rota-replica-start")))
+            .context("the start script")
     })?;
     ensure!(start["data"]["replica-start.sh"].as_str().is_some_and(|s| s.contains("replica-id")), "the id is kept in the volume");
     let budget = object(&objects, "PodDisruptionBudget", "rota")?;
@@ -180,7 +183,10 @@ fn a_replica_id_lives_in_its_volume_not_in_its_pod_name() -> Result<()> {
     // ... but joins under the id the operator gave it.
     std::fs::write(join.join("rota-1"), "4\n")?;
     let rejoined = start_replica(&wiped, &tls, &join, "rota-1")?;
-    ensure!(rejoined.contains("--id 4 ") && rejoined.contains("--peers 4=rota-1.rota.prod.svc:7000 ") && rejoined.contains("--join"), "{rejoined}");
+    ensure!(
+        rejoined.contains("--id 4 ") && rejoined.contains("--peers 4=rota-1.rota.prod.svc:7000 ") && rejoined.contains("--join"),
+        "{rejoined}"
+    );
     std::fs::remove_file(join.join("rota-1"))?;
     ensure!(start_replica(&wiped, &tls, &join, "rota-1")? == rejoined, "the joined id is kept once written");
 
