@@ -60,7 +60,7 @@ fn expand(exec_start: &str, env: &BTreeMap<String, String>) -> Result<Vec<String
         if let Some(name) = word.strip_prefix("${").and_then(|w| w.strip_suffix('}')) {
             argv.push(env.get(name).with_context(|| format!("{name} is not set"))?.clone());
         } else if let Some(name) = word.strip_prefix('$') {
-            argv.extend(env.get(name).map(|v| v.split_whitespace().map(str::to_string).collect()).unwrap_or_else(Vec::new));
+            argv.extend(env.get(name).map(|v| v.split_whitespace().map(str::to_string).collect::<Vec<_>>()).unwrap_or_default());
         } else {
             argv.push(word.to_string());
         }
