@@ -80,6 +80,8 @@ impl Known {
             term_sent: self.term_sent,
             leftovers,
             gpus: self.spec.gpus(),
+            job_id: self.spec.job_id,
+            attempt: self.spec.attempt,
         }
     }
 

@@ -9,9 +9,10 @@
 //! - a rank in the set that the node does not know yet is started once; one
 //!   the set already asks to stop is recorded as ended without running;
 //! - a rank is not started while a live rank of this node holds one of its
-//!   GPUs (an attempt the set no longer holds, still stopping): it starts
-//!   on the first pass after that rank's exit is recorded, so two attempts
-//!   never share a GPU, however the control plane's view raced the node;
+//!   GPUs, or runs another attempt of its job (an attempt the set no longer
+//!   holds, still stopping): it starts on the first pass after that rank's
+//!   exit is recorded, so two attempts never share a GPU or run at once on
+//!   one node, however the control plane's view raced the node;
 //! - a live rank the set asks to stop is stopped: the stop is recorded with
 //!   its SIGKILL deadline (now + the job's grace period) and its processes
 //!   get SIGTERM, then SIGKILL on every pass once the deadline is reached,
@@ -107,6 +108,9 @@ pub struct LiveRank {
     pub leftovers: bool,
     /// Physical GPU indexes the rank holds until its exit is recorded.
     pub gpus: Vec<u32>,
+    /// The job and attempt the rank runs.
+    pub job_id: u64,
+    pub attempt: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -228,11 +232,14 @@ pub fn reconcile_in_lease(desired: Option<&Desired>, on_disk: &OnDisk, lease: Le
 /// live rank still holds (they wait for its exit).
 fn start_new_ranks(desired: &Desired, on_disk: &OnDisk, now_ms: u64, actions: &mut Vec<Action>) {
     let mut held: BTreeSet<u32> = live_ranks(on_disk).flat_map(|live| live.gpus.iter().copied()).collect();
+    let running: BTreeSet<(u64, u32)> = live_ranks(on_disk).map(|live| (live.job_id, live.attempt)).collect();
+    let other_attempt_live =
+        |rank: &DesiredRank| running.range((rank.job_id, 0)..=(rank.job_id, u32::MAX)).any(|&(_, a)| a != rank.attempt);
     for (&key, rank) in desired.ranks.iter().filter(|(key, _)| !on_disk.ranks.contains_key(key)) {
         let index = desired.index;
         let action = match &rank.stop_reason {
             Some(reason) => Action::EndUnstarted { key, index, rank: rank.clone(), reason: reason.clone(), now_ms },
-            None if rank.gpus.iter().any(|gpu| held.contains(gpu)) => continue,
+            None if rank.gpus.iter().any(|gpu| held.contains(gpu)) || other_attempt_live(rank) => continue,
             None => {
                 held.extend(rank.gpus.iter().copied());
                 Action::Start { key, index, rank: rank.clone() }
@@ -373,6 +380,8 @@ mod tests {
             term_sent: false,
             leftovers: false,
             gpus: Vec::new(),
+            job_id: 7,
+            attempt: 0,
         }
     }
 
@@ -639,6 +648,20 @@ mod tests {
         let exited = disk(&[(key(1), LocalRank::Exited { acked: false })]);
         let actions = reconcile(Some(&desired), &exited, NOW_MS);
         assert!(actions.contains(&Action::Start { key: key(2), index: 20, rank: new }), "{actions:?}");
+    }
+
+    /// A new attempt of a job on other GPUs of this node waits for the old
+    /// attempt's rank too: one node never runs two attempts of a job.
+    #[test]
+    fn a_new_attempt_waits_for_the_old_attempt_on_other_gpus() {
+        let old = LiveRank { gpus: vec![0], ..live(5) };
+        let new = DesiredRank { attempt: 1, gpus: vec![5], ..run_rank() };
+        let same_attempt = DesiredRank { gpus: vec![6], ..run_rank() };
+        let desired = set(20, &[(key(2), new), (RankKey { alloc_id: 1, rank: 1 }, same_attempt)]);
+        let actions = reconcile(Some(&desired), &disk(&[(key(1), LocalRank::Live(old))]), NOW_MS);
+        let started: Vec<RankKey> =
+            actions.iter().filter_map(|a| if let Action::Start { key, .. } = a { Some(*key) } else { None }).collect();
+        assert_eq!(started, vec![RankKey { alloc_id: 1, rank: 1 }], "another rank of the live attempt starts; the new attempt waits");
     }
 
     /// A set that names one GPU twice (a control plane's bug) starts one
