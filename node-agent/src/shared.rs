@@ -84,6 +84,8 @@ pub struct Shared {
     /// Exits that could not be recorded in their rank directory (its disk
     /// is full or read-only): reported from memory (see `outbox`).
     pub(crate) unrecorded_exits: Mutex<UnrecordedExits>,
+    /// GPU events (XIDs, resets) not yet committed (see `gpu_events`).
+    pub(crate) gpu_events: Mutex<crate::gpu_events::GpuEventQueue>,
     /// What the agent heard of the control plane, for observers (the fleet's
     /// figures): when a heartbeat was last acknowledged and an assignment
     /// update last arrived (`boottime_ms`), and how often it registered.
@@ -134,6 +136,7 @@ impl Shared {
             lease_until_ms: AtomicU64::new(lease_until),
             ttl_ms: AtomicU64::new(ttl_ms),
             unrecorded_exits: Mutex::new(UnrecordedExits::default()),
+            gpu_events: Mutex::new(Default::default()),
             heard: Heard::default(),
         }))
     }
