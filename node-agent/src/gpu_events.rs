@@ -18,61 +18,24 @@
 //! Events wait in a bounded queue until a report commits them (see
 //! `outbox`); when it is full the oldest are dropped and logged.
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use rota_proto::v1 as pb;
 
-use crate::shared::Shared;
+use crate::shared::{GpuEventQueue, Shared, MAX_QUEUED_EVENTS};
 
 /// File of fake XIDs in the agent's data dir: lines `GPU_INDEX XID`.
 pub const FAKE_XIDS_FILE: &str = "fake-xids";
 /// File of completed GPU resets in the agent's data dir: one index a line.
 pub const GPU_RESETS_FILE: &str = "gpu-resets";
-/// GPU events held for the replicas at most (the server takes 256 a report).
-pub const MAX_QUEUED_EVENTS: usize = 256;
 /// Lines read from one event file at most.
 const MAX_FILE_LINES: usize = 256;
 /// How often the files (and the NVML thread's channel) are read.
 const POLL_MS: u64 = 250;
 /// One NVML wait at most, so the thread notices a dropped receiver.
 const NVML_WAIT_MS: u32 = 500;
-
-/// GPU events not yet committed, oldest first, bounded.
-#[derive(Debug, Default)]
-pub struct GpuEventQueue {
-    events: VecDeque<pb::GpuEvent>,
-}
-
-impl GpuEventQueue {
-    pub fn push(&mut self, event: pb::GpuEvent) {
-        if self.events.len() >= MAX_QUEUED_EVENTS {
-            let dropped = self.events.pop_front();
-            tracing::error!(?dropped, "GPU event queue full: the oldest event is dropped");
-        }
-        self.events.push_back(event);
-    }
-
-    /// The events to send, oldest first.
-    pub fn pending(&self) -> Vec<pb::GpuEvent> {
-        self.events.iter().cloned().collect()
-    }
-
-    /// The first `count` events were committed.
-    pub fn committed(&mut self, count: usize) {
-        self.events.drain(..count.min(self.events.len()));
-    }
-
-    pub fn len(&self) -> usize {
-        self.events.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.events.is_empty()
-    }
-}
 
 pub fn xid_event(gpu: u32, xid: u32, at_ms: u64) -> pb::GpuEvent {
     pb::GpuEvent { gpu, at_ms, kind: Some(pb::gpu_event::Kind::Xid(xid)) }
@@ -228,10 +191,13 @@ fn register(nvml: &nvml_wrapper::Nvml) -> Result<Registered<'_>, nvml_wrapper::e
     Ok((set, registered))
 }
 
+/// What `nvml_event_probe` found: the registered types (raw bits) per GPU
+/// index, and the types of the event one wait returned, if any.
+pub type EventProbe = (Vec<(u32, u64)>, Option<u64>);
+
 /// For the NVML test: register the event set on this host's GPUs and wait
-/// once; the registered types (raw bits) per GPU, and the types of the
-/// event the wait returned, if any.
-pub fn nvml_event_probe(nvml: &nvml_wrapper::Nvml) -> Result<(Vec<(u32, u64)>, Option<u64>), nvml_wrapper::error::NvmlError> {
+/// once.
+pub fn nvml_event_probe(nvml: &nvml_wrapper::Nvml) -> Result<EventProbe, nvml_wrapper::error::NvmlError> {
     let (set, registered) = register(nvml)?;
     let event = match set.wait(NVML_WAIT_MS) {
         Ok(data) => Some(data.event_type.bits()),

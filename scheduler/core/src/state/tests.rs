@@ -420,7 +420,6 @@ mod faults {
     use super::super::auth::{Actor, Role};
     use super::super::faults::FenceKind;
     use super::*;
-    use crate::policy;
 
     /// A format-6 cluster with nodes a and b (8 GPUs each, one NVLink
     /// domain per half of the board) and an operator and a user.
@@ -596,30 +595,5 @@ mod faults {
         let restored = ClusterState::from_snapshot(&state.to_snapshot()).unwrap();
         assert_eq!(restored, state);
         assert!(!restored.faults.attempt_faults.is_empty() && !restored.faults.drained.is_empty());
-    }
-
-    #[test]
-    fn the_policy_never_places_on_fenced_capacity_and_why_names_the_fence() {
-        let mut state = cluster();
-        run(&mut state, vec![xid("a", 0, 79)]);
-        submit(&mut state, "big", gang(2, 8));
-        submit(&mut state, "small", gang(1, 8));
-        let plan = policy::plan(&state, state.now_ms);
-        assert_eq!(plan.placements.len(), 1, "{plan:?}");
-        assert!(plan.placements[0].ranks.iter().all(|r| r.node == "b"));
-        let note = plan.pending.iter().find(|n| n.job_id == 1).expect("the gang waits");
-        assert_eq!(note.reason.code, ReasonCode::Fenced);
-        assert!(note.reason.detail.contains("node a: xid 79"), "{}", note.reason);
-        assert_eq!(Command::ApplyPlan(plan.clone()).min_format(), 6, "a fenced reason needs format 6");
-        run(&mut state, vec![Command::ApplyPlan(plan)]);
-        assert!(policy::why(&state, 1).unwrap().reason.contains("fenced"));
-        // Apply re-checks: a plan computed before the fence is refused.
-        run(&mut state, vec![xid("b", 0, 95)]);
-        submit(&mut state, "late", gang(1, 1));
-        let stale = Plan { placements: vec![placement(3, &[("b", &[0])])], ..Plan::default() };
-        assert_eq!(
-            run(&mut state, vec![Command::ApplyPlan(stale)]),
-            vec![CommandResult::PlanApplied { placed: 0, rejected: 1, stopped: 0 }]
-        );
     }
 }
