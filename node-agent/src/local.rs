@@ -79,6 +79,7 @@ impl Known {
             stop,
             term_sent: self.term_sent,
             leftovers,
+            gpus: self.spec.gpus(),
         }
     }
 

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::state::gpu_model::model_matches;
 use crate::state::{AllocId, ClusterState, GpuInfo, JobId, JobSpec, NodeState, Priority, QueueConfig};
 
 use super::fasthash::FastMap;
@@ -83,6 +84,8 @@ pub struct View<'a> {
     /// The first fenced node (name order) and its fence's reason, for the
     /// reasons of jobs that fenced capacity keeps waiting.
     pub fence_example: Option<(&'a str, &'a str)>,
+    /// Model names match by alias (`state::gpu_model`), as apply does.
+    pub model_aliases: bool,
 }
 
 fn node_class(gpus: &[GpuInfo]) -> NodeClass {
@@ -154,6 +157,7 @@ impl<'a> View<'a> {
             faults: &state.faults,
             max_gpus_per_node,
             fence_example,
+            model_aliases: state.model_aliases(),
         };
         view.running = view.running_allocs(state, now_ms);
         view
@@ -222,7 +226,10 @@ impl<'a> View<'a> {
         self.classes
             .iter()
             .enumerate()
-            .filter(|(_, c)| spec.gpu_model.as_ref().is_none_or(|m| *m == c.model) && c.memory_mib >= spec.min_gpu_memory_mib)
+            .filter(|(_, c)| {
+                let model_ok = spec.gpu_model.as_ref().is_none_or(|m| model_matches(m, &c.model, self.model_aliases));
+                model_ok && c.memory_mib >= spec.min_gpu_memory_mib
+            })
             .map(|(i, _)| i as u32)
             .collect()
     }

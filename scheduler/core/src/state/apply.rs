@@ -532,7 +532,7 @@ impl ClusterState {
                 if !self.gpu_is_free(node, gpu) {
                     return Err(conflict(format!("GPU {}:{index} is not free", node.name)));
                 }
-                if !gpu_matches(&job.spec, gpu) {
+                if !gpu_matches(&job.spec, gpu, self.model_aliases()) {
                     return Err(conflict(format!("GPU {}:{index} does not match the job's constraints", node.name)));
                 }
                 if !claimed.insert((node.name.as_str(), index)) {
@@ -880,7 +880,9 @@ impl ClusterState {
     }
 }
 
-/// Does this GPU satisfy the job's model and memory constraints?
-pub fn gpu_matches(spec: &JobSpec, gpu: &GpuInfo) -> bool {
-    spec.gpu_model.as_ref().is_none_or(|m| *m == gpu.model) && gpu.memory_mib >= spec.min_gpu_memory_mib
+/// Does this GPU satisfy the job's model and memory constraints? Model
+/// names match by alias where `aliases` (`ClusterState::model_aliases`).
+pub fn gpu_matches(spec: &JobSpec, gpu: &GpuInfo, aliases: bool) -> bool {
+    let model_ok = spec.gpu_model.as_ref().is_none_or(|m| super::gpu_model::model_matches(m, &gpu.model, aliases));
+    model_ok && gpu.memory_mib >= spec.min_gpu_memory_mib
 }

@@ -30,7 +30,7 @@
 //! | 3 | `Command::SetAlarm`; a snapshot ends with the cluster version, then the raised alarms |
 //! | 4 | `Command::NodesHeard`; then the nodes' last heard times |
 //! | 5 | `Command::Audited` and the user, token and note commands inside it, `Rejection::PermissionDenied`; then the users, tokens, job marks and audit trail |
-//! | 6 | `Command::GpuXid`, `GpuReset`, `ReadmitNode`, `FenceNode`, `ReasonCode::Fenced`; then the fences, attempt faults and drained nodes |
+//! | 6 | `Command::GpuXid`, `GpuReset`, `ReadmitNode`, `FenceNode`, `ReasonCode::Fenced`; then the fences, attempt faults and drained nodes; GPU model names match by alias (`gpu_model`) |
 
 use serde::Serialize;
 

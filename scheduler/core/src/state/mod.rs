@@ -12,6 +12,7 @@ pub use apply::gpu_matches;
 pub mod command;
 pub mod dedupe;
 pub mod faults;
+pub mod gpu_model;
 pub mod types;
 pub mod validate;
 pub mod xid;
@@ -153,6 +154,12 @@ impl ClusterState {
     /// The newest format the cluster writes (at least the first).
     pub fn cluster_version(&self) -> u16 {
         self.cluster_version.max(codec::FIRST_FORMAT_VERSION)
+    }
+
+    /// Do GPU model names match by alias (`gpu_model`)? Only once every
+    /// replica applies the same rule.
+    pub fn model_aliases(&self) -> bool {
+        self.cluster_version() >= gpu_model::ALIASES_FROM_VERSION
     }
 
     /// The whole state in the versioned snapshot format (see `codec`).
