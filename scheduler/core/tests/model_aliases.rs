@@ -51,8 +51,7 @@ fn submit(state: &mut ClusterState, request_id: &str, model: &str) -> JobId {
 #[test]
 fn model_aliases_match_from_their_cluster_version_in_plan_and_apply_alike() {
     for version in [FIRST_FORMAT_VERSION, ALIASES_FROM_VERSION] {
-        let mut state = ClusterState::default();
-        state.cluster_version = version;
+        let mut state = ClusterState { cluster_version: version, ..ClusterState::default() };
         run(&mut state, vec![Command::RegisterNode(h200_node())]);
         let sold = submit(&mut state, "r1", "H200-141GB");
         let family = submit(&mut state, "r2", "h200");
