@@ -334,6 +334,33 @@ async fn watch_loop(ctx: Arc<Context>, message: pb::WatchAssignmentsRequest, sen
 #[cfg(test)]
 mod tests {
     use rota_client::convert::host_of;
+    use rota_core::state::{ClusterState, Command};
+    use rota_proto::v1 as pb;
+
+    use super::{gpu_events_to_commands, GPU_FAULTS_FORMAT, MAX_GPU_EVENTS};
+
+    /// XIDs and resets become fault commands in the order seen; a cluster
+    /// without the fault commands yet drops them rather than refusing the
+    /// report (which would hold back the rank events sent with them).
+    #[test]
+    fn gpu_events_become_commands_once_the_cluster_has_them() {
+        let events = vec![
+            pb::GpuEvent { gpu: 3, at_ms: 7, kind: Some(pb::gpu_event::Kind::Xid(79)) },
+            pb::GpuEvent { gpu: 3, at_ms: 8, kind: Some(pb::gpu_event::Kind::Reset(pb::GpuResetDone {})) },
+        ];
+        let mut state = ClusterState::default();
+        assert!(gpu_events_to_commands(&state, "n1", &events).unwrap().is_empty(), "dropped before the fault format");
+        state.cluster_version = GPU_FAULTS_FORMAT;
+        let commands = gpu_events_to_commands(&state, "n1", &events).unwrap();
+        assert_eq!(
+            commands,
+            vec![Command::GpuXid { node: "n1".into(), gpu: 3, xid: 79, at_ms: 7 }, Command::GpuReset { node: "n1".into(), gpu: 3 }]
+        );
+        let kindless = vec![pb::GpuEvent { gpu: 0, at_ms: 1, kind: None }];
+        assert!(gpu_events_to_commands(&state, "n1", &kindless).unwrap_err().message().contains("gpu_events[0].kind"));
+        let flood = vec![events[0].clone(); MAX_GPU_EVENTS + 1];
+        assert!(gpu_events_to_commands(&state, "n1", &flood).unwrap_err().message().contains("gpu_events: at most"));
+    }
 
     #[test]
     fn host_of_strips_the_port() {
