@@ -358,7 +358,7 @@ mod tests {
         );
         let kindless = vec![pb::GpuEvent { gpu: 0, at_ms: 1, kind: None }];
         assert!(gpu_events_to_commands(&state, "n1", &kindless).unwrap_err().message().contains("gpu_events[0].kind"));
-        let flood = vec![events[0].clone(); MAX_GPU_EVENTS + 1];
+        let flood = vec![events[0]; MAX_GPU_EVENTS + 1];
         assert!(gpu_events_to_commands(&state, "n1", &flood).unwrap_err().message().contains("gpu_events: at most"));
     }
 
