@@ -47,6 +47,8 @@ have_command c++ || need+=(g++)
 have_libclang || need+=(libclang-dev)
 # Tests: systemd-analyze verifies the units in deploy/systemd.
 have_command systemd-analyze || need+=(systemd)
+# Tests: kubectl renders deploy/kubernetes (its built-in kustomize).
+have_command kubectl || need+=(kubernetes-client)
 
 if [ "${1:-}" = "--check" ]; then
   echo "${need[*]:-}"
@@ -58,3 +60,13 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}"
 fi
 command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
+
+# Tests: Python tools from PyPI (deploy/python-tools.txt) in a virtualenv of
+# their own, installed again only when that list changes.
+venv="${ROTA_VENV:-/var/tmp/rota-venv}"
+tools="$(dirname "$0")/python-tools.txt"
+if ! cmp -s "$tools" "$venv/python-tools.txt"; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$tools"
+  cp "$tools" "$venv/python-tools.txt"
+fi

@@ -514,9 +514,10 @@ impl LimitArgs {
 fn parse_peers(peers: &[String]) -> Result<BTreeMap<u64, String>> {
     let mut parsed = BTreeMap::new();
     for peer in peers {
-        let (id, addr) = peer.split_once('=').with_context(|| format!("--peers {peer:?}: expected ID=HOST:PORT"))?;
+        let (id, addr) =
+            peer.split_once('=').with_context(|| format!("--peers {peer:?}: expected ID=HOST:PORT (HOST an IP address or a DNS name)"))?;
         let id: u64 = id.parse().with_context(|| format!("--peers {peer:?}: id must be a number"))?;
-        addr.parse::<SocketAddr>().with_context(|| format!("--peers {peer:?}: address must be IP:PORT"))?;
+        rota_client::wire::check_replica_address(addr).map_err(|why| anyhow::anyhow!("--peers {peer:?}: address: {why}"))?;
         if id == 0 {
             bail!("--peers {peer:?}: ids start at 1");
         }

@@ -72,8 +72,8 @@ impl ClusterApi {
         if message.id == 0 {
             return Err(Status::invalid_argument("id: must be at least 1").into());
         }
-        if message.address.parse::<std::net::SocketAddr>().is_err() {
-            return Err(Status::invalid_argument("address: must be host:port with a numeric host").into());
+        if let Err(why) = rota_client::wire::check_replica_address(&message.address) {
+            return Err(Status::invalid_argument(format!("address: {why}")).into());
         }
         let status = self.ctx.replica.status();
         let voters: BTreeSet<u64> = status.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
