@@ -101,8 +101,13 @@ enum Command {
     },
     /// Show the replicas, the leader and the Raft indexes.
     Cluster,
-    /// Show the GPU hosts.
+    /// Show the GPU hosts, their fences and drains.
     Nodes,
+    /// Operate a node (operators): `rota node drain NODE`, `undrain`, `readmit NODE [--gpu N]`, `fence`.
+    Node {
+        #[command(subcommand)]
+        action: NodeAction,
+    },
     /// Queues (replicated): `rota queue show`, `rota queue set NAME --weight 3 ...`.
     Queue {
         #[command(subcommand)]
@@ -336,6 +341,31 @@ enum MemberAction {
     Add { id: u64, address: String },
     /// Remove replica ID from the voters.
     Remove { id: u64 },
+}
+
+#[derive(Subcommand)]
+enum NodeAction {
+    /// Running ranks finish; nothing new is placed on the node.
+    Drain { node: String },
+    /// Place work on the node again.
+    Undrain { node: String },
+    /// Lift the fences of a node (a GPU fault or an operator's), or with
+    /// --gpu those of one GPU and its NVLink domain.
+    Readmit {
+        node: String,
+        #[arg(long)]
+        gpu: Option<u32>,
+    },
+    /// Fence a node (or one GPU) by hand: its jobs' attempts end and
+    /// nothing is placed there until `rota node readmit`.
+    Fence {
+        node: String,
+        #[arg(long)]
+        gpu: Option<u32>,
+        /// Why, for people (shown by `rota nodes` and `rota why`).
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -611,6 +641,15 @@ async fn main() -> Result<()> {
         Command::Nodes => cli::nodes(&client, format).await,
         Command::Member { action: MemberAction::Add { id, address } } => cli::member_add(&client, id, &address, format).await,
         Command::Member { action: MemberAction::Remove { id } } => cli::member_remove(&client, id, format).await,
+        Command::Node { action } => {
+            let request = match action {
+                NodeAction::Drain { node } => cli::NodeRequest::Drain { node, drain: true },
+                NodeAction::Undrain { node } => cli::NodeRequest::Drain { node, drain: false },
+                NodeAction::Readmit { node, gpu } => cli::NodeRequest::Readmit { node, gpu },
+                NodeAction::Fence { node, gpu, reason } => cli::NodeRequest::Fence { node, gpu, reason },
+            };
+            cli::node_command(&client, request, format).await
+        }
         Command::Alarm { action: AlarmAction::List } => cli::config::alarm_list(&client, format).await,
         Command::Alarm { action: AlarmAction::Disarm { replica, kind } } => {
             cli::config::alarm_disarm(&client, replica, &kind, format).await

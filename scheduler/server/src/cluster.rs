@@ -172,6 +172,17 @@ impl ClusterApi {
         }
     }
 
+    /// Commit an operator's command about a node; answer the node as it is then.
+    async fn node_command(&self, actor: &Actor, node: &str, command: Command) -> Result<pb::Node, Failure> {
+        if node.is_empty() {
+            return Err(Status::invalid_argument("node: is required").into());
+        }
+        self.propose_config(self.ctx.as_actor(actor, command)).await?;
+        self.ctx
+            .read(|state| state.nodes.get(node).map(|n| node_to_pb(state, n)))
+            .ok_or_else(|| Status::not_found(format!("node {node} not found")).into())
+    }
+
     async fn propose_config(&self, command: Command) -> Result<(), Failure> {
         self.ctx.leader_in_contact()?;
         let (_, result) = self.ctx.proposer.propose(command).await?;
@@ -335,6 +346,36 @@ impl ClusterService for ClusterApi {
         let here = |_| async move { self.queues_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_queues(request).await };
         serve_or_forward("list_queues", request, here, forward).await
+    }
+
+    async fn drain_node(&self, mut request: Request<pb::DrainNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let actor = &self.ctx.actor(&mut request)?;
+        let here = |message: pb::DrainNodeRequest| async move {
+            let command = Command::DrainNode { node: message.node.clone(), drain: message.drain };
+            self.node_command(actor, &message.node, command).await
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.drain_node(request).await };
+        serve_or_forward("drain_node", request, here, forward).await
+    }
+
+    async fn readmit_node(&self, mut request: Request<pb::ReadmitNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let actor = &self.ctx.actor(&mut request)?;
+        let here = |message: pb::ReadmitNodeRequest| async move {
+            let command = Command::ReadmitNode { node: message.node.clone(), gpu: message.gpu };
+            self.node_command(actor, &message.node, command).await
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.readmit_node(request).await };
+        serve_or_forward("readmit_node", request, here, forward).await
+    }
+
+    async fn fence_node(&self, mut request: Request<pb::FenceNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let actor = &self.ctx.actor(&mut request)?;
+        let here = |message: pb::FenceNodeRequest| async move {
+            let command = Command::FenceNode { node: message.node.clone(), gpu: message.gpu, reason: message.reason.clone() };
+            self.node_command(actor, &message.node, command).await
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.fence_node(request).await };
+        serve_or_forward("fence_node", request, here, forward).await
     }
 
     async fn set_quota(&self, mut request: Request<pb::Quota>) -> Result<Response<pb::Quota>, Status> {
