@@ -186,18 +186,30 @@ fn job_id(raw: &str) -> Result<u64, Problem> {
     raw.parse::<u64>().ok().filter(|id| *id > 0).ok_or_else(|| Problem::invalid("job_id", format!("{raw:?} is not a job id")))
 }
 
-/// Read a JSON body of at most [`MAX_BODY_BYTES`]; bad input names its field.
-async fn json_body<T: DeserializeOwned>(headers: &http::HeaderMap, body: Body) -> Result<T, Problem> {
+/// Read a body of at most [`MAX_BODY_BYTES`]. Read before anything else
+/// is answered: a client still sending a body that is answered early gets
+/// its HTTP/2 stream reset, and some clients report that instead of the answer.
+async fn read_body(headers: &http::HeaderMap, body: Body) -> Result<Bytes, Problem> {
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|bytes| bytes > MAX_BODY_BYTES as u64) {
         return Err(Problem::too_large(MAX_BODY_BYTES));
     }
-    let bytes: Bytes = match http_body_util::Limited::new(body, MAX_BODY_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => return Err(Problem::too_large(MAX_BODY_BYTES)),
-        Err(error) => return Err(Problem::new(StatusCode::BAD_REQUEST, "bad_body", format!("reading the body: {error}"))),
-    };
-    let deserializer = &mut serde_json::Deserializer::from_slice(&bytes);
+    match http_body_util::Limited::new(body, MAX_BODY_BYTES).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(Problem::too_large(MAX_BODY_BYTES)),
+        Err(error) => Err(Problem::new(StatusCode::BAD_REQUEST, "bad_body", format!("reading the body: {error}"))),
+    }
+}
+
+/// Read a JSON body of at most [`MAX_BODY_BYTES`]; bad input names its field.
+#[cfg(test)]
+async fn json_body<T: DeserializeOwned>(headers: &http::HeaderMap, body: Body) -> Result<T, Problem> {
+    parse_json(&read_body(headers, body).await?)
+}
+
+/// A JSON body as `T`; bad input names its field.
+fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+    let deserializer = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(deserializer).map_err(|e| {
         // The path names an unknown field too ("spec.gpus").
         let field = Some(e.path().to_string()).filter(|path| path != ".").unwrap_or_else(|| "body".into());
@@ -222,9 +234,11 @@ async fn json_body<T: DeserializeOwned>(headers: &http::HeaderMap, body: Body) -
         (status = 503, body = Problem, content_type = "application/problem+json"),
     )
 )]
-async fn submit_job(State(rest): Shared, caller: Caller, headers: http::HeaderMap, body: Body) -> Result<Response, Problem> {
-    let submit: SubmitRequest = json_body(&headers, body).await?;
-    let answer = rest.jobs.submit_job(caller.inbound.request(submit.to_pb())).await?.into_inner();
+async fn submit_job(State(rest): Shared, parts: Parts, body: Body) -> Result<Response, Problem> {
+    let bytes = read_body(&parts.headers, body).await;
+    let (inbound, _permit) = admit(&rest, &parts, false)?;
+    let submit: SubmitRequest = parse_json(&bytes?)?;
+    let answer = rest.jobs.submit_job(inbound.request(submit.to_pb())).await?.into_inner();
     let status = if answer.deduplicated { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, Json(Submitted::from(answer))).into_response())
 }
