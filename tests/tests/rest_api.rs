@@ -286,11 +286,12 @@ async fn serves_jobs_cluster_and_audit(rest: &Rest<'_>, alice: Auth, vera: Auth,
 /// each other nor call as a replica: what a plain user forges is refused or
 /// ignored, as over gRPC.
 ///
-/// Without the guard (every request header handed to the services, and the
-/// REST listener admitting the same callers as the gRPC client services,
-/// replicas included), this failed on the first replica-certificate request
-/// with "expected 403, got 200", and the forged `rota-forwarded` got 503
-/// "not the leader" on a follower instead of being served.
+/// Shown to fail without each half of the guard (`rest::inbound`): with
+/// the REST listener admitting replicas as the gRPC client services do, a
+/// replica certificate with `rota-actor-user: harness` read the whole audit
+/// trail ("expected 403, got 200"); with every request header handed to the
+/// services, alice's forged `rota-forwarded` made the follower answer 503
+/// "not the leader" instead of forwarding her request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_callers_cannot_forge_replica_headers_or_identities() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -299,7 +300,7 @@ async fn rest_callers_cannot_forge_replica_headers_or_identities() -> Result<()>
     add_user(&cluster, "alice", "user", "vision")?;
     let alice = Auth::Token(token(&cluster, "alice")?);
     let rest = Rest { cluster: &cluster };
-    let (_, follower) = leader_and_follower(&cluster).await?;
+    let (leader, follower) = leader_and_follower(&cluster).await?;
     let forged: &[(&str, &str)] = &[
         ("rota-actor-user", "harness"),
         ("rota-actor-impersonator", "harness"),
@@ -308,11 +309,14 @@ async fn rest_callers_cannot_forge_replica_headers_or_identities() -> Result<()>
     ];
 
     // A replica's certificate does not make a REST caller a replica (whose
-    // forwarded actor the services believe): refused.
+    // forwarded actor the services believe): refused, on the leader as on a follower.
     let as_replica = Auth::Cert(IdentityKind::Replica, "1".into());
-    rest.call(follower, "GET", "/v1/audit", &as_replica, forged, None)?.problem(403)?;
-    rest.call(follower, "POST", "/v1/jobs", &as_replica, forged, Some(submit_body("admins", &["true"], None).to_string().as_bytes()))?
-        .problem(403)?;
+    let as_admin: &[(&str, &str)] = &[("rota-actor-user", "harness")];
+    for replica in [leader, follower] {
+        rest.call(replica, "GET", "/v1/audit", &as_replica, as_admin, None)?.problem(403)?;
+        let body = submit_body("admins", &["true"], None).to_string();
+        rest.call(replica, "POST", "/v1/jobs", &as_replica, as_admin, Some(body.as_bytes()))?.problem(403)?;
+    }
     rest.get(follower, "/v1/jobs", &Auth::Cert(IdentityKind::Agent, "node-a".into()))?.problem(403)?;
 
     // A plain user's forged actor headers are ignored: still alice, with
