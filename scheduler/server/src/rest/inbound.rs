@@ -39,7 +39,8 @@ impl Inbound {
         let mut metadata = MetadataMap::new();
         for name in PASSED_HEADERS {
             if let Some(value) = headers.get(*name) {
-                let value = MetadataValue::try_from(value.as_bytes()).map_err(|_| Status::invalid_argument(format!("{name}: not ASCII")))?;
+                let value =
+                    MetadataValue::try_from(value.as_bytes()).map_err(|_| Status::invalid_argument(format!("{name}: not ASCII")))?;
                 metadata.insert(*name, value);
             }
         }

@@ -6,6 +6,10 @@
 //! ([`problem`]); the OpenAPI document at `/v1/openapi.json` is derived
 //! from the handlers below.
 
+// A problem is made at most once per request, and is what the handlers
+// answer with: its size costs nothing worth a box.
+#![allow(clippy::result_large_err)]
+
 pub mod inbound;
 pub mod model;
 pub mod problem;
@@ -69,7 +73,7 @@ type Shared = State<Arc<Rest>>;
         submit_job, list_jobs, get_job, cancel_job, why_job, job_logs, list_nodes, list_queues, list_quotas, get_usage, get_cluster,
         list_audit
     ),
-    components(schemas(Problem)),
+    components(schemas(Problem, LogStream, JobState)),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
 )]
@@ -293,7 +297,7 @@ async fn fetch_job(rest: &Rest, caller: &Caller, raw_id: &str) -> Result<Job, Pr
 
 #[utoipa::path(
     get, path = "/v1/jobs/{job_id}", tag = "jobs",
-    params(("job_id" = u64, Path, description = "The job's id")),
+    params(("job_id" = u64, Path, description = "The job's id", minimum = 1)),
     responses(
         (status = 200, body = Job),
         (status = 400, body = Problem, content_type = "application/problem+json"),
@@ -310,7 +314,7 @@ async fn get_job(State(rest): Shared, caller: Caller, Path(raw_id): Path<String>
 
 #[utoipa::path(
     get, path = "/v1/jobs/{job_id}/why", tag = "jobs",
-    params(("job_id" = u64, Path, description = "The job's id")),
+    params(("job_id" = u64, Path, description = "The job's id", minimum = 1)),
     responses(
         (status = 200, body = Why),
         (status = 400, body = Problem, content_type = "application/problem+json"),
@@ -327,7 +331,7 @@ async fn why_job(State(rest): Shared, caller: Caller, Path(raw_id): Path<String>
 
 #[utoipa::path(
     post, path = "/v1/jobs/{job_id}/cancel", tag = "jobs",
-    params(("job_id" = u64, Path, description = "The job's id")),
+    params(("job_id" = u64, Path, description = "The job's id", minimum = 1)),
     responses(
         (status = 200, body = Cancelled),
         (status = 400, body = Problem, content_type = "application/problem+json"),
@@ -347,7 +351,7 @@ async fn cancel_job(State(rest): Shared, caller: Caller, Path(raw_id): Path<Stri
 
 #[utoipa::path(
     get, path = "/v1/jobs/{job_id}/logs", tag = "jobs",
-    params(("job_id" = u64, Path, description = "The job's id"), LogsQuery),
+    params(("job_id" = u64, Path, description = "The job's id", minimum = 1), LogsQuery),
     responses(
         (status = 200, description = "The log's bytes, streamed (chunked)", body = String, content_type = "application/octet-stream"),
         (status = 400, body = Problem, content_type = "application/problem+json"),
@@ -359,12 +363,7 @@ async fn cancel_job(State(rest): Shared, caller: Caller, Path(raw_id): Path<Stri
         (status = 503, body = Problem, content_type = "application/problem+json"),
     )
 )]
-async fn job_logs(
-    State(rest): Shared,
-    parts: Parts,
-    Path(raw_id): Path<String>,
-    RawQuery(raw): RawQuery,
-) -> Result<Response, Problem> {
+async fn job_logs(State(rest): Shared, parts: Parts, Path(raw_id): Path<String>, RawQuery(raw): RawQuery) -> Result<Response, Problem> {
     // A stream: counted against the caller's open streams, until it ends.
     let (inbound, permit) = admit(&rest, &parts, true)?;
     let job_id = job_id(&raw_id)?;

@@ -101,9 +101,11 @@ pub struct JobSpec {
     pub priority: Priority,
     /// Number of ranks, placed together or not at all.
     #[serde(default = "one")]
+    #[schema(minimum = 1, maximum = 4096)]
     pub replicas: u32,
     /// GPUs per rank.
     #[serde(default = "one")]
+    #[schema(minimum = 1, maximum = 64)]
     pub gpus_per_replica: u32,
     /// Required GPU model; empty = any.
     #[serde(default)]
@@ -113,6 +115,7 @@ pub struct JobSpec {
     pub min_gpu_memory_mib: u64,
     /// Program and arguments of each rank.
     #[serde(default)]
+    #[schema(min_items = 1, max_items = 256)]
     pub command: Vec<String>,
     /// Extra environment of every rank.
     #[serde(default)]

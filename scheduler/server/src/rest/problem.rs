@@ -103,9 +103,8 @@ impl From<Status> for Problem {
         let (http, kind) = http_of(status.code());
         let metadata = status.metadata();
         let text = |key: &str| metadata.get(key).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let field = text(FIELD_METADATA).or_else(|| {
-            (status.code() == Code::InvalidArgument).then(|| leading_field(status.message()).map(str::to_string)).flatten()
-        });
+        let field = text(FIELD_METADATA)
+            .or_else(|| (status.code() == Code::InvalidArgument).then(|| leading_field(status.message()).map(str::to_string)).flatten());
         Problem {
             field,
             code: text(REASON_CODE_METADATA),
