@@ -130,10 +130,19 @@ impl Rest<'_> {
     }
 }
 
-/// A token for `user` (made by the founding admin).
-fn token(cluster: &LocalCluster, user: &str) -> Result<String> {
+/// A token for `user` (made by the founding admin), once every replica
+/// has applied it (a follower behind the leader refuses it until then).
+async fn token(cluster: &LocalCluster, user: &str) -> Result<String> {
     let made = rota_json(cluster, &["token", "create", "--user", user, "--ttl", "1h"])?;
-    Ok(made["token"].as_str().context("a token")?.to_string())
+    let token = made["token"].as_str().context("a token")?.to_string();
+    let rest = Rest { cluster };
+    for id in cluster.replicas.keys() {
+        wait_until("every replica takes the new token", WAIT, || async {
+            Ok((rest.get(*id, "/v1/cluster", &Auth::Token(token.clone()))?.status == 200).then_some(()))
+        })
+        .await?;
+    }
+    Ok(token)
 }
 
 fn add_user(cluster: &LocalCluster, name: &str, role: &str, groups: &str) -> Result<()> {
@@ -163,8 +172,11 @@ async fn rest_api_serves_jobs_cluster_and_audit_with_the_grpc_rules() -> Result<
     wait_nodes_ready(&cluster, 1, WAIT).await?;
     add_user(&cluster, "alice", "user", "vision")?;
     add_user(&cluster, "vera", "viewer", "vision")?;
-    let (alice, vera, admin) =
-        (Auth::Token(token(&cluster, "alice")?), Auth::Token(token(&cluster, "vera")?), Auth::Token(token(&cluster, "harness")?));
+    let (alice, vera, admin) = (
+        Auth::Token(token(&cluster, "alice").await?),
+        Auth::Token(token(&cluster, "vera").await?),
+        Auth::Token(token(&cluster, "harness").await?),
+    );
     let rest = Rest { cluster: &cluster };
     let result = serves_jobs_cluster_and_audit(&rest, alice, vera, admin).await;
     if result.is_err() {
@@ -235,8 +247,14 @@ async fn serves_jobs_cluster_and_audit(rest: &Rest<'_>, alice: Auth, vera: Auth,
     ensure!(rest.get(follower, "/v1/jobs?state=sideways", &alice)?.problem(400)?["field"] == "state");
 
     // Nodes, queues, quotas, usage, cluster.
-    let nodes = rest.get(follower, "/v1/nodes", &alice)?.ok(200)?;
-    ensure!(nodes["nodes"][0]["name"] == "node-a" && nodes["nodes"][0]["gpus"].as_array().is_some_and(|g| g.len() == 8), "{nodes}");
+    // (Nodes and the audit trail are read from the answering replica's
+    // applied state, which may trail the leader by a moment.)
+    let nodes = wait_until("the node on the follower", WAIT, || async {
+        let nodes = rest.get(follower, "/v1/nodes", &alice)?.ok(200)?;
+        Ok((nodes["nodes"][0]["name"] == "node-a").then_some(nodes))
+    })
+    .await?;
+    ensure!(nodes["nodes"][0]["gpus"].as_array().is_some_and(|g| g.len() == 8), "{nodes}");
     let queues = rest.get(follower, "/v1/queues", &alice)?.ok(200)?;
     ensure!(queues["queues"].as_array().is_some_and(|q| q.iter().any(|q| q["name"] == "training")), "{queues}");
     rest.get(follower, "/v1/quotas", &alice)?.ok(200)?;
@@ -247,8 +265,11 @@ async fn serves_jobs_cluster_and_audit(rest: &Rest<'_>, alice: Auth, vera: Auth,
     ensure!(status["version"].as_str().is_some_and(|v| !v.is_empty()), "{status}");
 
     // Audit: everyone's for operators and admins, one's own for a user.
-    let audit = rest.get(follower, "/v1/audit?limit=1000", &admin)?.ok(200)?;
-    ensure!(audit["records"].as_array().is_some_and(|r| r.iter().any(|r| r["user"] == "alice")), "{audit}");
+    wait_until("alice's commands in the follower's audit trail", WAIT, || async {
+        let audit = rest.get(follower, "/v1/audit?limit=1000", &admin)?.ok(200)?;
+        Ok(audit["records"].as_array().is_some_and(|r| r.iter().any(|r| r["user"] == "alice")).then_some(()))
+    })
+    .await?;
     rest.get(follower, "/v1/audit", &alice)?.problem(403)?;
     rest.get(follower, "/v1/audit?user=alice", &alice)?.ok(200)?;
 
@@ -299,7 +320,7 @@ async fn rest_callers_cannot_forge_replica_headers_or_identities() -> Result<()>
     let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
     wait_access_control(&cluster, WAIT).await?;
     add_user(&cluster, "alice", "user", "vision")?;
-    let alice = Auth::Token(token(&cluster, "alice")?);
+    let alice = Auth::Token(token(&cluster, "alice").await?);
     let rest = Rest { cluster: &cluster };
     let (leader, follower) = leader_and_follower(&cluster).await?;
     let forged: &[(&str, &str)] = &[
@@ -353,11 +374,12 @@ async fn rest_callers_are_rate_limited_per_identity() -> Result<()> {
     let cluster = LocalCluster::start(dir.path(), 3, options)?;
     wait_access_control(&cluster, WAIT).await?;
     add_user(&cluster, "alice", "user", "vision")?;
-    let alice = token(&cluster, "alice")?;
+    let alice = token(&cluster, "alice").await?;
     let rest = Rest { cluster: &cluster };
     let (_, follower) = leader_and_follower(&cluster).await?;
-    // 60 requests on one connection, far faster than 5/s: past the burst,
-    // they are refused with 429 and a Retry-After.
+    // 60 requests on one connection, far faster than 5/s: past the burst
+    // (less what waiting for the token took), they are refused with 429
+    // and a Retry-After.
     let config = dir.path().join("many.curl");
     let mut lines = String::new();
     for _ in 0..60 {
@@ -373,7 +395,7 @@ async fn rest_callers_are_rate_limited_per_identity() -> Result<()> {
     let codes = String::from_utf8_lossy(&output.stdout).to_string();
     let refused = codes.lines().filter(|c| *c == "429").count();
     let served = codes.lines().filter(|c| *c == "200").count();
-    ensure!(refused > 0 && served >= 10 && refused + served == 60, "codes: {codes}");
+    ensure!(refused > 0 && served > 0 && refused + served == 60, "codes: {codes}");
     let limited = rest.get(follower, "/v1/queues", &Auth::Token(alice))?;
     if limited.status == 429 {
         ensure!(limited.problem(429)?["retry_after_ms"].as_u64().is_some(), "{}", limited.body);
@@ -394,7 +416,7 @@ async fn readme_portal_examples_run() -> Result<()> {
     let env = [
         ("ROTA_URL", format!("https://{}", cluster.replicas[&leader].http_addr)),
         ("ROTA_CA", cluster.pki.ca().display().to_string()),
-        ("ROTA_TOKEN", token(&cluster, "alice")?),
+        ("ROTA_TOKEN", token(&cluster, "alice").await?),
     ];
     let script = format!("set -euo pipefail\n{}\n", examples.join("\n"));
     let output =
@@ -450,7 +472,7 @@ async fn schemathesis_finds_no_server_errors_or_schema_violations() -> Result<()
     let _agent = LocalAgent::start(dir.path(), "node-a", &cluster.endpoints_csv(), AgentOptions::default())?;
     wait_access_control(&cluster, WAIT).await?;
     wait_nodes_ready(&cluster, 1, WAIT).await?;
-    let admin = token(&cluster, "harness")?;
+    let admin = token(&cluster, "harness").await?;
     let (_, follower) = leader_and_follower(&cluster).await?;
     let base = format!("https://{}", cluster.replicas[&follower].http_addr);
     let output = std::process::Command::new(&schemathesis)
