@@ -118,6 +118,9 @@ pub struct Replica {
     pub id: u64,
     pub addr: String,
     pub metrics_addr: String,
+    /// Its REST API (`--http-listen`): HTTPS with the replica's certificate,
+    /// plain HTTP in an insecure cluster.
+    pub http_addr: String,
     pub data_dir: PathBuf,
     child: Option<Child>,
     paused: bool,
@@ -282,6 +285,7 @@ impl LocalCluster {
             .arg("--data-dir")
             .arg(replica.data_dir.join("db"))
             .args(["--metrics-listen", &replica.metrics_addr])
+            .args(["--http-listen", &replica.http_addr])
             .args(["--heartbeat-ms", &self.options.heartbeat_ms.to_string()])
             .args(["--election-min-ms", &self.options.election_min_ms.to_string()])
             .args(["--election-max-ms", &self.options.election_max_ms.to_string()])
@@ -354,6 +358,7 @@ impl LocalCluster {
             id: new_id,
             addr: previous.addr.clone(),
             metrics_addr: previous.metrics_addr.clone(),
+            http_addr: previous.http_addr.clone(),
             data_dir: self.root.join(format!("replica-{new_id}")),
             child: None,
             paused: false,
@@ -545,6 +550,7 @@ fn new_replica(root: &Path, id: u64) -> Result<Replica> {
         id,
         addr: format!("127.0.0.1:{}", free_port()?),
         metrics_addr: format!("127.0.0.1:{}", free_port()?),
+        http_addr: format!("127.0.0.1:{}", free_port()?),
         data_dir: root.join(format!("replica-{id}")),
         child: None,
         paused: false,

@@ -5,8 +5,8 @@
 #   deploy/local/cluster.sh agents DIR [COUNT=2] [GPUS=8xH100-80GB]   # fake-GPU node agents
 #   deploy/local/cluster.sh stop DIR                                  # replicas and agents
 #
-# Replica i listens on BASE_PORT+i-1 (API and Raft) and BASE_PORT+100+i-1
-# (Prometheus metrics); its data and log live in DIR/replica-i. Every link is
+# Replica i listens on BASE_PORT+i-1 (API and Raft), BASE_PORT+100+i-1
+# (Prometheus metrics) and BASE_PORT+200+i-1 (REST API, HTTPS; /v1); its data and log live in DIR/replica-i. Every link is
 # TLS: a CA and certificates are made in DIR/tls on first start (replica-i,
 # agent-node-i, and user-operator for the CLI). DIR/env sets ROTA_ENDPOINTS,
 # ROTA_CA, ROTA_CERT and ROTA_KEY for the CLI (use: . DIR/env).
@@ -59,9 +59,9 @@ start() {
     # shellcheck disable=SC2086
     nohup "$ROTA" server $flags --bootstrap-admin operator --id "$i" --listen "127.0.0.1:$((base + i - 1))" \
       --data-dir "$rdir/db" --peers "$peers" \
-      --metrics-listen "127.0.0.1:$((base + 100 + i - 1))" ${ROTA_SERVER_ARGS:-} >>"$rdir/server.log" 2>&1 &
+      --metrics-listen "127.0.0.1:$((base + 100 + i - 1))" --http-listen "127.0.0.1:$((base + 200 + i - 1))" ${ROTA_SERVER_ARGS:-} >>"$rdir/server.log" 2>&1 &
     echo $! >"$rdir/pid"
-    echo "replica $i: pid $!, api 127.0.0.1:$((base + i - 1)), metrics 127.0.0.1:$((base + 100 + i - 1))"
+    echo "replica $i: pid $!, api 127.0.0.1:$((base + i - 1)), metrics 127.0.0.1:$((base + 100 + i - 1)), rest 127.0.0.1:$((base + 200 + i - 1))"
   done
   echo "$endpoints" >"$dir/endpoints"
   tls_flags user operator >/dev/null

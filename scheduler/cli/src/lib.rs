@@ -187,7 +187,8 @@ pub async fn jobs(client: &Client, state: Option<&str>, group: Option<&str>, lim
             rota_client::convert::state_to_pb(parsed)
         }
     };
-    let mut request = pb::ListJobsRequest { state: state as i32, limit, group: group.unwrap_or_default().to_string(), before_id: 0 };
+    let mut request =
+        pb::ListJobsRequest { state: state as i32, limit, group: group.unwrap_or_default().to_string(), ..Default::default() };
     let mut response = pb::ListJobsResponse::default();
     // A page may hold fewer jobs than asked for (responses are bounded in
     // bytes); follow the pages until the limit or the last job.

@@ -410,6 +410,11 @@ struct ServerArgs {
     /// Serve Prometheus metrics on this address.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Serve the REST/JSON API (`/v1`, OpenAPI at `/v1/openapi.json`) on
+    /// this address: HTTPS with this replica's certificate, plain HTTP only
+    /// with --insecure.
+    #[arg(long)]
+    http_listen: Option<SocketAddr>,
     /// Leader heartbeat interval.
     #[arg(long, default_value_t = rota_server::defaults::DEFAULT_HEARTBEAT_INTERVAL_MS)]
     heartbeat_ms: u64,
@@ -556,6 +561,7 @@ async fn run_server(args: ServerArgs, tls: &TlsArgs) -> Result<()> {
         peers,
         join: args.join,
         metrics_listen: args.metrics_listen,
+        http_listen: args.http_listen,
         heartbeat_interval_ms: args.heartbeat_ms,
         election_timeout_min_ms: args.election_min_ms,
         election_timeout_max_ms: args.election_max_ms,

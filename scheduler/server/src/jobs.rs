@@ -91,7 +91,8 @@ impl JobApi {
         };
         self.ctx.leader_in_contact()?;
         self.ctx.replica.ensure_linearizable().await?;
-        Ok(self.ctx.read(|state| list_jobs(state, actor, wanted, &message.group, message.before_id, limit as usize)))
+        let filter = ListFilter { state: wanted, group: &message.group, queue: &message.queue, user: &message.user };
+        Ok(self.ctx.read(|state| list_jobs(state, actor, &filter, message.before_id, limit as usize)))
     }
 
     async fn cancel_here(&self, actor: &Actor, message: &pb::CancelJobRequest) -> Result<pb::CancelJobResponse, Failure> {
@@ -118,22 +119,27 @@ pub fn job_for(state: &ClusterState, actor: &Actor, job: &Job) -> pb::Job {
     shown
 }
 
-fn list_jobs(
-    state: &ClusterState,
-    actor: &Actor,
-    wanted: Option<JobState>,
-    group: &str,
-    before_id: u64,
-    limit: usize,
-) -> pb::ListJobsResponse {
+/// Which jobs a listing shows; an empty string matches every value.
+struct ListFilter<'a> {
+    state: Option<JobState>,
+    group: &'a str,
+    queue: &'a str,
+    user: &'a str,
+}
+
+impl ListFilter<'_> {
+    fn matches(&self, state: &ClusterState, job: &Job) -> bool {
+        let owner = || state.auth.job_marks.get(&job.id).and_then(|m| m.owner.as_deref()).unwrap_or("");
+        self.state.is_none_or(|s| job.state == s)
+            && (self.group.is_empty() || job.spec.group == self.group)
+            && (self.queue.is_empty() || job.spec.queue == self.queue)
+            && (self.user.is_empty() || owner() == self.user)
+    }
+}
+
+fn list_jobs(state: &ClusterState, actor: &Actor, filter: &ListFilter<'_>, before_id: u64, limit: usize) -> pb::ListJobsResponse {
     let below = if before_id == 0 { u64::MAX } else { before_id };
-    let matching = state
-        .jobs
-        .range(..below)
-        .map(|(_, job)| job)
-        .rev()
-        .filter(|job| wanted.is_none_or(|s| job.state == s))
-        .filter(|job| group.is_empty() || job.spec.group == group);
+    let matching = state.jobs.range(..below).map(|(_, job)| job).rev().filter(|job| filter.matches(state, job));
     let mut jobs = Vec::new();
     let mut bytes = 0usize;
     let mut total = 0u64;

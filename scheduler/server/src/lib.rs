@@ -18,6 +18,7 @@ pub mod limits;
 mod metrics_loop;
 mod proposer;
 pub mod replicated;
+pub mod rest;
 pub mod status;
 
 use std::collections::BTreeMap;
@@ -82,6 +83,9 @@ pub struct ServerConfig {
     /// A joining replica waits to be added with `rota member add`; it never bootstraps.
     pub join: bool,
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve the REST/JSON API (`/v1`) on this address (TLS when the
+    /// replica's links are, with the same certificate).
+    pub http_listen: Option<SocketAddr>,
     pub heartbeat_interval_ms: u64,
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
@@ -217,6 +221,17 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     config.limits.check().map_err(ServerError::Config)?;
     let limiter = limits::Limiter::new(config.limits);
     let limited = |class, streams| (limiter.clone(), class, streams);
+    if let Some(addr) = config.http_listen {
+        let http = tokio::net::TcpListener::bind(addr).await.map_err(|e| ServerError::Config(format!("--http-listen {addr}: {e}")))?;
+        let router = rest::router(ctx.clone(), limiter.clone());
+        let security = config.security.clone();
+        tokio::spawn(async move {
+            if let Err(error) = rest::serve(router, security, http).await {
+                tracing::error!(%error, "the REST API stopped");
+            }
+        });
+        tracing::info!(%addr, "REST API serving");
+    }
     let incoming = config.security.incoming(listener).map_err(|e| ServerError::Config(e.to_string()))?;
     // Every service first establishes its caller from the connection's
     // certificate (rota_tls::auth) and refuses callers of the wrong kind;

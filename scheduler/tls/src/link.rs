@@ -214,10 +214,30 @@ impl Security {
     /// tasks (bounded, with a timeout), so a slow peer delays no other.
     /// Plaintext connections carry [`Peer::Plaintext`].
     pub fn incoming(&self, listener: TcpListener) -> Result<ReceiverStream<io::Result<Conn>>, TlsError> {
+        self.incoming_with(listener, None)
+    }
+
+    /// Like [`Security::incoming`], for an HTTP listener (the REST API):
+    /// the same certificates and client checks, offering HTTP/1.1 besides
+    /// HTTP/2 (a client that offers only `http/1.1`, as plain `curl` may,
+    /// would otherwise fail its handshake).
+    pub fn incoming_http(&self, listener: TcpListener) -> Result<ReceiverStream<io::Result<Conn>>, TlsError> {
+        self.incoming_with(listener, Some(vec![b"h2".to_vec(), b"http/1.1".to_vec()]))
+    }
+
+    fn incoming_with(&self, listener: TcpListener, alpn: Option<Vec<Vec<u8>>>) -> Result<ReceiverStream<io::Result<Conn>>, TlsError> {
         let acceptor = match self {
             Security::Plaintext => None,
             Security::Tls(setup) => {
                 let server = setup.server.clone().ok_or_else(|| TlsError::Setup("serving TLS needs a certificate and key".into()))?;
+                let server = match alpn {
+                    None => server,
+                    Some(protocols) => {
+                        let mut config = (*server).clone();
+                        config.alpn_protocols = protocols;
+                        Arc::new(config)
+                    }
+                };
                 Some(tokio_rustls::TlsAcceptor::from(server))
             }
         };
@@ -329,6 +349,13 @@ enum Stream {
 pub struct Conn {
     stream: Stream,
     info: ConnInfo,
+}
+
+impl Conn {
+    /// Who is on the other end.
+    pub fn info(&self) -> &ConnInfo {
+        &self.info
+    }
 }
 
 impl Connected for Conn {
