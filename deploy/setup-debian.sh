@@ -49,6 +49,8 @@ have_libclang || need+=(libclang-dev)
 have_command systemd-analyze || need+=(systemd)
 # Tests: kubectl renders deploy/kubernetes (its built-in kustomize).
 have_command kubectl || need+=(kubernetes-client)
+# Tests: the REST tests drive the API with curl.
+have_command curl || need+=(curl)
 
 if [ "${1:-}" = "--check" ]; then
   echo "${need[*]:-}"

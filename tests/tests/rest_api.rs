@@ -441,12 +441,17 @@ fn readme_examples() -> Result<Vec<String>> {
     Ok(blocks)
 }
 
-/// The schemathesis command: from `ROTA_SCHEMATHESIS` (a path), or a
-/// virtualenv made here with `pip install schemathesis`. None when it
-/// cannot be had (then CI fails, and a local run is skipped).
+/// The schemathesis command: from `ROTA_SCHEMATHESIS` (a path), the
+/// virtualenv deploy/setup-debian.sh makes (`ROTA_VENV`, by default
+/// /var/tmp/rota-venv), or one made here with `pip install schemathesis`.
+/// None when none can be had.
 fn schemathesis(dir: &Path) -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("ROTA_SCHEMATHESIS") {
         return Some(PathBuf::from(path));
+    }
+    let shared = std::env::var_os("ROTA_VENV").map_or_else(|| PathBuf::from("/var/tmp/rota-venv"), PathBuf::from).join("bin/schemathesis");
+    if shared.exists() {
+        return Some(shared);
     }
     let venv = dir.join("venv");
     let made = std::process::Command::new("python3").arg("-m").arg("venv").arg(&venv).status().ok()?.success()
