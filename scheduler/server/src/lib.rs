@@ -108,7 +108,7 @@ pub struct ServerConfig {
     /// Request rate, streams and requests in flight per caller identity.
     pub limits: limits::LimitsConfig,
     /// The CA bundle and certificate in use, as (`cert` label, PEM path),
-    /// for `rota_certificate_expiry_days`; empty without TLS.
+    /// for `rota_certificate_expiry_seconds`; empty without TLS.
     pub certificate_files: Vec<(&'static str, PathBuf)>,
 }
 

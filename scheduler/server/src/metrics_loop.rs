@@ -1,6 +1,6 @@
 //! Publishes the replica's Raft view as Prometheus gauges, on every change:
 //! leadership, term, indexes, snapshot, each follower's lag (on the
-//! leader), and the days left on the TLS certificates in use.
+//! leader), and the time left on the TLS certificates in use.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -22,7 +22,7 @@ pub async fn run(replica: Replica<Replicated>, certificate_files: Vec<(&'static 
     }
     let mut applied = replica.applied_watch();
     let mut last_leader = None;
-    let mut expiry_days: Vec<(&'static str, f64)> = Vec::new();
+    let mut expiry_s: Vec<(&'static str, f64)> = Vec::new();
     let mut certificates_read_at: Option<Instant> = None;
     loop {
         let status = replica.status();
@@ -52,11 +52,11 @@ pub async fn run(replica: Replica<Replicated>, certificate_files: Vec<(&'static 
         }
         if certificates_read_at.is_none_or(|at| at.elapsed() >= CERTIFICATE_CHECK_EVERY) {
             certificates_read_at = Some(Instant::now());
-            expiry_days =
-                certificate_files.iter().filter_map(|(name, path)| certificate_days_left(name, path).map(|d| (*name, d))).collect();
+            expiry_s =
+                certificate_files.iter().filter_map(|(name, path)| certificate_seconds_left(name, path).map(|s| (*name, s))).collect();
         }
-        for (name, days) in &expiry_days {
-            metrics::gauge!("rota_certificate_expiry_days", "cert" => *name).set(*days);
+        for (name, left_s) in &expiry_s {
+            metrics::gauge!("rota_certificate_expiry_seconds", "cert" => *name).set(*left_s);
         }
         // Wake on applied entries (at most every 100 ms), and at least every
         // second for term and leader changes.
@@ -65,9 +65,9 @@ pub async fn run(replica: Replica<Replicated>, certificate_files: Vec<(&'static 
     }
 }
 
-/// Days until the first certificate in `path` (PEM) expires; None (logged)
-/// when it cannot be read.
-fn certificate_days_left(name: &str, path: &std::path::Path) -> Option<f64> {
+/// Seconds until the first certificate in `path` (PEM) expires (in base
+/// units, as Prometheus names want); None (logged) when it cannot be read.
+fn certificate_seconds_left(name: &str, path: &std::path::Path) -> Option<f64> {
     let read = || -> Result<i64, String> {
         let certificates = rota_tls::pem::certificates(path).map_err(|e| e.to_string())?;
         let first = certificates.first().ok_or("no certificate in the file")?;
@@ -76,7 +76,7 @@ fn certificate_days_left(name: &str, path: &std::path::Path) -> Option<f64> {
     match read() {
         Ok(not_after_s) => {
             let now_s = crate::clock::wall_clock_ms() as f64 / 1000.0;
-            Some((not_after_s as f64 - now_s) / 86_400.0)
+            Some(not_after_s as f64 - now_s)
         }
         Err(error) => {
             tracing::warn!(cert = name, path = %path.display(), %error, "cannot read the certificate's expiry");
@@ -97,7 +97,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ("rota_members", "Members of the Raft group, voters and learners"),
     ("rota_follower_lag_entries", "On the leader: log entries a follower does not hold yet"),
     ("rota_leader_changes_total", "Leader changes this replica saw (to none included)"),
-    ("rota_certificate_expiry_days", "Days until the TLS certificate in use expires"),
+    ("rota_certificate_expiry_seconds", "Seconds until the TLS certificate in use expires"),
     ("rota_applied_entries_total", "Log entries applied to the state"),
     ("rota_snapshot_build_seconds", "Time to build and persist a snapshot"),
     ("rota_snapshot_bytes", "Size of the last snapshot built"),
