@@ -229,8 +229,7 @@ mod tests {
     /// length prefix claiming half a terabyte is an error, not an abort.
     #[test]
     fn a_huge_length_in_any_snapshot_part_is_refused_without_allocating_it() {
-        let mut state = ClusterState::default();
-        state.cluster_version = FORMAT_VERSION;
+        let state = ClusterState { cluster_version: FORMAT_VERSION, ..ClusterState::default() };
         let bytes = encode_snapshot(&state);
         let auth_len = bincode::serialize(&state.auth).unwrap().len();
         let mut hostile = bytes[..bytes.len() - auth_len].to_vec();
