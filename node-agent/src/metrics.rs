@@ -18,7 +18,7 @@ use crate::shared::Shared;
 /// How often the gauges are refreshed (a GPU sample each time).
 const EVERY_MS: u64 = 2_000;
 /// A gauge label set not set for this long is dropped from the scrape (a
-/// GPU's `job` label once its job left).
+/// GPU's `job_id` label once its job left).
 pub const GAUGE_IDLE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Serve the metrics on `addr` (plain HTTP, as the replicas do).
@@ -43,7 +43,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ("rota_agent_gpu_power_watts", "GPU power draw"),
     ("rota_agent_gpu_healthy", "1 while the GPU is reported healthy"),
     ("rota_agent_gpu_ecc_errors_total", "Volatile ECC errors, by kind (corrected, uncorrected)"),
-    ("rota_agent_gpu_allocated", "1 while a job's rank is assigned the GPU (label job)"),
+    ("rota_agent_gpu_allocated", "1 while a job's rank is assigned the GPU (label job_id)"),
     ("rota_agent_control_plane_last_contact_seconds", "Age of the last heartbeat the control plane acknowledged"),
     ("rota_agent_ranks_running", "Ranks running on this node"),
 ];
@@ -82,7 +82,9 @@ pub async fn run(shared: Arc<Shared>) {
             }
             let job = allocated.get(&sample.index);
             let mut with_job = labels.to_vec();
-            with_job.push(("job", job.map_or_else(String::new, u64::to_string)));
+            // `job_id`, not `job`: Prometheus keeps `job` for the scrape
+            // job's name and would rename ours to `exported_job`.
+            with_job.push(("job_id", job.map_or_else(String::new, u64::to_string)));
             metrics::gauge!("rota_agent_gpu_allocated", &with_job).set(if job.is_some() { 1.0 } else { 0.0 });
         }
         // Never acknowledged yet: counted from the agent's start.

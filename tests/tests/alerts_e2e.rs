@@ -210,6 +210,10 @@ async fn alerts_fire_on_a_real_prometheus() -> Result<()> {
         })
         .await?;
     }
+    // The agent running the job says which GPU it holds.
+    let allocated = format!("rota_agent_gpu_allocated{{job_id=\"{running}\"}} == 1");
+    wait_until("the running job's GPU on its agent", WAIT, || async { Ok(prometheus.query(&allocated)?.first().cloned()) }).await?;
+
     // Every panel of the shipped dashboard answers with data.
     let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(repo_root().join("deploy/grafana/rota.json"))?)?;
     let panels = dashboard["panels"].as_array().context("dashboard panels")?;
