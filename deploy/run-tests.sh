@@ -32,6 +32,12 @@ chaos() {
 
 stage setup bash deploy/setup-debian.sh
 stage build cargo build --release --workspace --bins --tests
+# The Debian package of the binaries just built (tests/tests/debian_package.rs installs it).
+package() {
+  rm -rf "$CARGO_TARGET_DIR/debian"
+  cargo deb -p rota-cli --no-build --output "$CARGO_TARGET_DIR/debian/"
+}
+stage package package
 stage test cargo test --release --workspace -- --test-threads 2
 stage chaos chaos
 

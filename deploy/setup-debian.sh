@@ -48,6 +48,8 @@ have_command c++ || need+=(g++)
 have_libclang || need+=(libclang-dev)
 # Tests: systemd-analyze verifies the units in deploy/systemd.
 have_command systemd-analyze || need+=(systemd)
+# Tests: kubectl renders deploy/kubernetes (its built-in kustomize).
+have_command kubectl || need+=(kubernetes-client)
 # Tests: promtool and a prometheus server for the alert rules.
 { have_command promtool && have_command prometheus; } || need+=(prometheus)
 
@@ -76,3 +78,16 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
+
+# The Debian package is built with cargo-deb.
+cargo deb --version >/dev/null 2>&1 || cargo install --locked cargo-deb --version 3.8.0
+
+# Tests: Python tools from PyPI (deploy/python-tools.txt) in a virtualenv of
+# their own, installed again only when that list changes.
+venv="${ROTA_VENV:-/var/tmp/rota-venv}"
+tools="$(dirname "$0")/python-tools.txt"
+if ! cmp -s "$tools" "$venv/python-tools.txt"; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$tools"
+  cp "$tools" "$venv/python-tools.txt"
+fi

@@ -90,6 +90,9 @@ pub struct ClusterOptions {
     pub insecure: bool,
     /// Extra `rota server` flags for every replica (e.g. limits).
     pub server_args: Vec<String>,
+    /// The host replicas name each other by in `--peers` (a DNS name such
+    /// as `localhost`); `None`: their listen addresses.
+    pub peer_host: Option<String>,
 }
 
 impl Default for ClusterOptions {
@@ -106,6 +109,7 @@ impl Default for ClusterOptions {
             env_of: BTreeMap::new(),
             insecure: false,
             server_args: vec![],
+            peer_host: None,
         }
     }
 }
@@ -212,7 +216,11 @@ impl LocalCluster {
         for id in 1..=n {
             replicas.insert(id, new_replica(root, id)?);
         }
-        let founding_peers = replicas.values().map(|r| format!("{}={}", r.id, r.addr)).collect::<Vec<_>>().join(",");
+        let peer_address = |r: &Replica| match &options.peer_host {
+            Some(host) => format!("{host}:{}", r.addr.rsplit_once(':').map_or("", |(_, port)| port)),
+            None => r.addr.clone(),
+        };
+        let founding_peers = replicas.values().map(|r| format!("{}={}", r.id, peer_address(r))).collect::<Vec<_>>().join(",");
         let mut cluster = LocalCluster::new(root, options, founding_peers, BTreeMap::new(), replicas)?;
         for id in 1..=n {
             cluster.spawn(id, false)?;

@@ -33,6 +33,7 @@ pub async fn run(shared: Arc<Shared>) -> anyhow::Result<()> {
     tokio::spawn(session::heartbeat_loop(shared.clone()));
     tokio::spawn(crate::watch::watch_loop(shared.clone(), assignments_tx));
     tokio::spawn(outbox::report_loop(shared.clone()));
+    tokio::spawn(crate::gpu_events::event_loop(shared.clone()));
     tokio::spawn(crate::metrics::run(shared.clone()));
     reconciler.run(assignments_rx).await;
     Ok(())

@@ -75,6 +75,14 @@ impl GpuSource {
         self
     }
 
+    pub fn is_fake(&self) -> bool {
+        matches!(self, GpuSource::Fake { .. })
+    }
+
+    pub fn is_nvml(&self) -> bool {
+        matches!(self, GpuSource::Nvml(_))
+    }
+
     pub fn inventory(&self) -> Result<Vec<Gpu>, InventoryError> {
         match self {
             GpuSource::Fake { gpus, .. } => Ok(gpus.clone()),

@@ -21,6 +21,8 @@
 //! - `outbox`: the reporter that commits rank events found on disk.
 //! - `control`: the leader-following client of the replicas (AgentService).
 //! - `inventory`: GPUs from NVML, or declared with `--fake-gpus 8xH100-80GB`.
+//! - `gpu_events`: XID errors (NVML's event set, or `fake-xids` for fake
+//!   GPUs) and completed resets, reported with the rank events.
 //! - `shim`: each rank runs under `rota-agent shim`, in its own session,
 //!   which stops what the rank left when its main process ends, records the
 //!   exit status on disk only then, and caps/rotates the logs.
@@ -47,6 +49,7 @@ pub mod exec;
 pub mod executor;
 pub mod fleet;
 pub mod freshness;
+pub mod gpu_events;
 pub mod inventory;
 pub mod local;
 pub mod logs;

@@ -79,6 +79,9 @@ impl Known {
             stop,
             term_sent: self.term_sent,
             leftovers,
+            gpus: self.spec.gpus(),
+            job_id: self.spec.job_id,
+            attempt: self.spec.attempt,
         }
     }
 

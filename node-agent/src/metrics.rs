@@ -4,8 +4,8 @@
 //! a heartbeat, and how many ranks run here. Read from what the agent
 //! already samples; decides nothing.
 //!
-//! `rota_agent_gpu_xid_errors_total{node,gpu,xid}` is the name kept for XID
-//! errors counted by the GPU fencing work; it is not emitted here.
+//! `rota_agent_gpu_xid_errors_total{node,gpu,xid}` is counted where XID
+//! events are read (`gpu_events`); only its help text is given here.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -46,6 +46,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ("rota_agent_gpu_allocated", "1 while a job's rank is assigned the GPU (label job_id)"),
     ("rota_agent_control_plane_last_contact_seconds", "Age of the last heartbeat the control plane acknowledged"),
     ("rota_agent_ranks_running", "Ranks running on this node"),
+    ("rota_agent_gpu_xid_errors_total", "XID errors the GPU reported, by XID"),
 ];
 
 /// GPU index -> job, of the ranks of `desired` that are to run.

@@ -40,10 +40,12 @@ pub async fn report_loop(shared: Arc<Shared>) {
         let room = MAX_EVENTS_PER_REPORT - pending.events.len();
         let unrecorded = shared.unrecorded_exits.lock().expect("unrecorded exits lock").events(room);
         pending.events.extend(unrecorded.iter().map(|(_, event)| event.clone()));
-        if pending.events.is_empty() {
+        let gpu_events = shared.gpu_events.lock().expect("gpu events lock").pending();
+        if pending.events.is_empty() && gpu_events.is_empty() {
             continue;
         }
-        let request = pb::ReportRankEventsRequest { node: shared.config.node_name.clone(), events: pending.events };
+        let gpu_event_count = gpu_events.len();
+        let request = pb::ReportRankEventsRequest { node: shared.config.node_name.clone(), events: pending.events, gpu_events };
         match shared
             .control
             .call("report", |mut c| {
@@ -58,6 +60,8 @@ pub async fn report_loop(shared: Arc<Shared>) {
                 let committed: Vec<UnrecordedExit> = unrecorded.into_iter().map(|(exit, _)| exit).collect();
                 record_late(&shared.ranks_root, &committed);
                 shared.unrecorded_exits.lock().expect("unrecorded exits lock").forget(&committed);
+                // Only this task takes events off the queue: the first ones are those sent.
+                shared.gpu_events.lock().expect("gpu events lock").committed(gpu_event_count);
             }
             Err(error) => {
                 // Refused outright: the events are malformed; log and keep them for an operator.

@@ -62,6 +62,16 @@ pub struct RankSpec {
     pub run_as: Option<crate::users::RunAs>,
 }
 
+impl RankSpec {
+    /// The GPUs granted to the rank, from the variable the agent always
+    /// sets (so a spec written by an older agent says it too). An entry
+    /// that is not an index is skipped.
+    pub fn gpus(&self) -> Vec<u32> {
+        let listed = self.env.get("NVIDIA_VISIBLE_DEVICES").map_or("", String::as_str);
+        listed.split(',').filter_map(|index| index.trim().parse().ok()).collect()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pids {
     pub shim_pid: u32,

@@ -8,6 +8,11 @@
 //! - an update older than the highest index seen is ignored (`is_stale`);
 //! - a rank in the set that the node does not know yet is started once; one
 //!   the set already asks to stop is recorded as ended without running;
+//! - a rank is not started while a live rank of this node holds one of its
+//!   GPUs, or runs another attempt of its job (an attempt the set no longer
+//!   holds, still stopping): it starts on the first pass after that rank's
+//!   exit is recorded, so two attempts never share a GPU or run at once on
+//!   one node, however the control plane's view raced the node;
 //! - a live rank the set asks to stop is stopped: the stop is recorded with
 //!   its SIGKILL deadline (now + the job's grace period) and its processes
 //!   get SIGTERM, then SIGKILL on every pass once the deadline is reached,
@@ -26,7 +31,7 @@
 //! - finished ranks whose exit is committed and which the set no longer
 //!   holds are collected, oldest first, beyond the number the node keeps.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// An adopted rank whose shim never recorded its PIDs is lost after this long.
 pub const SHIM_START_TIMEOUT_MS: u64 = 10_000;
@@ -101,6 +106,11 @@ pub struct LiveRank {
     /// Processes of the rank are left although its shim is not running
     /// (only looked at then: a running shim stops them itself).
     pub leftovers: bool,
+    /// Physical GPU indexes the rank holds until its exit is recorded.
+    pub gpus: Vec<u32>,
+    /// The job and attempt the rank runs.
+    pub job_id: u64,
+    pub attempt: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,18 +224,36 @@ pub fn reconcile_in_lease(desired: Option<&Desired>, on_disk: &OnDisk, lease: Le
     }
     collect_garbage(desired, on_disk, &mut actions);
     debug_assert!(starts_only_unknown_ranks(&actions, on_disk));
+    debug_assert!(starts_on_free_gpus(&actions, on_disk));
     actions
 }
 
-/// Ranks of the set the node does not know yet.
+/// Ranks of the set the node does not know yet, except those whose GPUs a
+/// live rank still holds (they wait for its exit).
 fn start_new_ranks(desired: &Desired, on_disk: &OnDisk, now_ms: u64, actions: &mut Vec<Action>) {
+    let mut held: BTreeSet<u32> = live_ranks(on_disk).flat_map(|live| live.gpus.iter().copied()).collect();
+    let running: BTreeSet<(u64, u32)> = live_ranks(on_disk).map(|live| (live.job_id, live.attempt)).collect();
+    let other_attempt_live =
+        |rank: &DesiredRank| running.range((rank.job_id, 0)..=(rank.job_id, u32::MAX)).any(|&(_, a)| a != rank.attempt);
     for (&key, rank) in desired.ranks.iter().filter(|(key, _)| !on_disk.ranks.contains_key(key)) {
         let index = desired.index;
-        actions.push(match &rank.stop_reason {
+        let action = match &rank.stop_reason {
             Some(reason) => Action::EndUnstarted { key, index, rank: rank.clone(), reason: reason.clone(), now_ms },
-            None => Action::Start { key, index, rank: rank.clone() },
-        });
+            None if rank.gpus.iter().any(|gpu| held.contains(gpu)) || other_attempt_live(rank) => continue,
+            None => {
+                held.extend(rank.gpus.iter().copied());
+                Action::Start { key, index, rank: rank.clone() }
+            }
+        };
+        actions.push(action);
     }
+}
+
+fn live_ranks(on_disk: &OnDisk) -> impl Iterator<Item = &LiveRank> {
+    on_disk.ranks.values().filter_map(|local| match local {
+        LocalRank::Live(live) => Some(live),
+        LocalRank::Exited { .. } => None,
+    })
 }
 
 /// Why the set wants a live rank stopped, if it does and no stop is
@@ -308,6 +336,16 @@ fn starts_only_unknown_ranks(actions: &[Action], on_disk: &OnDisk) -> bool {
     })
 }
 
+/// No two ranks started in one pass, nor a started rank and a live one,
+/// share a GPU.
+fn starts_on_free_gpus(actions: &[Action], on_disk: &OnDisk) -> bool {
+    let mut held: BTreeSet<u32> = live_ranks(on_disk).flat_map(|live| live.gpus.iter().copied()).collect();
+    actions.iter().all(|action| match action {
+        Action::Start { rank, .. } => rank.gpus.iter().all(|gpu| held.insert(*gpu)),
+        _ => true,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,6 +379,9 @@ mod tests {
             stop: StopState::NotRequested,
             term_sent: false,
             leftovers: false,
+            gpus: Vec::new(),
+            job_id: 7,
+            attempt: 0,
         }
     }
 
@@ -586,5 +627,51 @@ mod tests {
         let desired = set(6, &[(key(1), run_rank())]);
         assert_eq!(reconcile_in_lease(Some(&desired), &on_disk, Lease::Held, NOW_MS), reconcile(Some(&desired), &on_disk, NOW_MS));
         assert_eq!(reconcile_in_lease(Some(&desired), &on_disk, Lease::Held, NOW_MS), vec![]);
+    }
+
+    /// The overlap a chaos run once saw for ~60 ms: a new attempt's rank
+    /// started on GPUs the old attempt's rank (no longer assigned, still
+    /// stopping) held. The new rank waits for the old one's recorded exit.
+    #[test]
+    fn a_rank_waits_for_the_live_rank_holding_its_gpus() {
+        let old = LiveRank { gpus: vec![1, 2], ..live(5) };
+        let new = DesiredRank { attempt: 2, gpus: vec![0, 1], ..run_rank() };
+        let apart = DesiredRank { job_id: 8, gpus: vec![3], ..run_rank() };
+        let desired = set(20, &[(key(2), new.clone()), (key(3), apart.clone())]);
+        let actions = reconcile(Some(&desired), &disk(&[(key(1), LocalRank::Live(old.clone()))]), NOW_MS);
+        assert!(actions.contains(&Action::Start { key: key(3), index: 20, rank: apart }), "{actions:?}");
+        assert!(!actions.iter().any(|a| matches!(a, Action::Start { key: k, .. } if *k == key(2))), "{actions:?}");
+        assert!(actions.iter().any(|a| matches!(a, Action::Stop { key: k, cause: StopCause::Unassigned, .. } if *k == key(1))));
+        let still_stopping = LiveRank { gpus: vec![1, 2], ..stopping(NOW_MS - 1) };
+        let actions = reconcile(Some(&desired), &disk(&[(key(1), LocalRank::Live(still_stopping))]), NOW_MS);
+        assert!(!actions.iter().any(|a| matches!(a, Action::Start { key: k, .. } if *k == key(2))), "{actions:?}");
+        let exited = disk(&[(key(1), LocalRank::Exited { acked: false })]);
+        let actions = reconcile(Some(&desired), &exited, NOW_MS);
+        assert!(actions.contains(&Action::Start { key: key(2), index: 20, rank: new }), "{actions:?}");
+    }
+
+    /// A new attempt of a job on other GPUs of this node waits for the old
+    /// attempt's rank too: one node never runs two attempts of a job.
+    #[test]
+    fn a_new_attempt_waits_for_the_old_attempt_on_other_gpus() {
+        let old = LiveRank { gpus: vec![0], ..live(5) };
+        let new = DesiredRank { attempt: 1, gpus: vec![5], ..run_rank() };
+        let same_attempt = DesiredRank { gpus: vec![6], ..run_rank() };
+        let desired = set(20, &[(key(2), new), (RankKey { alloc_id: 1, rank: 1 }, same_attempt)]);
+        let actions = reconcile(Some(&desired), &disk(&[(key(1), LocalRank::Live(old))]), NOW_MS);
+        let started: Vec<RankKey> =
+            actions.iter().filter_map(|a| if let Action::Start { key, .. } = a { Some(*key) } else { None }).collect();
+        assert_eq!(started, vec![RankKey { alloc_id: 1, rank: 1 }], "another rank of the live attempt starts; the new attempt waits");
+    }
+
+    /// A set that names one GPU twice (a control plane's bug) starts one
+    /// of the two ranks; the other waits for its exit.
+    #[test]
+    fn two_new_ranks_on_one_gpu_never_start_together() {
+        let first = DesiredRank { gpus: vec![4], ..run_rank() };
+        let second = DesiredRank { job_id: 9, gpus: vec![4, 5], ..run_rank() };
+        let desired = set(20, &[(key(1), first), (key(2), second)]);
+        let starts = reconcile(Some(&desired), &disk(&[]), NOW_MS).into_iter().filter(|a| matches!(a, Action::Start { .. })).count();
+        assert_eq!(starts, 1);
     }
 }

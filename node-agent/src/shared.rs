@@ -3,7 +3,7 @@
 //! task module (session, watch, outbox, executors, the reconcile loop)
 //! reads it from here, so none of them imports the loop that wires them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 
 use rota_proto::v1 as pb;
@@ -87,6 +87,8 @@ pub struct Shared {
     /// Exits that could not be recorded in their rank directory (its disk
     /// is full or read-only): reported from memory (see `outbox`).
     pub(crate) unrecorded_exits: Mutex<UnrecordedExits>,
+    /// GPU events (XIDs, resets) not yet committed (see `gpu_events`).
+    pub(crate) gpu_events: Mutex<GpuEventQueue>,
     /// What the agent heard of the control plane, for observers (the fleet's
     /// figures): when a heartbeat was last acknowledged and an assignment
     /// update last arrived (`boottime_ms`), and how often it registered.
@@ -138,6 +140,7 @@ impl Shared {
             lease_until_ms: AtomicU64::new(lease_until),
             ttl_ms: AtomicU64::new(ttl_ms),
             unrecorded_exits: Mutex::new(UnrecordedExits::default()),
+            gpu_events: Mutex::new(Default::default()),
             heard: Heard::default(),
         }))
     }
@@ -274,5 +277,42 @@ fn read_lease(path: &std::path::Path) -> u64 {
     match text.split_once(' ') {
         Some((boot, until_ms)) if boot == boot_id() && !boot.is_empty() => until_ms.trim().parse().unwrap_or(0),
         _ => 0,
+    }
+}
+
+/// GPU events held for the replicas at most (the server takes 256 a report).
+pub const MAX_QUEUED_EVENTS: usize = 256;
+
+/// GPU events not yet committed, oldest first, bounded.
+#[derive(Debug, Default)]
+pub struct GpuEventQueue {
+    events: VecDeque<pb::GpuEvent>,
+}
+
+impl GpuEventQueue {
+    pub fn push(&mut self, event: pb::GpuEvent) {
+        if self.events.len() >= MAX_QUEUED_EVENTS {
+            let dropped = self.events.pop_front();
+            tracing::error!(?dropped, "GPU event queue full: the oldest event is dropped");
+        }
+        self.events.push_back(event);
+    }
+
+    /// The events to send, oldest first.
+    pub fn pending(&self) -> Vec<pb::GpuEvent> {
+        self.events.iter().cloned().collect()
+    }
+
+    /// The first `count` events were committed.
+    pub fn committed(&mut self, count: usize) {
+        self.events.drain(..count.min(self.events.len()));
+    }
+
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
     }
 }

@@ -80,7 +80,7 @@ async fn a_rank_never_started_is_stopped_and_its_gpus_freed_only_once_its_agent_
         rank: stopped.rank,
         kind: Some(pb::rank_event::Kind::Exited(exited)),
     };
-    agent.report_rank_events(pb::ReportRankEventsRequest { node: "n1".into(), events: vec![event] }).await?;
+    agent.report_rank_events(pb::ReportRankEventsRequest { node: "n1".into(), events: vec![event], ..Default::default() }).await?;
     let again = wait_until("the job to be placed again", WAIT, || async {
         let job = any.get(job_id).await?;
         Ok((job.attempts >= 2).then_some(job))

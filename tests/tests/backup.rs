@@ -155,14 +155,14 @@ async fn a_replica_of_a_restored_cluster_cannot_join_the_original() -> Result<()
     restore(&cluster, &file, &restored_dir, 4, &peers, None)?;
     let restored = Server::start(&cluster.pki, 4, &addr, &restored_dir, &peers, &[])?;
     let status = wait_agreed_leader(cluster.security(), &[&restored], WAIT).await?;
-    let original = cluster.status(leader).await.context("the original's status")?;
+    let original = cluster.wait_applied(leader, 0, WAIT).await.context("the original's status")?;
     ensure!(status.cluster_id != original.cluster_id && !original.cluster_id.is_empty(), "{status:?} vs {original:?}");
 
     let (exit, _, stderr) =
         rota_cli(&cluster, &["--endpoints", &cluster.endpoints_csv(), "--timeout-s", "15", "member", "add", "4", &addr])?;
     ensure!(!exit.success(), "the original refuses a replica of another cluster");
     ensure!(stderr.contains("belongs to cluster"), "and says why: {stderr}");
-    let after = cluster.status(leader).await.context("the original's status")?;
+    let after = cluster.wait_applied(leader, 0, WAIT).await.context("the original's status")?;
     let members: BTreeSet<u64> = after.members.iter().map(|m| m.id).collect();
     ensure!(members == BTreeSet::from([1, 2, 3]), "membership unchanged: {members:?}");
     ensure!(status_at(cluster.security(), &addr).await.is_some_and(|s| s.leader_id == 4), "the restored cluster carries on alone");

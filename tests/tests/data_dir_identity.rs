@@ -19,7 +19,7 @@ async fn cluster_with_history(dir: &std::path::Path) -> Result<(LocalCluster, u6
     AnyReplica::new(&cluster)?.submit_many("before-wipe", 20).await?;
     let follower = (1..=3).find(|id| *id != leader).context("a follower")?;
     // The follower has acknowledged what the leader committed.
-    let commit = cluster.status(leader).await.context("leader status")?.commit_index;
+    let commit = cluster.wait_applied(leader, 0, WAIT).await.context("leader status")?.commit_index;
     cluster.wait_applied(follower, commit, WAIT).await?;
     Ok((cluster, follower))
 }

@@ -23,7 +23,7 @@ async fn a_survivor_forced_into_a_new_cluster_keeps_its_jobs_and_grows_back() ->
     let mut acked = AnyReplica::new(&cluster)?.submit_many("before-loss", 30).await?;
     // The survivor is a follower that holds everything committed.
     let survivor = (1..=3).find(|id| *id != leader).context("a follower")?;
-    let commit = cluster.status(leader).await.context("leader status")?.commit_index;
+    let commit = cluster.wait_applied(leader, 0, WAIT).await.context("leader status")?.commit_index;
     cluster.wait_applied(survivor, commit, WAIT).await?;
 
     for id in (1..=3).filter(|id| *id != survivor) {

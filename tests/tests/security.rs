@@ -141,7 +141,7 @@ async fn an_agent_certificate_for_one_node_cannot_heartbeat_as_another() -> Resu
     let watch = node_a.watch_assignments(pb::WatchAssignmentsRequest { node: "node-b".into(), ..Default::default() }).await;
     let watch = watch.err().context("watching node-b's assignments was accepted")?;
     ensure!(watch.code() == Code::PermissionDenied, "watching node-b got {watch:?}");
-    let report = node_a.report_rank_events(pb::ReportRankEventsRequest { node: "node-b".into(), events: vec![] }).await;
+    let report = node_a.report_rank_events(pb::ReportRankEventsRequest { node: "node-b".into(), ..Default::default() }).await;
     let report = report.err().context("reporting for node-b was accepted")?;
     ensure!(report.code() == Code::PermissionDenied, "reporting for node-b got {report:?}");
     // A user's certificate is no agent's.

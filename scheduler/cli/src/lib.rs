@@ -269,6 +269,42 @@ pub async fn nodes(client: &Client, format: Format) -> Result<()> {
     Ok(())
 }
 
+/// An operator's change to one node.
+pub enum NodeRequest {
+    Drain { node: String, drain: bool },
+    Readmit { node: String, gpu: Option<u32> },
+    Fence { node: String, gpu: Option<u32>, reason: String },
+}
+
+/// `rota node drain|undrain|readmit|fence NODE`: commit it, print the node.
+pub async fn node_command(client: &Client, request: NodeRequest, format: Format) -> Result<()> {
+    let node = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            let request = match &request {
+                NodeRequest::Drain { node, drain } => Err(pb::DrainNodeRequest { node: node.clone(), drain: *drain }),
+                NodeRequest::Readmit { node, gpu } => Ok(Err(pb::ReadmitNodeRequest { node: node.clone(), gpu: *gpu })),
+                NodeRequest::Fence { node, gpu, reason } => {
+                    Ok(Ok(pb::FenceNodeRequest { node: node.clone(), gpu: *gpu, reason: reason.clone() }))
+                }
+            };
+            async move {
+                match request {
+                    Err(drain) => cluster.drain_node(drain).await,
+                    Ok(Err(readmit)) => cluster.readmit_node(readmit).await,
+                    Ok(Ok(fence)) => cluster.fence_node(fence).await,
+                }
+                .map(|r| r.into_inner())
+            }
+        })
+        .await?;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&node_json(&node))?),
+        Format::Table => print_nodes(std::slice::from_ref(&node)),
+    }
+    Ok(())
+}
+
 /// `rota logs JOB [--rank N] [--stderr] [--follow]`: find the node that ran
 /// (or runs) the rank and read the log from that node's agent.
 pub async fn logs(client: &Client, job_id: u64, rank: u32, stderr: bool, follow: bool) -> Result<()> {

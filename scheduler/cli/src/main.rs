@@ -101,8 +101,13 @@ enum Command {
     },
     /// Show the replicas, the leader and the Raft indexes.
     Cluster,
-    /// Show the GPU hosts.
+    /// Show the GPU hosts, their fences and drains.
     Nodes,
+    /// Operate a node (operators): `rota node drain NODE`, `undrain`, `readmit NODE [--gpu N]`, `fence`.
+    Node {
+        #[command(subcommand)]
+        action: NodeAction,
+    },
     /// Queues (replicated): `rota queue show`, `rota queue set NAME --weight 3 ...`.
     Queue {
         #[command(subcommand)]
@@ -339,6 +344,31 @@ enum MemberAction {
 }
 
 #[derive(Subcommand)]
+enum NodeAction {
+    /// Running ranks finish; nothing new is placed on the node.
+    Drain { node: String },
+    /// Place work on the node again.
+    Undrain { node: String },
+    /// Lift the fences of a node (a GPU fault or an operator's), or with
+    /// --gpu those of one GPU and its NVLink domain.
+    Readmit {
+        node: String,
+        #[arg(long)]
+        gpu: Option<u32>,
+    },
+    /// Fence a node (or one GPU) by hand: its jobs' attempts end and
+    /// nothing is placed there until `rota node readmit`.
+    Fence {
+        node: String,
+        #[arg(long)]
+        gpu: Option<u32>,
+        /// Why, for people (shown by `rota nodes` and `rota why`).
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Subcommand)]
 enum AlarmAction {
     /// Raised alarms.
     List,
@@ -484,9 +514,10 @@ impl LimitArgs {
 fn parse_peers(peers: &[String]) -> Result<BTreeMap<u64, String>> {
     let mut parsed = BTreeMap::new();
     for peer in peers {
-        let (id, addr) = peer.split_once('=').with_context(|| format!("--peers {peer:?}: expected ID=HOST:PORT"))?;
+        let (id, addr) =
+            peer.split_once('=').with_context(|| format!("--peers {peer:?}: expected ID=HOST:PORT (HOST an IP address or a DNS name)"))?;
         let id: u64 = id.parse().with_context(|| format!("--peers {peer:?}: id must be a number"))?;
-        addr.parse::<SocketAddr>().with_context(|| format!("--peers {peer:?}: address must be IP:PORT"))?;
+        rota_client::wire::check_replica_address(addr).map_err(|why| anyhow::anyhow!("--peers {peer:?}: address: {why}"))?;
         if id == 0 {
             bail!("--peers {peer:?}: ids start at 1");
         }
@@ -621,6 +652,15 @@ async fn main() -> Result<()> {
         Command::Nodes => cli::nodes(&client, format).await,
         Command::Member { action: MemberAction::Add { id, address } } => cli::member_add(&client, id, &address, format).await,
         Command::Member { action: MemberAction::Remove { id } } => cli::member_remove(&client, id, format).await,
+        Command::Node { action } => {
+            let request = match action {
+                NodeAction::Drain { node } => cli::NodeRequest::Drain { node, drain: true },
+                NodeAction::Undrain { node } => cli::NodeRequest::Drain { node, drain: false },
+                NodeAction::Readmit { node, gpu } => cli::NodeRequest::Readmit { node, gpu },
+                NodeAction::Fence { node, gpu, reason } => cli::NodeRequest::Fence { node, gpu, reason },
+            };
+            cli::node_command(&client, request, format).await
+        }
         Command::Alarm { action: AlarmAction::List } => cli::config::alarm_list(&client, format).await,
         Command::Alarm { action: AlarmAction::Disarm { replica, kind } } => {
             cli::config::alarm_disarm(&client, replica, &kind, format).await

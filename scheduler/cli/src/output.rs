@@ -145,19 +145,45 @@ pub fn node_json(node: &pb::Node) -> Value {
     let gpus: Vec<Value> = node
         .gpus
         .iter()
-        .map(|g| json!({"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib, "healthy": g.healthy, "job_id": g.job_id}))
+        .map(|g| {
+            json!({"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib, "healthy": g.healthy,
+                "job_id": g.job_id, "fence": g.fence, "nvlink_domain": g.nvlink_domain})
+        })
         .collect();
-    json!({"name": node.name, "address": node.address, "rack": node.rack, "leaf": node.leaf, "state": node.state, "gpus": gpus})
+    let fences: Vec<Value> = node
+        .fences
+        .iter()
+        .map(|f| json!({"scope": f.scope, "id": f.id, "kind": f.kind, "reason": f.reason, "since_ms": f.since_ms}))
+        .collect();
+    json!({"name": node.name, "address": node.address, "rack": node.rack, "leaf": node.leaf, "state": node.state, "gpus": gpus,
+        "fences": fences})
+}
+
+/// One line per fence: `fenced node (node): xid 79 at ...`.
+fn fence_line(fence: &pb::NodeFence) -> String {
+    let scope = match fence.scope.as_str() {
+        "node" => "node".to_string(),
+        scope => format!("{scope} {}", fence.id),
+    };
+    format!("fenced {scope} ({}): {}", fence.kind, fence.reason)
 }
 
 pub fn print_nodes(nodes: &[pb::Node]) {
     println!("{:<20} {:<9} {:<8} {:<8} {:>5} {:>5}", "NODE", "STATE", "RACK", "LEAF", "GPUS", "FREE");
     for node in nodes {
-        let free = node.gpus.iter().filter(|g| g.healthy && g.job_id == 0).count();
+        let ready = node.state == "ready";
+        let free = node.gpus.iter().filter(|g| ready && g.healthy && g.fence.is_empty() && g.job_id == 0).count();
         println!("{:<20} {:<9} {:<8} {:<8} {:>5} {:>5}", node.name, node.state, node.rack, node.leaf, node.gpus.len(), free);
+        for fence in &node.fences {
+            println!("    {}", fence_line(fence));
+        }
         for g in &node.gpus {
             let holder = if g.job_id == 0 { "-".to_string() } else { format!("job {}", g.job_id) };
-            let health = if g.healthy { "ok" } else { "UNHEALTHY" };
+            let health = match (g.healthy, g.fence.is_empty()) {
+                (true, true) => "ok",
+                (_, false) => "FENCED",
+                (false, true) => "UNHEALTHY",
+            };
             println!("    gpu {:>2}  {:<12} {:>6} MiB  {:<9}  {}", g.index, g.model, g.memory_mib, health, holder);
         }
     }

@@ -184,9 +184,12 @@ pub fn node_to_pb(state: &ClusterState, node: &Node) -> pb::Node {
                 memory_mib: g.memory_mib,
                 healthy: g.healthy,
                 job_id: holder.and_then(|a| state.allocs.get(a)).map_or(0, |a| a.job_id),
+                fence: state.faults.fence_of(&node.name, g).map(|f| f.reason.clone()).unwrap_or_default(),
+                nvlink_domain: g.nvlink_domain,
             }
         })
         .collect();
+    let fences = state.faults.fences.get(&node.name).map(node_fences_to_pb).unwrap_or_default();
     pb::Node {
         name: node.name.clone(),
         address: node.address.clone(),
@@ -195,7 +198,22 @@ pub fn node_to_pb(state: &ClusterState, node: &Node) -> pb::Node {
         state: node.state.as_str().into(),
         gpus,
         registered_at_ms: node.registered_at_ms,
+        fences,
     }
+}
+
+fn node_fences_to_pb(fences: &state::faults::NodeFences) -> Vec<pb::NodeFence> {
+    let fence = |scope: &str, id: u32, f: &state::faults::Fence| pb::NodeFence {
+        scope: scope.into(),
+        id,
+        kind: f.kind.as_str().into(),
+        reason: f.reason.clone(),
+        since_ms: f.since_ms,
+    };
+    let node = fences.node.iter().map(|f| fence("node", 0, f));
+    let domains = fences.nvlink_domains.iter().map(|(&id, f)| fence("nvlink-domain", id, f));
+    let gpus = fences.gpus.iter().map(|(&id, f)| fence("gpu", id, f));
+    node.chain(domains).chain(gpus).collect()
 }
 
 /// Check a submit fully against the current state, so the receiving replica

@@ -54,3 +54,78 @@ pub fn refusal_of(status: &tonic::Status) -> (Option<String>, Option<String>) {
     let get = |key: &str| status.metadata().get(key).and_then(|v| v.to_str().ok()).map(str::to_string);
     (get(REASON_CODE_METADATA), get(FIELD_METADATA))
 }
+
+/// Longest host name a replica address may carry (DNS's own bound).
+pub const MAX_HOST_BYTES: usize = 253;
+
+/// Is `address` a replica address: `HOST:PORT` with an IPv4 address, a
+/// bracketed IPv6 address or a DNS name (as a Kubernetes headless Service
+/// gives its pods), and a port of 1 to 65535? `Err` says what is wrong.
+/// The name is resolved at each connection, so a replica whose IP changes
+/// under a stable name stays reachable.
+pub fn check_replica_address(address: &str) -> Result<(), String> {
+    let (host, port) = address.rsplit_once(':').ok_or("expected HOST:PORT")?;
+    match port.parse::<u16>() {
+        Ok(port) if port > 0 => {}
+        _ => return Err(format!("port {port:?} is not a number from 1 to 65535")),
+    }
+    if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return inner.parse::<std::net::Ipv6Addr>().map(|_| ()).map_err(|_| format!("{host} is not an IPv6 address"));
+    }
+    if host.parse::<std::net::Ipv4Addr>().is_ok() {
+        return Ok(());
+    }
+    check_dns_name(host)
+}
+
+fn check_dns_name(host: &str) -> Result<(), String> {
+    if host.is_empty() || host.len() > MAX_HOST_BYTES {
+        return Err(format!("host must be 1 to {MAX_HOST_BYTES} bytes"));
+    }
+    let label_ok = |label: &str| {
+        let alphanumeric_ends =
+            label.starts_with(|c: char| c.is_ascii_alphanumeric()) && label.ends_with(|c: char| c.is_ascii_alphanumeric());
+        (1..=63).contains(&label.len()) && alphanumeric_ends && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    };
+    let name = host.strip_suffix('.').unwrap_or(host);
+    if !name.split('.').all(label_ok) {
+        return Err(format!("host {host:?} is neither an IP address nor a DNS name (labels of letters, digits and inner hyphens)"));
+    }
+    // A name of digits and dots only is a malformed IPv4 address.
+    if name.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return Err(format!("host {host:?} is not an IPv4 address"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::*;
+
+    #[test]
+    fn replica_addresses_may_be_ips_or_dns_names() {
+        for ok in ["127.0.0.1:7000", "[::1]:7000", "localhost:7000", "rota-0.rota.default.svc.cluster.local:7000", "rota-1.rota.:1"] {
+            assert_eq!(check_replica_address(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "rota-0",
+            "rota-0:0",
+            "rota-0:70000",
+            "rota-0:port",
+            ":7000",
+            "-rota:7000",
+            "rota-:7000",
+            "ro_ta:7000",
+            "a..b:7000",
+            "300.1.1.1:7000",
+            "[::1:7000",
+            "[zz]:7000",
+            "a b:7000",
+            "host/path:7000",
+        ] {
+            assert!(check_replica_address(bad).is_err(), "{bad} accepted");
+        }
+        let long = format!("{}:7000", vec!["a".repeat(63); 5].join("."));
+        assert!(check_replica_address(&long).is_err(), "over {MAX_HOST_BYTES} bytes");
+    }
+}

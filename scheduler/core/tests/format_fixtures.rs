@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use rota_core::state::auth::{Actor, Role};
 use rota_core::state::codec::{self, FIRST_FORMAT_VERSION, FORMAT_VERSION};
 use rota_core::state::{
-    AlarmKind, ClusterState, Command, GpuInfo, GroupQuota, JobSpec, NodeRegistration, PendingNote, Placement, Plan, Priority, Proposal,
-    QueueConfig, RankPlacement, Stop, StopReason,
+    AlarmKind, ClusterState, Command, GpuInfo, GroupQuota, JobReason, JobSpec, NodeRegistration, PendingNote, Placement, Plan, Priority,
+    Proposal, QueueConfig, RankPlacement, ReasonCode, Stop, StopReason,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -62,7 +62,22 @@ fn every_command(version: u16) -> Proposal {
     if version >= 5 {
         proposal.commands.extend(commands_of_format_5());
     }
+    if version >= 6 {
+        proposal.commands.extend(commands_of_format_6());
+    }
     proposal
+}
+
+fn commands_of_format_6() -> Vec<Command> {
+    let audited = |command: Command| Command::Audited { actor: admin(), command: Box::new(command) };
+    let fenced_note = PendingNote { job_id: 2, reason: JobReason::new(ReasonCode::Fenced, "fenced"), estimated_start_ms: None };
+    vec![
+        Command::GpuXid { node: "n1".into(), gpu: 1, xid: 79, at_ms: 1_700_000_006_000 },
+        Command::GpuReset { node: "n1".into(), gpu: 1 },
+        audited(Command::ReadmitNode { node: "n1".into(), gpu: Some(1) }),
+        audited(Command::FenceNode { node: "n1".into(), gpu: None, reason: "fan".into() }),
+        Command::ApplyPlan(Plan { pending: vec![fenced_note], ..Plan::default() }),
+    ]
 }
 
 fn admin() -> Actor {
@@ -156,6 +171,18 @@ fn small_cluster(version: u16) -> ClusterState {
         let results = state.apply_proposal(6, &Proposal { now_ms: 1_700_000_005_000, commands });
         assert!(!results.iter().any(|r| matches!(r, rota_core::state::CommandResult::Rejected(_))), "{results:?}");
         assert_eq!((state.auth.users.len(), state.auth.tokens.len(), state.auth.job_marks.len()), (3, 1, 1));
+    }
+    if version >= 6 {
+        // A reset fence on GPU 1, the running job's attempt ended by an
+        // application XID on GPU 0 (it waits for its rank's exit), a drain.
+        let commands = vec![
+            Command::GpuXid { node: "n1".into(), gpu: 1, xid: 48, at_ms: 1_700_000_006_000 },
+            Command::GpuXid { node: "n1".into(), gpu: 0, xid: 94, at_ms: 1_700_000_006_500 },
+            Command::DrainNode { node: "n1".into(), drain: true },
+        ];
+        let results = state.apply_proposal(7, &Proposal { now_ms: 1_700_000_007_000, commands });
+        assert!(results.iter().all(|r| *r == rota_core::state::CommandResult::Done), "{results:?}");
+        assert_eq!((state.faults.fences.len(), state.faults.attempt_faults.len(), state.faults.drained.len()), (1, 1, 1));
     }
     state.check_invariants().expect("a consistent fixture");
     state

@@ -23,6 +23,10 @@ use rota_core::state::{ClusterState, Command, CommandResult, GpuInfo, NodeRegist
 
 /// Events in one report at most.
 const MAX_EVENTS: usize = 1_024;
+/// GPU events in one report at most.
+const MAX_GPU_EVENTS: usize = 256;
+/// The cluster version that holds GPU fault commands.
+const GPU_FAULTS_FORMAT: u16 = 6;
 /// Assignment messages buffered per watch before the sender waits.
 const WATCH_BUFFER: usize = 4;
 /// A watch re-reads the state at most this often.
@@ -55,7 +59,11 @@ impl AgentApi {
     }
 
     async fn report_here(&self, message: &pb::ReportRankEventsRequest) -> Result<pb::ReportRankEventsResponse, Failure> {
-        let commands = self.ctx.read(|state| events_to_commands(state, &message.node, &message.events))?;
+        let commands = self.ctx.read(|state| {
+            let mut commands = events_to_commands(state, &message.node, &message.events)?;
+            commands.extend(gpu_events_to_commands(state, &message.node, &message.gpu_events)?);
+            Ok::<_, Status>(commands)
+        })?;
         let outcomes = futures::future::join_all(commands.into_iter().map(|c| self.ctx.proposer.propose(c))).await;
         let mut last_index = 0;
         for outcome in outcomes {
@@ -166,6 +174,45 @@ fn events_to_commands(state: &ClusterState, node: &str, events: &[pb::RankEvent]
             }
             Some(pb::rank_event::Kind::Checkpoint(c)) => Command::Checkpoint { alloc_id, at_ms: c.at_ms },
             None => return Err(Status::invalid_argument(format!("events[{i}].kind: is required"))),
+        };
+        commands.push(command);
+    }
+    Ok(commands)
+}
+
+/// Turn a node's GPU events into commands, in the order seen. A cluster
+/// that has not raised its version to the one with GPU fault commands
+/// drops them (logged): refusing would hold back the rank events with them.
+fn gpu_events_to_commands(state: &ClusterState, node: &str, events: &[pb::GpuEvent]) -> Result<Vec<Command>, Status> {
+    if events.len() > MAX_GPU_EVENTS {
+        return Err(Status::invalid_argument(format!("gpu_events: at most {MAX_GPU_EVENTS}")));
+    }
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    if state.cluster_version() < GPU_FAULTS_FORMAT {
+        tracing::warn!(
+            node,
+            events = events.len(),
+            version = state.cluster_version(),
+            "GPU events dropped: the cluster version has no GPU fault commands yet"
+        );
+        return Ok(Vec::new());
+    }
+    let mut commands = Vec::with_capacity(events.len());
+    for (i, event) in events.iter().enumerate() {
+        let (node, gpu) = (node.to_string(), event.gpu);
+        let command = match event.kind {
+            Some(pb::gpu_event::Kind::Xid(xid)) => {
+                let action = rota_core::state::xid::xid_action(xid);
+                tracing::warn!(node, gpu, xid, action = action.as_str(), "GPU reported an XID");
+                Command::GpuXid { node, gpu, xid, at_ms: event.at_ms }
+            }
+            Some(pb::gpu_event::Kind::Reset(_)) => {
+                tracing::info!(node, gpu, "GPU reset and healthy again");
+                Command::GpuReset { node, gpu }
+            }
+            None => return Err(Status::invalid_argument(format!("gpu_events[{i}].kind: is required"))),
         };
         commands.push(command);
     }
@@ -287,6 +334,33 @@ async fn watch_loop(ctx: Arc<Context>, message: pb::WatchAssignmentsRequest, sen
 #[cfg(test)]
 mod tests {
     use rota_client::convert::host_of;
+    use rota_core::state::{ClusterState, Command};
+    use rota_proto::v1 as pb;
+
+    use super::{gpu_events_to_commands, GPU_FAULTS_FORMAT, MAX_GPU_EVENTS};
+
+    /// XIDs and resets become fault commands in the order seen; a cluster
+    /// without the fault commands yet drops them rather than refusing the
+    /// report (which would hold back the rank events sent with them).
+    #[test]
+    fn gpu_events_become_commands_once_the_cluster_has_them() {
+        let events = vec![
+            pb::GpuEvent { gpu: 3, at_ms: 7, kind: Some(pb::gpu_event::Kind::Xid(79)) },
+            pb::GpuEvent { gpu: 3, at_ms: 8, kind: Some(pb::gpu_event::Kind::Reset(pb::GpuResetDone {})) },
+        ];
+        let mut state = ClusterState::default();
+        assert!(gpu_events_to_commands(&state, "n1", &events).unwrap().is_empty(), "dropped before the fault format");
+        state.cluster_version = GPU_FAULTS_FORMAT;
+        let commands = gpu_events_to_commands(&state, "n1", &events).unwrap();
+        assert_eq!(
+            commands,
+            vec![Command::GpuXid { node: "n1".into(), gpu: 3, xid: 79, at_ms: 7 }, Command::GpuReset { node: "n1".into(), gpu: 3 }]
+        );
+        let kindless = vec![pb::GpuEvent { gpu: 0, at_ms: 1, kind: None }];
+        assert!(gpu_events_to_commands(&state, "n1", &kindless).unwrap_err().message().contains("gpu_events[0].kind"));
+        let flood = vec![events[0]; MAX_GPU_EVENTS + 1];
+        assert!(gpu_events_to_commands(&state, "n1", &flood).unwrap_err().message().contains("gpu_events: at most"));
+    }
 
     #[test]
     fn host_of_strips_the_port() {

@@ -72,8 +72,8 @@ impl ClusterApi {
         if message.id == 0 {
             return Err(Status::invalid_argument("id: must be at least 1").into());
         }
-        if message.address.parse::<std::net::SocketAddr>().is_err() {
-            return Err(Status::invalid_argument("address: must be host:port with a numeric host").into());
+        if let Err(why) = rota_client::wire::check_replica_address(&message.address) {
+            return Err(Status::invalid_argument(format!("address: {why}")).into());
         }
         let status = self.ctx.replica.status();
         let voters: BTreeSet<u64> = status.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
@@ -170,6 +170,17 @@ impl ClusterApi {
         if let Err(error) = self.ctx.proposer.propose(command).await {
             tracing::warn!(%error, "could not record a membership change in the audit trail");
         }
+    }
+
+    /// Commit an operator's command about a node; answer the node as it is then.
+    async fn node_command(&self, actor: &Actor, node: &str, command: Command) -> Result<pb::Node, Failure> {
+        if node.is_empty() {
+            return Err(Status::invalid_argument("node: is required").into());
+        }
+        self.propose_config(self.ctx.as_actor(actor, command)).await?;
+        self.ctx
+            .read(|state| state.nodes.get(node).map(|n| node_to_pb(state, n)))
+            .ok_or_else(|| Status::not_found(format!("node {node} not found")).into())
     }
 
     async fn propose_config(&self, command: Command) -> Result<(), Failure> {
@@ -335,6 +346,36 @@ impl ClusterService for ClusterApi {
         let here = |_| async move { self.queues_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_queues(request).await };
         serve_or_forward("list_queues", request, here, forward).await
+    }
+
+    async fn drain_node(&self, mut request: Request<pb::DrainNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let actor = &self.ctx.actor(&mut request)?;
+        let here = |message: pb::DrainNodeRequest| async move {
+            let command = Command::DrainNode { node: message.node.clone(), drain: message.drain };
+            self.node_command(actor, &message.node, command).await
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.drain_node(request).await };
+        serve_or_forward("drain_node", request, here, forward).await
+    }
+
+    async fn readmit_node(&self, mut request: Request<pb::ReadmitNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let actor = &self.ctx.actor(&mut request)?;
+        let here = |message: pb::ReadmitNodeRequest| async move {
+            let command = Command::ReadmitNode { node: message.node.clone(), gpu: message.gpu };
+            self.node_command(actor, &message.node, command).await
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.readmit_node(request).await };
+        serve_or_forward("readmit_node", request, here, forward).await
+    }
+
+    async fn fence_node(&self, mut request: Request<pb::FenceNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let actor = &self.ctx.actor(&mut request)?;
+        let here = |message: pb::FenceNodeRequest| async move {
+            let command = Command::FenceNode { node: message.node.clone(), gpu: message.gpu, reason: message.reason.clone() };
+            self.node_command(actor, &message.node, command).await
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.fence_node(request).await };
+        serve_or_forward("fence_node", request, here, forward).await
     }
 
     async fn set_quota(&self, mut request: Request<pb::Quota>) -> Result<Response<pb::Quota>, Status> {

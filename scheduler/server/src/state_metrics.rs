@@ -32,9 +32,10 @@ pub struct StateGauges {
     pub oldest_pending_s: BTreeMap<String, f64>,
     /// (group, model) -> GPUs held by live allocations.
     pub running: BTreeMap<(String, String), u64>,
-    /// GPU state (free|allocated|unhealthy|down) -> count.
+    /// GPU state (free|allocated|unhealthy|down) -> count; a fenced GPU
+    /// not allocated counts as unhealthy.
     pub gpus: BTreeMap<&'static str, u64>,
-    /// GPUs not placeable for health.
+    /// GPUs not placeable for health: reported unhealthy or fenced.
     pub fenced: u64,
     /// Node state (ready|draining|down) -> count.
     pub nodes: BTreeMap<&'static str, u64>,
@@ -88,17 +89,20 @@ pub fn state_gauges(state: &ClusterState, now_ms: u64) -> StateGauges {
             heartbeat_age_max_ms = heartbeat_age_max_ms.max(now_ms.saturating_sub(heard_ms));
         }
         for gpu in &node.gpus {
+            // Not placeable for health: reported unhealthy, or under a
+            // fence (its own, its NVLink domain's or its node's).
+            let unplaceable = !gpu.healthy || state.faults.is_fenced(&node.name, gpu);
             let gpu_state = if state.gpu_owner.contains_key(&(node.name.clone(), gpu.index)) {
                 "allocated"
             } else if node.state != NodeState::Ready {
                 "down"
-            } else if !gpu.healthy {
+            } else if unplaceable {
                 "unhealthy"
             } else {
                 "free"
             };
             *gauges.gpus.entry(gpu_state).or_default() += 1;
-            if !gpu.healthy {
+            if unplaceable {
                 gauges.fenced += 1;
             }
         }
@@ -170,6 +174,7 @@ pub async fn run(ctx: Arc<Context>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rota_core::state::faults::{Fence, FenceKind};
     use rota_core::state::{Allocation, GpuInfo, Job, JobSpec, Node, Priority, Rank, RankState};
 
     fn node(name: &str, state: NodeState, gpus: u32) -> Node {
@@ -248,18 +253,21 @@ mod tests {
         state.allocs.insert(7, alloc);
         state.gpu_owner.insert(("a".into(), 0), 7);
         state.gpu_owner.insert(("a".into(), 1), 7);
+        // GPU 5 of a is fenced for an XID (healthy as reported).
+        let fence = Fence { kind: FenceKind::GpuReset, reason: "xid 48".into(), since_ms: 1_000 };
+        state.faults.fences.entry("a".into()).or_default().gpus.insert(5, fence);
 
         let gauges = state_gauges(&state, 70_000);
         assert_eq!(gauges.pending[&("training".into(), "vision".into())], (2, 10));
         assert_eq!(gauges.oldest_pending_s["training"], 60.0);
         assert_eq!(gauges.oldest_pending_s["short"], 0.0, "every configured queue is present");
         assert_eq!(gauges.running[&("nlp".into(), "H100-80GB".into())], 2);
-        // a: 2 allocated, GPU 3 unhealthy, 5 free; b (down): 4.
+        // a: 2 allocated, GPU 3 unhealthy, GPU 5 fenced, 4 free; b (down): 4.
         assert_eq!(gauges.gpus["allocated"], 2);
-        assert_eq!(gauges.gpus["unhealthy"], 1);
-        assert_eq!(gauges.gpus["free"], 5);
+        assert_eq!(gauges.gpus["unhealthy"], 2);
+        assert_eq!(gauges.gpus["free"], 4);
         assert_eq!(gauges.gpus["down"], 4);
-        assert_eq!(gauges.fenced, 2, "one unhealthy GPU on each node");
+        assert_eq!(gauges.fenced, 3, "an unhealthy GPU on each node, and the fenced one");
         assert_eq!((gauges.nodes["ready"], gauges.nodes["down"], gauges.nodes["draining"]), (1, 1, 0));
         assert_eq!(gauges.heartbeat_age_max_s, 20.0);
     }

@@ -58,6 +58,9 @@ pub mod report;
 pub mod reserve;
 pub mod view;
 
+#[cfg(test)]
+mod fence_tests;
+
 use crate::state::{ClusterState, Plan};
 
 pub use config::{Mode, PolicyConfig};

@@ -166,7 +166,9 @@ impl<'a> Pass<'a> {
         if let Some(outcome) = self.try_preempt(cand, shape, admit) {
             return outcome;
         }
-        let reason = if self.free.total == 0 {
+        let reason = if let Some(fenced) = self.fenced_reason(shape, false) {
+            fenced
+        } else if self.free.total == 0 {
             Reason::NoFreeGpus
         } else {
             Reason::InsufficientGpus { replicas: cand.replicas, per_replica: cand.per }
@@ -188,15 +190,40 @@ impl<'a> Pass<'a> {
         let no_match = Reason::NoMatchingGpus { model: spec.gpu_model.clone(), min_memory_mib: spec.min_gpu_memory_mib };
         let slots: u64 = self.view.nodes.iter().filter(|n| classes.contains(&n.class)).map(|n| u64::from(n.usable / per)).sum();
         let usable_nodes = self.view.nodes.iter().any(|n| classes.contains(&n.class) && n.usable > 0);
-        let verdict = if !usable_nodes {
-            Some(no_match)
-        } else if slots < u64::from(replicas) {
-            Some(Reason::GangTooLarge { replicas, per_replica: per, slots })
+        let verdict = if !usable_nodes || slots < u64::from(replicas) {
+            self.fenced_reason(shape, true).or(Some(if usable_nodes {
+                Reason::GangTooLarge { replicas, per_replica: per, slots }
+            } else {
+                no_match
+            }))
         } else {
             None
         };
         self.static_memo.insert(shape, verdict.clone());
         verdict
+    }
+
+    /// `Reason::Fenced` when fenced GPUs of the matching nodes would hold
+    /// the gang: counted with every usable GPU (`whole`, the static check)
+    /// or with the GPUs free now.
+    fn fenced_reason(&self, shape: ShapeKey, whole: bool) -> Option<Reason> {
+        let (node, fence) = self.view.fence_example?;
+        let (set, replicas, per) = shape;
+        let classes = &self.class_lists[set];
+        let mut slots = 0u64;
+        let mut fenced_gpus = 0u64;
+        for (n, view) in self.view.nodes.iter().enumerate().filter(|(_, v)| classes.contains(&v.class)) {
+            let open = if whole { view.usable } else { self.free.avail(n as u32) };
+            slots += u64::from((open + view.fenced) / per);
+            fenced_gpus += u64::from(view.fenced);
+        }
+        (fenced_gpus > 0 && slots >= u64::from(replicas)).then(|| Reason::Fenced {
+            replicas,
+            per_replica: per,
+            fenced_gpus,
+            node: node.to_string(),
+            fence: fence.to_string(),
+        })
     }
 
     /// Allocate / backfill: place the gang whole on the free GPUs, or under a

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::state::gpu_model::model_matches;
 use crate::state::{ClusterState, GroupQuota};
 
 use super::fasthash::FastMap;
@@ -38,6 +39,8 @@ pub struct QuotaBook<'a> {
     books: Vec<Book<'a>>,
     /// Groups with a quota that lend to nobody or only to named groups.
     restricted: Vec<u32>,
+    /// Match per-model guarantees by alias (see `state::gpu_model`).
+    model_aliases: bool,
 }
 
 /// How a job was admitted.
@@ -49,7 +52,7 @@ pub enum Admit {
 
 impl<'a> QuotaBook<'a> {
     pub fn new(state: &'a ClusterState, view: &mut View<'a>) -> QuotaBook<'a> {
-        let mut book = QuotaBook { ids: FastMap::default(), books: Vec::new(), restricted: Vec::new() };
+        let mut book = QuotaBook { ids: FastMap::default(), books: Vec::new(), restricted: Vec::new(), model_aliases: view.model_aliases };
         for (group, quota) in &state.quotas {
             let id = book.intern(group.as_str()) as usize;
             book.books[id].quota = Some(quota);
@@ -63,7 +66,8 @@ impl<'a> QuotaBook<'a> {
             let entry = &mut book.books[run.group_id as usize];
             entry.used += run.gpus;
             if let Some(model) = run.model {
-                *entry.used_by_model.entry(model.to_string()).or_insert(0) += run.gpus;
+                let key = model_key(entry.quota, model, book.model_aliases);
+                *entry.used_by_model.entry(key).or_insert(0) += run.gpus;
             }
         }
         book
@@ -118,9 +122,12 @@ impl<'a> QuotaBook<'a> {
         if b.used + gpus > b.guaranteed {
             return false;
         }
-        let model_quota = model.and_then(|m| b.quota?.per_model.get(m).map(|&q| (m, u64::from(q))));
+        let model_quota = model.and_then(|m| {
+            let key = model_key(b.quota, m, self.model_aliases);
+            b.quota?.per_model.get(&key).map(|&q| (key, u64::from(q)))
+        });
         match model_quota {
-            Some((m, q)) => b.used_by_model.get(m).copied().unwrap_or(0) + gpus <= q,
+            Some((key, q)) => b.used_by_model.get(&key).copied().unwrap_or(0) + gpus <= q,
             None => true,
         }
     }
@@ -151,17 +158,33 @@ impl<'a> QuotaBook<'a> {
         let b = &mut self.books[group as usize];
         b.used += gpus;
         if let Some(m) = model {
-            *b.used_by_model.entry(m.to_string()).or_insert(0) += gpus;
+            *b.used_by_model.entry(model_key(b.quota, m, self.model_aliases)).or_insert(0) += gpus;
         }
     }
 
     pub fn release(&mut self, group: u32, model: Option<&str>, gpus: u64) {
         let b = &mut self.books[group as usize];
         b.used = b.used.saturating_sub(gpus);
-        if let Some(used) = model.and_then(|m| b.used_by_model.get_mut(m)) {
+        let key = model.map(|m| model_key(b.quota, m, self.model_aliases));
+        if let Some(used) = key.and_then(|k| b.used_by_model.get_mut(&k)) {
             *used = used.saturating_sub(gpus);
         }
     }
+}
+
+/// The per-model guarantee a job asking for `asked` counts against: the
+/// quota's model of that name, else the first one the name matches as an
+/// alias (`H200` or `H200-141GB` count against `H200-140GB`), else the
+/// name itself (no per-model guarantee).
+fn model_key(quota: Option<&GroupQuota>, asked: &str, aliases: bool) -> String {
+    let per_model = quota.map(|q| &q.per_model);
+    let alias = per_model.and_then(|models| {
+        if models.contains_key(asked) {
+            return None;
+        }
+        models.keys().find(|offered| model_matches(asked, offered, aliases))
+    });
+    alias.map_or_else(|| asked.to_string(), String::clone)
 }
 
 /// One line of `rota quota show`.

@@ -29,6 +29,9 @@ pub enum Reason {
     Preempting { victims: usize },
     /// Every GPU is taken.
     NoFreeGpus,
+    /// The gang would fit but for fenced GPUs (a fault or an operator
+    /// keeps them off limits until readmitted); names one fence.
+    Fenced { replicas: u32, per_replica: u32, fenced_gpus: u64, node: String, fence: String },
 }
 
 impl Reason {
@@ -44,6 +47,7 @@ impl Reason {
             Reason::BehindJob { .. } => ReasonCode::BehindJob,
             Reason::Preempting { .. } => ReasonCode::Preempting,
             Reason::NoFreeGpus => ReasonCode::NoFreeGpus,
+            Reason::Fenced { .. } => ReasonCode::Fenced,
         }
     }
 
@@ -105,6 +109,10 @@ impl fmt::Display for Detail<'_> {
             Reason::BehindJob { job } => write!(f, "strict order: waiting behind job {job}"),
             Reason::Preempting { victims } => write!(f, "waiting for {victims} preempted allocation(s) to stop"),
             Reason::NoFreeGpus => write!(f, "every GPU is taken"),
+            Reason::Fenced { replicas, per_replica, fenced_gpus, node, fence } => {
+                gang(f, *replicas, *per_replica)?;
+                write!(f, " would fit but {fenced_gpus} matching GPUs are fenced (node {node}: {fence}); `rota node readmit` returns them")
+            }
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::state::gpu_model::model_matches;
 use crate::state::{AllocId, ClusterState, GpuInfo, JobId, JobSpec, NodeState, Priority, QueueConfig};
 
 use super::fasthash::FastMap;
@@ -28,8 +29,11 @@ pub struct NodeView<'a> {
     pub rack: u32,
     /// Free, healthy GPUs of a Ready node (empty for other nodes).
     pub free: Vec<FreeGpu>,
-    /// Healthy GPUs of a Ready node, free or not (what a job could ever get).
+    /// Healthy, unfenced GPUs of a Ready node, free or not (what a job
+    /// could ever get).
     pub usable: u32,
+    /// Healthy GPUs of a Ready node that a fence keeps off limits.
+    pub fenced: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -74,8 +78,14 @@ pub struct View<'a> {
     pub racks: usize,
     pub running: Vec<RunningView<'a>>,
     refs: Vec<&'a crate::state::Node>,
+    faults: &'a crate::state::faults::FaultState,
     /// Largest number of GPUs on one node (bounds the pool's buckets).
     pub max_gpus_per_node: u32,
+    /// The first fenced node (name order) and its fence's reason, for the
+    /// reasons of jobs that fenced capacity keeps waiting.
+    pub fence_example: Option<(&'a str, &'a str)>,
+    /// Model names match by alias (`state::gpu_model`), as apply does.
+    pub model_aliases: bool,
 }
 
 fn node_class(gpus: &[GpuInfo]) -> NodeClass {
@@ -92,6 +102,7 @@ impl<'a> View<'a> {
         let mut nodes = Vec::with_capacity(state.nodes.len());
         let mut node_index = FastMap::default();
         let mut max_gpus_per_node = 0;
+        let mut fence_example = None;
         let mut owners = state.gpu_owner.keys().map(|(n, i)| (n, i)).peekable();
         for node in state.nodes.values() {
             let class = node_class(&node.gpus);
@@ -107,7 +118,12 @@ impl<'a> View<'a> {
             let next_leaf = leaf_ids.len() as u32;
             let leaf = *leaf_ids.entry((node.rack.as_str(), node.leaf.as_str())).or_insert(next_leaf);
             let ready = node.state == NodeState::Ready;
-            let usable = if ready { node.gpus.iter().filter(|g| g.healthy).count() as u32 } else { 0 };
+            let fence_of = |g: &GpuInfo| state.faults.fence_of(&node.name, g);
+            let usable = if ready { node.gpus.iter().filter(|g| g.healthy && fence_of(g).is_none()).count() as u32 } else { 0 };
+            let fenced = if ready { node.gpus.iter().filter(|g| g.healthy && fence_of(g).is_some()).count() as u32 } else { 0 };
+            if fence_example.is_none() {
+                fence_example = node.gpus.iter().find_map(fence_of).map(|f| (node.name.as_str(), f.reason.as_str()));
+            }
             // gpu_owner and nodes are both in node-name order: one merge walk.
             let mut owned: Vec<u32> = Vec::new();
             while let Some(&(owner, index)) = owners.peek() {
@@ -121,14 +137,14 @@ impl<'a> View<'a> {
             let free = node
                 .gpus
                 .iter()
-                .filter(|g| ready && g.healthy && !owned.contains(&g.index))
+                .filter(|g| ready && g.healthy && fence_of(g).is_none() && !owned.contains(&g.index))
                 .map(|g| FreeGpu { index: g.index, nvlink: g.nvlink_domain })
                 .collect::<Vec<_>>();
             let mut free = free;
             free.sort_by_key(|g| g.index);
             max_gpus_per_node = max_gpus_per_node.max(node.gpus.len() as u32);
             node_index.insert(node.name.as_str(), nodes.len() as u32);
-            nodes.push(NodeView { name: node.name.as_str(), class: class_id, leaf, rack, free, usable });
+            nodes.push(NodeView { name: node.name.as_str(), class: class_id, leaf, rack, free, usable, fenced });
         }
         let mut view = View {
             nodes,
@@ -138,7 +154,10 @@ impl<'a> View<'a> {
             racks: rack_ids.len(),
             running: Vec::new(),
             refs: state.nodes.values().collect(),
+            faults: &state.faults,
             max_gpus_per_node,
+            fence_example,
+            model_aliases: state.model_aliases(),
         };
         view.running = view.running_allocs(state, now_ms);
         view
@@ -198,7 +217,8 @@ impl<'a> View<'a> {
         if node.state != NodeState::Ready {
             return 0;
         }
-        gpus.iter().filter(|&&i| node.gpus.iter().any(|g| g.index == i && g.healthy)).count() as u32
+        gpus.iter().filter(|&&i| node.gpus.iter().any(|g| g.index == i && g.healthy && !self.faults.is_fenced(&node.name, g))).count()
+            as u32
     }
 
     /// Node classes a job can run on (model and memory constraints).
@@ -206,7 +226,10 @@ impl<'a> View<'a> {
         self.classes
             .iter()
             .enumerate()
-            .filter(|(_, c)| spec.gpu_model.as_ref().is_none_or(|m| *m == c.model) && c.memory_mib >= spec.min_gpu_memory_mib)
+            .filter(|(_, c)| {
+                let model_ok = spec.gpu_model.as_ref().is_none_or(|m| model_matches(m, &c.model, self.model_aliases));
+                model_ok && c.memory_mib >= spec.min_gpu_memory_mib
+            })
             .map(|(i, _)| i as u32)
             .collect()
     }

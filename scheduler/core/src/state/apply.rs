@@ -8,8 +8,10 @@ use super::auth::{
     MAX_TOKENS, MAX_TOKENS_PER_USER, MAX_USERS,
 };
 use super::command::*;
+use super::faults::{utc_text, Fence, FenceKind};
 use super::types::*;
 use super::validate::{validate_queue, validate_quota, validate_request_id, validate_spec};
+use super::xid::{xid_action, XidAction};
 use super::ClusterState;
 
 fn validate_name(name: &str) -> Result<(), (String, String)> {
@@ -23,6 +25,8 @@ fn invalid((field, message): (String, String)) -> Rejection {
 /// MASTER_PORT is chosen from this range, unique per rank-0 node.
 const MASTER_PORT_FIRST: u16 = 29_500;
 const MASTER_PORT_COUNT: u16 = 10_000;
+/// An operator's fence reason at most.
+const MAX_FENCE_REASON_BYTES: usize = 256;
 
 impl ClusterState {
     pub(super) fn apply(&mut self, index: u64, command: &Command) -> CommandResult {
@@ -45,7 +49,11 @@ impl ClusterState {
             Command::NodesHeard { nodes } => Ok(self.nodes_heard(nodes)),
             Command::Audited { actor, command } => Ok(self.apply_audited(index, actor, command)),
             Command::BootstrapAdmin { name } => self.bootstrap_admin(name),
+            Command::GpuXid { node, gpu, xid, at_ms } => self.gpu_xid(index, node, *gpu, *xid, *at_ms),
+            Command::GpuReset { node, gpu } => self.gpu_reset(node, *gpu),
             Command::SubmitMarked { .. }
+            | Command::ReadmitNode { .. }
+            | Command::FenceNode { .. }
             | Command::SetUser { .. }
             | Command::RemoveUser { .. }
             | Command::CreateToken { .. }
@@ -137,9 +145,13 @@ impl ClusterState {
                     Action::OwnJob { owner, group: &job.spec.group }
                 }
             },
-            Command::DrainNode { .. } | Command::SetQueue(_) | Command::SetQuota(_) | Command::SetAlarm { .. } | Command::Note { .. } => {
-                Action::Operate
-            }
+            Command::DrainNode { .. }
+            | Command::SetQueue(_)
+            | Command::SetQuota(_)
+            | Command::SetAlarm { .. }
+            | Command::Note { .. }
+            | Command::ReadmitNode { .. }
+            | Command::FenceNode { .. } => Action::Operate,
             Command::SetUser { .. } | Command::RemoveUser { .. } => Action::Administer,
             Command::CreateToken { user, .. } => Action::ManageTokensOf { user },
             Command::RevokeToken { id } => match self.auth.tokens.get(id) {
@@ -169,6 +181,8 @@ impl ClusterState {
             Command::CreateToken { id, user, hash, expires_ms } => self.create_token(id, user, hash, *expires_ms),
             Command::RevokeToken { id } => self.revoke_token(id),
             Command::Note { .. } => Ok(CommandResult::Done),
+            Command::ReadmitNode { node, gpu } => self.readmit(node, *gpu),
+            Command::FenceNode { node, gpu, reason } => self.fence_by_operator(index, node, *gpu, reason),
             other => Ok(self.apply(index, other)),
         }
     }
@@ -381,7 +395,8 @@ impl ClusterState {
         node.leaf = registration.leaf.clone();
         node.gpus = registration.gpus.clone();
         if node.state == NodeState::Down {
-            node.state = NodeState::Ready;
+            // A drained node that was down comes back drained.
+            node.state = if self.faults.drained.contains(&registration.name) { NodeState::Draining } else { NodeState::Ready };
             node.registered_at_ms = now_ms;
         }
         if self.cluster_version() >= 4 {
@@ -427,6 +442,14 @@ impl ClusterState {
             (_, true) => NodeState::Draining,
             (_, false) => NodeState::Ready,
         };
+        // The drained set exists from format 6 on (an older snapshot could not carry it).
+        if self.cluster_version() >= 6 {
+            if drain {
+                self.faults.drained.insert(name.to_string());
+            } else {
+                self.faults.drained.remove(name);
+            }
+        }
         Ok(CommandResult::Done)
     }
 
@@ -509,7 +532,7 @@ impl ClusterState {
                 if !self.gpu_is_free(node, gpu) {
                     return Err(conflict(format!("GPU {}:{index} is not free", node.name)));
                 }
-                if !gpu_matches(&job.spec, gpu) {
+                if !gpu_matches(&job.spec, gpu, self.model_aliases()) {
                     return Err(conflict(format!("GPU {}:{index} does not match the job's constraints", node.name)));
                 }
                 if !claimed.insert((node.name.as_str(), index)) {
@@ -638,6 +661,10 @@ impl ClusterState {
             }
         }
         let held_ms = self.now_ms.saturating_sub(alloc.created_at_ms);
+        if alloc.stop != Some(StopReason::Failed) {
+            // A cancel that overtook a fault ends as a cancel.
+            self.faults.attempt_faults.remove(&alloc_id);
+        }
         let job = self.jobs.get_mut(&alloc.job_id).expect("allocation has a job");
         assert_eq!(job.alloc, Some(alloc_id));
         job.alloc = None;
@@ -656,10 +683,13 @@ impl ClusterState {
             }
             Some(StopReason::Failed) => {
                 job.failures += 1;
-                if job.failures <= job.spec.max_retries {
-                    (JobState::Pending, JobReason::new(ReasonCode::Retrying, "retrying after a failed attempt"))
-                } else {
-                    (JobState::Failed, JobReason::new(ReasonCode::Failed, "a rank exited non-zero"))
+                let fault = self.faults.attempt_faults.remove(&alloc_id);
+                let retry = job.failures <= job.spec.max_retries;
+                match (retry, fault) {
+                    (true, None) => (JobState::Pending, JobReason::new(ReasonCode::Retrying, "retrying after a failed attempt")),
+                    (false, None) => (JobState::Failed, JobReason::new(ReasonCode::Failed, "a rank exited non-zero")),
+                    (true, Some(fault)) => (JobState::Pending, JobReason::new(ReasonCode::Retrying, format!("retrying: {fault}"))),
+                    (false, Some(fault)) => (JobState::Failed, JobReason::new(ReasonCode::Failed, fault)),
                 }
             }
         };
@@ -695,6 +725,130 @@ impl ClusterState {
         }
     }
 
+    /// An XID from a node's agent, acted on by the XID table. Unknown nodes
+    /// and GPUs are NotFound: the agent registers before it reports.
+    fn gpu_xid(&mut self, index: u64, name: &str, gpu: u32, xid: u32, at_ms: u64) -> Result<CommandResult, Rejection> {
+        let node = self.nodes.get(name).ok_or(Rejection::NotFound { what: format!("node {name}") })?;
+        let info = node.gpus.iter().find(|g| g.index == gpu).ok_or(Rejection::NotFound { what: format!("GPU {gpu} of node {name}") })?;
+        let domain = info.nvlink_domain;
+        let reason = format!("xid {xid} at {}", utc_text(at_ms));
+        let fence = |kind| Fence { kind, reason: reason.clone(), since_ms: self.now_ms };
+        match xid_action(xid) {
+            XidAction::Ignore => {}
+            XidAction::FailAttempt => {
+                let fault = format!("xid {xid} on gpu {gpu} of node {name}");
+                if let Some(&alloc_id) = self.gpu_owner.get(&(name.to_string(), gpu)) {
+                    self.end_attempt_for_fault(index, alloc_id, fault);
+                }
+            }
+            XidAction::FenceGpu => {
+                let fence = fence(FenceKind::GpuReset);
+                self.faults.fences.entry(name.to_string()).or_default().gpus.entry(gpu).or_insert(fence);
+                self.end_attempts_on_fenced(index, name, &reason);
+            }
+            XidAction::FenceNode => {
+                let fence = fence(FenceKind::Node);
+                let fences = self.faults.fences.entry(name.to_string()).or_default();
+                fences.node.get_or_insert(fence);
+                self.end_attempts_on_fenced(index, name, &reason);
+            }
+            XidAction::FenceNvlinkDomain => {
+                let fence = fence(FenceKind::NvlinkDomain);
+                let fences = self.faults.fences.entry(name.to_string()).or_default();
+                match domain {
+                    Some(domain) => fences.nvlink_domains.entry(domain).or_insert(fence),
+                    // A GPU without NVLink peers is a domain of its own.
+                    None => fences.gpus.entry(gpu).or_insert(fence),
+                };
+                self.end_attempts_on_fenced(index, name, &reason);
+            }
+        }
+        Ok(CommandResult::Done)
+    }
+
+    /// The agent reset the GPU and read it healthy: a reset fence is
+    /// lifted. Fences an operator must lift stay.
+    fn gpu_reset(&mut self, name: &str, gpu: u32) -> Result<CommandResult, Rejection> {
+        if !self.nodes.contains_key(name) {
+            return Err(Rejection::NotFound { what: format!("node {name}") });
+        }
+        if let Some(fences) = self.faults.fences.get_mut(name) {
+            if fences.gpus.get(&gpu).is_some_and(|f| f.kind == FenceKind::GpuReset) {
+                fences.gpus.remove(&gpu);
+            }
+            if fences.is_empty() {
+                self.faults.fences.remove(name);
+            }
+        }
+        Ok(CommandResult::Done)
+    }
+
+    /// An operator lifts every fence of a node, or those of one GPU (its
+    /// own and its NVLink domain's).
+    fn readmit(&mut self, name: &str, gpu: Option<u32>) -> Result<CommandResult, Rejection> {
+        let node = self.nodes.get(name).ok_or(Rejection::NotFound { what: format!("node {name}") })?;
+        let Some(gpu) = gpu else {
+            self.faults.fences.remove(name);
+            return Ok(CommandResult::Done);
+        };
+        let info = node.gpus.iter().find(|g| g.index == gpu).ok_or(Rejection::NotFound { what: format!("GPU {gpu} of node {name}") })?;
+        let domain = info.nvlink_domain;
+        if let Some(fences) = self.faults.fences.get_mut(name) {
+            fences.gpus.remove(&gpu);
+            if let Some(domain) = domain {
+                fences.nvlink_domains.remove(&domain);
+            }
+            if fences.is_empty() {
+                self.faults.fences.remove(name);
+            }
+        }
+        Ok(CommandResult::Done)
+    }
+
+    fn fence_by_operator(&mut self, index: u64, name: &str, gpu: Option<u32>, reason: &str) -> Result<CommandResult, Rejection> {
+        let node = self.nodes.get(name).ok_or(Rejection::NotFound { what: format!("node {name}") })?;
+        if reason.is_empty() || reason.len() > MAX_FENCE_REASON_BYTES {
+            return Err(Rejection::Invalid { field: "reason".into(), message: format!("1..={MAX_FENCE_REASON_BYTES} bytes") });
+        }
+        if let Some(gpu) = gpu {
+            if !node.gpus.iter().any(|g| g.index == gpu) {
+                return Err(Rejection::NotFound { what: format!("GPU {gpu} of node {name}") });
+            }
+        }
+        let fence = Fence { kind: FenceKind::Operator, reason: reason.to_string(), since_ms: self.now_ms };
+        let fences = self.faults.fences.entry(name.to_string()).or_default();
+        match gpu {
+            None => fences.node = Some(fence),
+            Some(gpu) => {
+                fences.gpus.insert(gpu, fence);
+            }
+        }
+        self.end_attempts_on_fenced(index, name, reason);
+        Ok(CommandResult::Done)
+    }
+
+    /// End every live attempt holding a fenced GPU of `name` (the whole
+    /// gang, under its job's retry rule), naming the fault.
+    fn end_attempts_on_fenced(&mut self, index: u64, name: &str, fault: &str) {
+        let Some(node) = self.nodes.get(name) else { return };
+        let fenced: BTreeSet<u32> = node.gpus.iter().filter(|g| self.faults.is_fenced(name, g)).map(|g| g.index).collect();
+        let hit: BTreeSet<AllocId> = fenced.iter().filter_map(|&gpu| self.gpu_owner.get(&(name.to_string(), gpu)).copied()).collect();
+        for alloc_id in hit {
+            self.end_attempt_for_fault(index, alloc_id, format!("{fault}: capacity of node {name} fenced"));
+        }
+    }
+
+    /// Fail one attempt for a GPU fault: its ranks are stopped and the job
+    /// is retried (or failed) by its retry rule, with the fault as reason.
+    /// An attempt already stopping keeps its reason.
+    fn end_attempt_for_fault(&mut self, index: u64, alloc_id: AllocId, fault: String) {
+        let live = self.allocs.get(&alloc_id).is_some_and(|a| a.stop.is_none());
+        if live {
+            self.faults.attempt_faults.insert(alloc_id, fault);
+            self.request_stop(index, alloc_id, StopReason::Failed);
+        }
+    }
+
     fn checkpoint(&mut self, index: u64, alloc_id: AllocId, at_ms: u64) -> Result<CommandResult, Rejection> {
         let alloc = self.allocs.get(&alloc_id).ok_or(Rejection::NotFound { what: format!("allocation {alloc_id}") })?;
         let job = self.jobs.get_mut(&alloc.job_id).expect("allocation has a job");
@@ -726,7 +880,9 @@ impl ClusterState {
     }
 }
 
-/// Does this GPU satisfy the job's model and memory constraints?
-pub fn gpu_matches(spec: &JobSpec, gpu: &GpuInfo) -> bool {
-    spec.gpu_model.as_ref().is_none_or(|m| *m == gpu.model) && gpu.memory_mib >= spec.min_gpu_memory_mib
+/// Does this GPU satisfy the job's model and memory constraints? Model
+/// names match by alias where `aliases` (`ClusterState::model_aliases`).
+pub fn gpu_matches(spec: &JobSpec, gpu: &GpuInfo, aliases: bool) -> bool {
+    let model_ok = spec.gpu_model.as_ref().is_none_or(|m| super::gpu_model::model_matches(m, &gpu.model, aliases));
+    model_ok && gpu.memory_mib >= spec.min_gpu_memory_mib
 }

@@ -30,6 +30,7 @@
 //! | 3 | `Command::SetAlarm`; a snapshot ends with the cluster version, then the raised alarms |
 //! | 4 | `Command::NodesHeard`; then the nodes' last heard times |
 //! | 5 | `Command::Audited` and the user, token and note commands inside it, `Rejection::PermissionDenied`; then the users, tokens, job marks and audit trail |
+//! | 6 | `Command::GpuXid`, `GpuReset`, `ReadmitNode`, `FenceNode`, `ReasonCode::Fenced`; then the fences, attempt faults and drained nodes; GPU model names match by alias (`gpu_model`) |
 
 use serde::Serialize;
 
@@ -37,7 +38,7 @@ use super::command::Proposal;
 use super::ClusterState;
 
 /// The newest format this build reads (and writes, once the cluster runs it).
-pub const FORMAT_VERSION: u16 = 5;
+pub const FORMAT_VERSION: u16 = 6;
 pub use super::command::FIRST_FORMAT_VERSION;
 const MAGIC: &[u8; 4] = b"rota";
 const HEADER_BYTES: usize = 6;
@@ -126,6 +127,11 @@ pub fn encode_snapshot(state: &ClusterState) -> Vec<u8> {
     } else {
         debug_assert!(state.auth == Default::default(), "users, tokens and the audit trail exist from format 5 on");
     }
+    if version >= 6 {
+        bincode::serialize_into(&mut bytes, &state.faults).expect("fault state encodes");
+    } else {
+        debug_assert!(state.faults == Default::default(), "fences and drained nodes exist from format 6 on");
+    }
     bytes
 }
 
@@ -170,6 +176,9 @@ pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterStat
     }
     if version >= 5 {
         state.auth = read_part(what, &mut reader)?;
+    }
+    if version >= 6 {
+        state.faults = read_part(what, &mut reader)?;
     }
     if !reader.is_empty() {
         return Err(CodecError::Corrupt { what, detail: format!("{} bytes after the state", reader.len()) });
@@ -231,8 +240,8 @@ mod tests {
     fn a_huge_length_in_any_snapshot_part_is_refused_without_allocating_it() {
         let state = ClusterState { cluster_version: FORMAT_VERSION, ..ClusterState::default() };
         let bytes = encode_snapshot(&state);
-        let auth_len = bincode::serialize(&state.auth).unwrap().len();
-        let mut hostile = bytes[..bytes.len() - auth_len].to_vec();
+        let tail_len = bincode::serialize(&state.auth).unwrap().len() + bincode::serialize(&state.faults).unwrap().len();
+        let mut hostile = bytes[..bytes.len() - tail_len].to_vec();
         hostile.extend_from_slice(&1u64.to_le_bytes());
         hostile.extend_from_slice(&((1u64 << 39) - 1).to_le_bytes());
         hostile.extend_from_slice(b"admin");

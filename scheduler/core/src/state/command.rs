@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use super::auth::{Actor, Role};
-use super::types::{AlarmKind, AllocId, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, StopReason};
+use super::types::{AlarmKind, AllocId, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, ReasonCode, StopReason};
 
 /// The format of every entry whose commands existed in the first layout,
 /// and of a cluster that has not raised its version yet (see `codec`).
@@ -148,6 +148,35 @@ pub enum Command {
         what: String,
         outcome: String,
     },
+    /// A node's agent saw an XID error on one of its GPUs at `at_ms` (its
+    /// clock, for people) (format 6 on). Apply acts by the XID table
+    /// (`xid::xid_action`).
+    GpuXid {
+        node: String,
+        gpu: u32,
+        xid: u32,
+        at_ms: u64,
+    },
+    /// The node's agent saw the GPU reset and read it healthy since (format
+    /// 6 on): its reset fence is lifted.
+    GpuReset {
+        node: String,
+        gpu: u32,
+    },
+    /// Lift the fences of a node (`gpu: None`) or of one GPU and its NVLink
+    /// domain (format 6 on, inside `Audited`, operators).
+    ReadmitNode {
+        node: String,
+        gpu: Option<u32>,
+    },
+    /// Fence a node or one GPU by hand (format 6 on, inside `Audited`,
+    /// operators): its attempts end and nothing is placed there until it is
+    /// readmitted.
+    FenceNode {
+        node: String,
+        gpu: Option<u32>,
+        reason: String,
+    },
 }
 
 impl Command {
@@ -165,6 +194,9 @@ impl Command {
             | Command::RevokeToken { .. }
             | Command::BootstrapAdmin { .. }
             | Command::Note { .. } => 5,
+            Command::GpuXid { .. } | Command::GpuReset { .. } | Command::ReadmitNode { .. } | Command::FenceNode { .. } => 6,
+            // A pending reason that names fenced capacity exists from format 6 on.
+            Command::ApplyPlan(plan) if plan.pending.iter().any(|n| n.reason.code == ReasonCode::Fenced) => 6,
             _ => FIRST_FORMAT_VERSION,
         }
     }
@@ -198,6 +230,10 @@ impl Command {
             Command::RevokeToken { id } => format!("revoke token {id}"),
             Command::BootstrapAdmin { name } => format!("bootstrap admin {name}"),
             Command::Note { what, .. } => what.clone(),
+            Command::ReadmitNode { node, gpu: None } => format!("readmit node {node}"),
+            Command::ReadmitNode { node, gpu: Some(gpu) } => format!("readmit GPU {gpu} of node {node}"),
+            Command::FenceNode { node, gpu: None, reason } => format!("fence node {node}: {reason}"),
+            Command::FenceNode { node, gpu: Some(gpu), reason } => format!("fence GPU {gpu} of node {node}: {reason}"),
             Command::Audited { command, .. } => command.audit_summary(),
             other => format!("{:?}", std::mem::discriminant(other)),
         }

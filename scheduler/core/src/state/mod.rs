@@ -11,8 +11,11 @@ pub mod codec;
 pub use apply::gpu_matches;
 pub mod command;
 pub mod dedupe;
+pub mod faults;
+pub mod gpu_model;
 pub mod types;
 pub mod validate;
+pub mod xid;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -101,6 +104,10 @@ pub struct ClusterState {
     /// on, written after the heard times.
     #[serde(skip)]
     pub auth: auth::AuthState,
+    /// Fences and drained nodes. Kept from format 6 on, written after the
+    /// users.
+    #[serde(skip)]
+    pub faults: faults::FaultState,
 }
 
 impl Default for ClusterState {
@@ -132,6 +139,7 @@ impl ClusterState {
             alarms: BTreeSet::new(),
             node_heard_ms: BTreeMap::new(),
             auth: auth::AuthState::default(),
+            faults: faults::FaultState::default(),
         }
     }
 
@@ -146,6 +154,12 @@ impl ClusterState {
     /// The newest format the cluster writes (at least the first).
     pub fn cluster_version(&self) -> u16 {
         self.cluster_version.max(codec::FIRST_FORMAT_VERSION)
+    }
+
+    /// Do GPU model names match by alias (`gpu_model`)? Only once every
+    /// replica applies the same rule.
+    pub fn model_aliases(&self) -> bool {
+        self.cluster_version() >= gpu_model::ALIASES_FROM_VERSION
     }
 
     /// The whole state in the versioned snapshot format (see `codec`).
@@ -165,9 +179,20 @@ impl ClusterState {
         self.queues.get(&spec.queue).map_or(24 * 3600, |q| q.default_runtime_s)
     }
 
-    /// Is this GPU free, healthy and on a node that takes new work?
+    /// Is this GPU free, healthy, unfenced and on a node that takes new work?
     pub fn gpu_is_free(&self, node: &Node, gpu: &GpuInfo) -> bool {
-        node.state == NodeState::Ready && gpu.healthy && !self.gpu_owner.contains_key(&(node.name.clone(), gpu.index))
+        node.state == NodeState::Ready
+            && gpu.healthy
+            && !self.faults.is_fenced(&node.name, gpu)
+            && !self.gpu_owner.contains_key(&(node.name.clone(), gpu.index))
+    }
+
+    /// GPUs under a fence (the whole node's, their domain's or their own).
+    pub fn fenced_gpus(&self) -> u64 {
+        let fenced = |(name, fences): (&String, &faults::NodeFences)| {
+            self.nodes.get(name).map_or(0, |n| n.gpus.iter().filter(|g| fences.fence_of(g).is_some()).count() as u64)
+        };
+        self.faults.fences.iter().map(fenced).sum()
     }
 
     pub fn free_gpus(&self) -> u64 {
@@ -210,6 +235,9 @@ impl ClusterState {
         let spec_bytes: u64 = self.jobs.values().map(|j| j.spec.payload_bytes() as u64).sum();
         if spec_bytes != self.spec_bytes {
             return Err(format!("spec bytes counted {} but the jobs hold {spec_bytes}", self.spec_bytes));
+        }
+        if let Some(alloc_id) = self.faults.attempt_faults.keys().find(|id| !self.allocs.contains_key(id)) {
+            return Err(format!("allocation {alloc_id} has a fault but is not live"));
         }
         if let Some(job_id) = self.auth.job_marks.keys().find(|id| !self.jobs.contains_key(id)) {
             return Err(format!("job {job_id} has marks but is not held"));

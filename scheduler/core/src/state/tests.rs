@@ -414,3 +414,186 @@ mod audited {
         state.check_invariants().expect("consistent");
     }
 }
+
+/// GPU faults: the XID table's actions, fences, readmission and drain.
+mod faults {
+    use super::super::auth::{Actor, Role};
+    use super::super::faults::FenceKind;
+    use super::*;
+
+    /// A format-6 cluster with nodes a and b (8 GPUs each, one NVLink
+    /// domain per half of the board) and an operator and a user.
+    fn cluster() -> ClusterState {
+        let mut state = ClusterState::default();
+        run(&mut state, vec![Command::SetClusterVersion { version: codec::FORMAT_VERSION }]);
+        let mut a = node("a", 8);
+        let mut b = node("b", 8);
+        for gpu in a.gpus.iter_mut().chain(b.gpus.iter_mut()) {
+            gpu.nvlink_domain = Some(gpu.index / 4 * 4);
+        }
+        run(&mut state, vec![Command::RegisterNode(a), Command::RegisterNode(b), Command::BootstrapAdmin { name: "ada".into() }]);
+        for (name, role) in [("otto", Role::Operator), ("alice", Role::User)] {
+            let set = Command::SetUser { name: name.into(), role, groups: Default::default(), impersonate: false };
+            assert_eq!(run(&mut state, vec![by("ada", set)]), vec![CommandResult::Done]);
+        }
+        state
+    }
+
+    fn by(user: &str, command: Command) -> Command {
+        Command::Audited { actor: Actor::user(user, "127.0.0.1:9"), command: Box::new(command) }
+    }
+
+    fn xid(node: &str, gpu: u32, xid: u32) -> Command {
+        Command::GpuXid { node: node.into(), gpu, xid, at_ms: 1_796_073_307_000 }
+    }
+
+    /// Job 1, a gang of 2 x 4 GPUs with one retry, on GPUs 0-3 of a and b.
+    fn with_gang(state: &mut ClusterState) -> AllocId {
+        submit(state, "g", JobSpec { max_retries: 1, ..gang(2, 4) });
+        let plan = Plan { placements: vec![placement(1, &[("a", &[0, 1, 2, 3]), ("b", &[0, 1, 2, 3])])], ..Plan::default() };
+        run(state, vec![Command::ApplyPlan(plan)]);
+        state.jobs[&1].alloc.expect("placed")
+    }
+
+    fn exit_all(state: &mut ClusterState, alloc_id: AllocId) {
+        run(state, (0..2).map(|rank| Command::AllocExited { alloc_id, rank, exit_code: 143 }).collect());
+    }
+
+    fn free_on(state: &ClusterState, name: &str) -> usize {
+        let node = &state.nodes[name];
+        node.gpus.iter().filter(|g| state.gpu_is_free(node, g)).count()
+    }
+
+    #[test]
+    fn xid_79_fences_the_node_and_requeues_the_whole_gang_under_its_retry_rule() {
+        let mut state = cluster();
+        let alloc_id = with_gang(&mut state);
+        assert_eq!(run(&mut state, vec![xid("a", 2, 79)]), vec![CommandResult::Done]);
+        let fence = state.faults.fences["a"].node.clone().expect("node fenced");
+        assert_eq!((fence.kind, fence.reason.as_str()), (FenceKind::Node, "xid 79 at 2026-11-30T21:15:07Z"));
+        assert_eq!(state.jobs[&1].state, JobState::Stopping, "the whole gang is stopped, b's rank too");
+        exit_all(&mut state, alloc_id);
+        let job = &state.jobs[&1];
+        assert_eq!((job.state, job.failures), (JobState::Pending, 1));
+        assert!(job.reason.detail.contains("xid 79"), "{}", job.reason);
+        assert_eq!((free_on(&state, "a"), free_on(&state, "b")), (0, 8));
+        assert_eq!(state.fenced_gpus(), 8);
+    }
+
+    #[test]
+    fn an_application_xid_fails_the_attempt_of_the_whole_gang_and_fences_nothing() {
+        let mut state = cluster();
+        let alloc_id = with_gang(&mut state);
+        run(&mut state, vec![xid("b", 3, 94)]);
+        assert!(state.faults.fences.is_empty());
+        assert_eq!(state.allocs[&alloc_id].stop, Some(StopReason::Failed), "the whole attempt, never a lone rank");
+        exit_all(&mut state, alloc_id);
+        let job = &state.jobs[&1];
+        assert_eq!((job.state, job.failures), (JobState::Pending, 1), "retried by its rule");
+        assert!(job.reason.detail.contains("xid 94 on gpu 3"), "{}", job.reason);
+        // The retry runs; a second application error is past max_retries.
+        let plan = Plan { placements: vec![placement(1, &[("a", &[0, 1, 2, 3]), ("b", &[0, 1, 2, 3])])], ..Plan::default() };
+        run(&mut state, vec![Command::ApplyPlan(plan)]);
+        let alloc_id = state.jobs[&1].alloc.unwrap();
+        run(&mut state, vec![xid("a", 0, 13)]);
+        exit_all(&mut state, alloc_id);
+        assert_eq!(state.jobs[&1].state, JobState::Failed);
+        assert!(state.faults.attempt_faults.is_empty());
+    }
+
+    #[test]
+    fn an_informational_xid_changes_nothing() {
+        let mut state = cluster();
+        with_gang(&mut state);
+        let before = state.clone();
+        run(&mut state, vec![xid("a", 1, 63), xid("a", 1, 92)]);
+        assert_eq!((state.jobs.clone(), state.allocs.clone(), state.faults.clone()), (before.jobs, before.allocs, before.faults));
+    }
+
+    #[test]
+    fn xid_74_fences_the_nvlink_domain_until_an_operator_readmits_it() {
+        let mut state = cluster();
+        run(&mut state, vec![xid("a", 5, 74)]);
+        assert_eq!(state.faults.fences["a"].nvlink_domains[&4].kind, FenceKind::NvlinkDomain);
+        assert_eq!(free_on(&state, "a"), 4, "GPUs 4-7 share the domain");
+        run(&mut state, vec![Command::GpuReset { node: "a".into(), gpu: 5 }]);
+        assert_eq!(free_on(&state, "a"), 4, "a reset does not lift an NVLink fence");
+        run(&mut state, vec![by("otto", Command::ReadmitNode { node: "a".into(), gpu: Some(6) })]);
+        assert_eq!(free_on(&state, "a"), 8);
+        assert!(state.faults.fences.is_empty());
+    }
+
+    #[test]
+    fn a_reset_code_fences_the_gpu_until_its_agent_reports_a_reset() {
+        let mut state = cluster();
+        let alloc_id = with_gang(&mut state);
+        run(&mut state, vec![xid("a", 1, 48), xid("b", 7, 12_345)]);
+        assert_eq!(state.faults.fences["a"].gpus[&1].kind, FenceKind::GpuReset);
+        assert_eq!(state.faults.fences["b"].gpus[&7].kind, FenceKind::GpuReset, "an unknown code fences its GPU");
+        assert_eq!(state.allocs[&alloc_id].stop, Some(StopReason::Failed));
+        exit_all(&mut state, alloc_id);
+        assert_eq!((free_on(&state, "a"), free_on(&state, "b")), (7, 7));
+        run(&mut state, vec![Command::GpuReset { node: "a".into(), gpu: 1 }, Command::GpuReset { node: "b".into(), gpu: 7 }]);
+        assert_eq!((free_on(&state, "a"), free_on(&state, "b")), (8, 8));
+        assert!(state.faults.fences.is_empty());
+    }
+
+    #[test]
+    fn only_operators_readmit_fence_and_drain() {
+        let mut state = cluster();
+        run(&mut state, vec![xid("a", 0, 79)]);
+        for command in [
+            Command::ReadmitNode { node: "a".into(), gpu: None },
+            Command::FenceNode { node: "b".into(), gpu: Some(1), reason: "bad fan".into() },
+            Command::DrainNode { node: "b".into(), drain: true },
+        ] {
+            let result = run(&mut state, vec![by("alice", command.clone())]).remove(0);
+            assert!(matches!(result, CommandResult::Rejected(Rejection::PermissionDenied { .. })), "{result:?}");
+            let bare = run(&mut state, vec![command.clone()]).remove(0);
+            if !matches!(command, Command::DrainNode { .. }) {
+                assert!(matches!(bare, CommandResult::Rejected(Rejection::Invalid { .. })), "outside an audit: {bare:?}");
+            }
+        }
+        run(&mut state, vec![by("otto", Command::DrainNode { node: "b".into(), drain: false })]);
+        assert_eq!(state.nodes["b"].state, NodeState::Ready);
+        assert!(state.faults.fences.contains_key("a"));
+        run(&mut state, vec![by("otto", Command::FenceNode { node: "b".into(), gpu: Some(1), reason: "bad fan".into() })]);
+        assert_eq!(state.faults.fences["b"].gpus[&1].kind, FenceKind::Operator);
+        run(&mut state, vec![by("otto", Command::ReadmitNode { node: "a".into(), gpu: None })]);
+        run(&mut state, vec![by("otto", Command::ReadmitNode { node: "b".into(), gpu: Some(1) })]);
+        assert!(state.faults.fences.is_empty());
+    }
+
+    #[test]
+    fn a_drained_node_keeps_its_ranks_takes_nothing_new_and_stays_drained_after_down() {
+        let mut state = cluster();
+        let alloc_id = with_gang(&mut state);
+        run(&mut state, vec![by("otto", Command::DrainNode { node: "a".into(), drain: true })]);
+        assert_eq!(state.jobs[&1].state, JobState::Running, "running ranks finish");
+        assert_eq!(free_on(&state, "a"), 0);
+        run(&mut state, (0..2).map(|rank| Command::AllocExited { alloc_id, rank, exit_code: 0 }).collect());
+        assert_eq!(state.jobs[&1].state, JobState::Succeeded);
+        run(&mut state, vec![Command::NodeDown { node: "a".into() }, Command::RegisterNode(node("a", 8))]);
+        assert_eq!(state.nodes["a"].state, NodeState::Draining);
+        run(&mut state, vec![by("otto", Command::DrainNode { node: "a".into(), drain: false })]);
+        assert_eq!(free_on(&state, "a"), 8);
+    }
+
+    #[test]
+    fn fault_commands_need_format_6_and_round_trip_in_the_snapshot() {
+        for command in [
+            xid("a", 0, 79),
+            Command::GpuReset { node: "a".into(), gpu: 0 },
+            Command::ReadmitNode { node: "a".into(), gpu: None },
+            Command::FenceNode { node: "a".into(), gpu: None, reason: "x".into() },
+        ] {
+            assert_eq!(command.min_format(), 6);
+        }
+        let mut state = cluster();
+        with_gang(&mut state);
+        run(&mut state, vec![xid("a", 0, 79), xid("b", 6, 74), by("otto", Command::DrainNode { node: "b".into(), drain: true })]);
+        let restored = ClusterState::from_snapshot(&state.to_snapshot()).unwrap();
+        assert_eq!(restored, state);
+        assert!(!restored.faults.attempt_faults.is_empty() && !restored.faults.drained.is_empty());
+    }
+}

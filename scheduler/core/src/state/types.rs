@@ -369,6 +369,8 @@ pub enum ReasonCode {
     GpuLost,
     Retrying,
     Failed,
+    /// Pending: the capacity it needs is fenced (format 6 on).
+    Fenced,
 }
 
 impl ReasonCode {
@@ -394,6 +396,7 @@ impl ReasonCode {
             ReasonCode::GpuLost => "gpu_lost",
             ReasonCode::Retrying => "retrying",
             ReasonCode::Failed => "failed",
+            ReasonCode::Fenced => "fenced",
         }
     }
 }
