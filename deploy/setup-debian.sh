@@ -2,7 +2,8 @@
 # Installs what building rota needs on Debian/Ubuntu: protoc (for the gRPC
 # code), libclang itself (bindgen in librocksdb-sys loads it at build time)
 # and a C++ compiler; and what its tests need: systemd (systemd-analyze
-# verifies the units). Rust itself comes from rustup (https://rustup.rs) and
+# verifies the units) and prometheus (promtool checks the alert rules; the
+# end-to-end alert test runs a Prometheus server of its own). Rust itself comes from rustup (https://rustup.rs) and
 # must be on PATH.
 #
 #   deploy/setup-debian.sh            install what is missing
@@ -49,6 +50,8 @@ have_libclang || need+=(libclang-dev)
 have_command systemd-analyze || need+=(systemd)
 # Tests: kubectl renders deploy/kubernetes (its built-in kustomize).
 have_command kubectl || need+=(kubernetes-client)
+# Tests: promtool and a prometheus server for the alert rules.
+{ have_command promtool && have_command prometheus; } || need+=(prometheus)
 # Tests: the REST tests drive the API with curl.
 have_command curl || need+=(curl)
 
@@ -59,7 +62,22 @@ fi
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}"
+  # The prometheus package starts its own server as a service; the tests
+  # start theirs. A policy-rc.d that refuses (101) keeps the package's from
+  # starting during the install (only one we put there is removed).
+  policy=/usr/sbin/policy-rc.d
+  added_policy=""
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+    $SUDO chmod 755 "$policy"
+    added_policy=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+  [ -n "$added_policy" ] && $SUDO rm -f "$policy"
+  # Where systemd runs, keep the package's server from starting at boot too.
+  if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
 fi
 command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
 

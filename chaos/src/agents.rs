@@ -71,6 +71,8 @@ pub struct LocalAgent {
     pub data_dir: PathBuf,
     /// host:port of the agent's gRPC server (fixed across restarts).
     pub address: String,
+    /// host:port of its Prometheus metrics (plain HTTP; fixed across restarts).
+    pub metrics_addr: String,
     endpoints: String,
     options: AgentOptions,
     /// `--tls-*` flags (the node's certificate from the cluster's PKI) or `--insecure`.
@@ -98,6 +100,7 @@ impl LocalAgent {
             name: name.to_string(),
             data_dir: root.join(format!("agent-{name}")),
             address: format!("127.0.0.1:{port}"),
+            metrics_addr: format!("127.0.0.1:{}", free_port()?),
             endpoints: endpoints_csv.to_string(),
             options,
             bin: agent_bin()?,
@@ -121,6 +124,7 @@ impl LocalAgent {
             .arg(&self.data_dir)
             .args(["--advertise-addr", "127.0.0.1", "--port", &port])
             .args(["--heartbeat-ms", &self.options.heartbeat_ms.to_string()])
+            .args(["--metrics-listen", &self.metrics_addr])
             .args(match &self.cgroup_parent {
                 Some(parent) => vec!["--cgroup-parent", parent.as_str()],
                 None => vec!["--no-cgroups"],

@@ -171,6 +171,23 @@ fn snapshot_id(last: &Option<LogId>) -> String {
 
 impl<S: StateMachine> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<S> {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let started = std::time::Instant::now();
+        let built = self.build_and_persist().await;
+        match &built {
+            Ok(snapshot) => {
+                metrics::histogram!("rota_snapshot_build_seconds").record(started.elapsed().as_secs_f64());
+                metrics::gauge!("rota_snapshot_bytes").set(snapshot.snapshot.get_ref().len() as f64);
+                let now_s = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+                metrics::gauge!("rota_snapshot_last_success_timestamp_seconds").set(now_s);
+            }
+            Err(_) => metrics::counter!("rota_snapshot_failures_total").increment(1),
+        }
+        built
+    }
+}
+
+impl<S: StateMachine> StateMachineStore<S> {
+    async fn build_and_persist(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let state = self.state.clone();
         let (data, last_applied, last_membership) = blocking(ErrorSubject::Snapshot(None), move || {
             let g = state.read().map_err(|_| poisoned())?;
@@ -227,6 +244,7 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
             last = Some(entry.log_id.index);
             responses.push(resp);
         }
+        metrics::counter!("rota_applied_entries_total").increment(responses.len() as u64);
         if let Some(index) = last {
             self.applied_tx.send_replace(index);
         }

@@ -34,6 +34,7 @@ pub async fn run(shared: Arc<Shared>) -> anyhow::Result<()> {
     tokio::spawn(crate::watch::watch_loop(shared.clone(), assignments_tx));
     tokio::spawn(outbox::report_loop(shared.clone()));
     tokio::spawn(crate::gpu_events::event_loop(shared.clone()));
+    tokio::spawn(crate::metrics::run(shared.clone()));
     reconciler.run(assignments_rx).await;
     Ok(())
 }
@@ -100,6 +101,8 @@ impl Reconciler {
         }
         let running = u32::try_from(self.local.running()).unwrap_or(u32::MAX);
         self.shared.running_ranks.store(running, Ordering::Relaxed);
+        let allocated = crate::metrics::allocated_gpus(self.desired.as_ref());
+        *self.shared.allocated_gpus.lock().expect("allocated gpus lock") = allocated;
     }
 
     fn execute(&mut self, action: Action) {

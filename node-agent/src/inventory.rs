@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::Nvml;
 
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +37,11 @@ pub struct GpuSample {
     pub memory_used_mib: u64,
     pub healthy: bool,
     pub ecc_uncorrected: u64,
+    /// Volatile corrected ECC errors (0 where not supported).
+    pub ecc_corrected: u64,
     pub last_xid: u64,
+    pub temperature_celsius: u32,
+    pub power_milliwatts: u32,
 }
 
 /// File in the agent's data dir that lists fake GPUs to report unhealthy
@@ -212,7 +216,20 @@ fn nvml_sample(nvml: &Nvml, index: u32) -> GpuSample {
             (0, false)
         }
     };
-    GpuSample { index, utilization_percent, memory_used_mib, healthy: ecc_readable && ecc_uncorrected == 0, ecc_uncorrected, last_xid: 0 }
+    let ecc_corrected = device.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile).unwrap_or(0);
+    let temperature_celsius = device.temperature(TemperatureSensor::Gpu).unwrap_or(0);
+    let power_milliwatts = device.power_usage().unwrap_or(0);
+    GpuSample {
+        index,
+        utilization_percent,
+        memory_used_mib,
+        healthy: ecc_readable && ecc_uncorrected == 0,
+        ecc_uncorrected,
+        ecc_corrected,
+        last_xid: 0,
+        temperature_celsius,
+        power_milliwatts,
+    }
 }
 
 #[cfg(test)]

@@ -28,6 +28,8 @@
 //!   exit status on disk only then, and caps/rotates the logs.
 //! - `rankdir`: the on-disk record of each rank that makes agent restarts safe.
 //! - `logs`: the agent's small gRPC server that serves rank logs.
+//! - `metrics`: per-GPU telemetry and control-plane contact as Prometheus
+//!   gauges (`--metrics-listen`).
 //!
 //! Safety rules (see `reconcile`): an update older than the highest index
 //! seen is ignored; a running rank absent from the desired set is stopped
@@ -51,6 +53,7 @@ pub mod gpu_events;
 pub mod inventory;
 pub mod local;
 pub mod logs;
+pub mod metrics;
 pub mod outbox;
 pub mod rankdir;
 pub mod reconcile;

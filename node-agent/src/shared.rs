@@ -70,6 +70,9 @@ pub struct Shared {
     /// Highest assignment/commit index seen; never act on anything older.
     highest_index: AtomicU64,
     pub(crate) running_ranks: AtomicU32,
+    /// GPU index -> the job its current assignment runs there (for the
+    /// metrics; decides nothing).
+    pub(crate) allocated_gpus: Mutex<BTreeMap<u32, u64>>,
     pub(crate) gpus: Mutex<GpuSource>,
     pub(crate) inventory: Vec<Gpu>,
     /// The leader's applied index from each heartbeat answer, to tell
@@ -127,6 +130,7 @@ impl Shared {
             ranks_root,
             highest_index: AtomicU64::new(highest),
             running_ranks: AtomicU32::new(0),
+            allocated_gpus: Mutex::new(BTreeMap::new()),
             gpus: Mutex::new(source),
             inventory,
             leader_indexes: Mutex::new(LeaderIndexes::default()),

@@ -279,3 +279,48 @@ pub fn rota_cli(cluster: &LocalCluster, args: &[&str]) -> Result<(std::process::
     let output = std::process::Command::new(rota_bin()?).args(cluster.cli_flags()?).args(args).output().context("running rota")?;
     Ok((output.status, String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned()))
 }
+
+/// A Prometheus tool (`promtool`, `prometheus`) on the PATH. Missing, it is
+/// an error under `CI=true` (CI installs the Debian package `prometheus`),
+/// and None otherwise: the caller skips, saying why.
+pub fn prometheus_tool(name: &str) -> Result<Option<std::path::PathBuf>> {
+    let found = std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).map(|dir| dir.join(name)).find(|candidate| candidate.is_file()))
+        .unwrap_or_default();
+    match found {
+        Some(path) => Ok(Some(path)),
+        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            bail!("{name} is not installed; CI installs it with the Debian package prometheus (deploy/setup-debian.sh)")
+        }
+        None => {
+            eprintln!("skipped: {name} is not installed (apt-get install prometheus)");
+            Ok(None)
+        }
+    }
+}
+
+/// The repository's root (the tests crate sits one level below it).
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the tests crate is inside the repository").to_path_buf()
+}
+
+/// Metric names a Prometheus rule file reads: every `rota_*` name, in
+/// order, once each (a histogram's `_bucket` series included as written).
+pub fn rule_metric_names(rules: &str) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for line in rules.lines().map(str::trim_start).filter(|l| !l.starts_with('#')) {
+        let mut rest = line;
+        while let Some(at) = rest.find("rota_") {
+            let before = rest[..at].chars().last();
+            let tail = &rest[at..];
+            let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+            let name = &tail[..end];
+            // Not part of a longer word (an annotation's "rota_x" in prose is still a metric).
+            if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '#') && !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
+            }
+            rest = &tail[end..];
+        }
+    }
+    names
+}

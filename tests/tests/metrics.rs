@@ -1,5 +1,6 @@
 //! Every replica serves Prometheus metrics: leadership, term, indexes,
-//! leader changes, submits and request latency histograms.
+//! leader changes, submits and request latency histograms, and (followers
+//! too) the scheduling gauges of the applied state.
 
 use std::time::Duration;
 
@@ -34,5 +35,26 @@ async fn replicas_serve_prometheus_metrics() -> Result<()> {
     let follower = (1..=3).find(|id| *id != leader).expect("a follower");
     let follower_text = scrape(&cluster.replicas[&follower].metrics_addr)?;
     ensure!(follower_text.contains("rota_is_leader 0"), "a follower says it leads");
+    // The scheduling gauges come from the applied state on every replica,
+    // followers included (within a second of start).
+    let follower_addr = cluster.replicas[&follower].metrics_addr.clone();
+    wait_until("a follower's scheduling gauges", Duration::from_secs(30), || {
+        let addr = follower_addr.clone();
+        async move {
+            let text = scrape(&addr)?;
+            let wanted = [
+                "rota_gpus{state=\"free\"} 0",
+                "rota_nodes{state=\"ready\"} 0",
+                "rota_job_oldest_pending_seconds{queue=\"training\"}",
+                "rota_jobs_pending{queue=\"training\",group=\"e2e\"} 1",
+                "rota_gpus_fenced 0",
+                "rota_snapshot_index",
+                "rota_applied_entries_total",
+                "# HELP rota_jobs_pending",
+            ];
+            Ok(wanted.iter().all(|w| text.contains(w)).then_some(()))
+        }
+    })
+    .await?;
     Ok(())
 }

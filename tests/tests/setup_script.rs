@@ -40,7 +40,15 @@ fn missing_packages(root: &Path) -> Result<Vec<String>> {
     Ok(String::from_utf8(output.stdout)?.split_whitespace().map(str::to_string).collect())
 }
 
-const TOOLS: [&str; 5] = ["usr/bin/protoc", "usr/bin/c++", "usr/bin/systemd-analyze", "usr/bin/kubectl", "usr/bin/curl"];
+const TOOLS: [&str; 7] = [
+    "usr/bin/protoc",
+    "usr/bin/c++",
+    "usr/bin/systemd-analyze",
+    "usr/bin/kubectl",
+    "usr/bin/promtool",
+    "usr/bin/prometheus",
+    "usr/bin/curl",
+];
 
 #[test]
 fn only_libclang_cpp_still_needs_libclang_dev() -> Result<()> {
@@ -50,6 +58,8 @@ fn only_libclang_cpp_still_needs_libclang_dev() -> Result<()> {
         TOOLS[2],
         TOOLS[3],
         TOOLS[4],
+        TOOLS[5],
+        TOOLS[6],
         "usr/lib/llvm-14/lib/libclang-cpp.so.14",
         "usr/lib/x86_64-linux-gnu/libclang-cpp.so.14",
         "usr/lib/llvm-14/lib/libclangBasic.a",
@@ -63,7 +73,9 @@ fn only_libclang_cpp_still_needs_libclang_dev() -> Result<()> {
 fn the_real_libclang_is_enough() -> Result<()> {
     for library in ["usr/lib/llvm-14/lib/libclang-14.so.1", "usr/lib/llvm-16/lib/libclang.so", "usr/lib/x86_64-linux-gnu/libclang-14.so.1"]
     {
-        let root = fake_root(&[TOOLS[0], TOOLS[1], TOOLS[2], TOOLS[3], TOOLS[4], "usr/lib/llvm-14/lib/libclang-cpp.so.14", library])?;
+        let mut files = TOOLS.to_vec();
+        files.extend(["usr/lib/llvm-14/lib/libclang-cpp.so.14", library]);
+        let root = fake_root(&files)?;
         let missing = missing_packages(root.path())?;
         ensure!(missing.is_empty(), "{library} is libclang, nothing to install: {missing:?}");
     }
@@ -74,6 +86,7 @@ fn the_real_libclang_is_enough() -> Result<()> {
 fn a_bare_machine_needs_every_package() -> Result<()> {
     let root = fake_root(&[])?;
     let missing = missing_packages(root.path())?;
-    ensure!(missing == ["protobuf-compiler", "g++", "libclang-dev", "systemd", "kubernetes-client", "curl"], "{missing:?}");
+    let expected = ["protobuf-compiler", "g++", "libclang-dev", "systemd", "kubernetes-client", "prometheus", "curl"];
+    ensure!(missing == expected, "{missing:?}");
     Ok(())
 }

@@ -86,6 +86,9 @@ struct Args {
     /// Plaintext, nothing verified: only with replicas started --insecure, never in production.
     #[arg(long)]
     insecure: bool,
+    /// Serve Prometheus metrics (per-GPU telemetry, control-plane contact) over plain HTTP here.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
 }
 
 /// `rota-agent fleet`: simulated agents for tests and benchmarks (see
@@ -174,6 +177,9 @@ async fn run_agent(args: Args) -> Result<()> {
     let security = flags.for_machine()?;
     if !security.is_tls() {
         tracing::warn!("--insecure: plaintext links, no certificates: anyone who reaches the replicas can act as this node, and anyone who reaches this agent can read its logs");
+    }
+    if let Some(addr) = args.metrics_listen {
+        rota_agent::metrics::install(addr)?;
     }
     let source = GpuSource::open(args.fake_gpus.as_deref())?
         .with_fake_unhealthy_file(args.data_dir.join(rota_agent::inventory::FAKE_UNHEALTHY_FILE));

@@ -533,6 +533,16 @@ fn parse_peers(peers: &[String]) -> Result<BTreeMap<u64, String>> {
     Ok(parsed)
 }
 
+/// The CA bundle and certificate a TLS replica uses, for the expiry gauge.
+fn certificate_files(tls: &TlsArgs) -> Vec<(&'static str, PathBuf)> {
+    if tls.insecure {
+        return Vec::new();
+    }
+    let ca = tls.tls_ca.clone().map(|path| ("ca", path));
+    let cert = tls.tls_cert.clone().map(|path| ("replica", path));
+    ca.into_iter().chain(cert).collect()
+}
+
 async fn run_server(args: ServerArgs, tls: &TlsArgs) -> Result<()> {
     let security = tls.flags().for_machine()?;
     let mut peers = parse_peers(&args.peers)?;
@@ -574,6 +584,7 @@ async fn run_server(args: ServerArgs, tls: &TlsArgs) -> Result<()> {
         security,
         bootstrap_admin: args.bootstrap_admin,
         limits: args.limits.config(),
+        certificate_files: certificate_files(tls),
     };
     server::run(config).await?;
     Ok(())

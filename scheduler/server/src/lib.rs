@@ -19,6 +19,7 @@ mod metrics_loop;
 mod proposer;
 pub mod replicated;
 pub mod rest;
+pub mod state_metrics;
 pub mod status;
 
 use std::collections::BTreeMap;
@@ -110,7 +111,15 @@ pub struct ServerConfig {
     pub bootstrap_admin: Option<String>,
     /// Request rate, streams and requests in flight per caller identity.
     pub limits: limits::LimitsConfig,
+    /// The CA bundle and certificate in use, as (`cert` label, PEM path),
+    /// for `rota_certificate_expiry_seconds`; empty without TLS.
+    pub certificate_files: Vec<(&'static str, PathBuf)>,
 }
+
+/// A gauge label set not set for this long is dropped from the scrape
+/// (every gauge is set at least once a second while it means something: a
+/// queue with nothing pending any more, a follower of a former leadership).
+const GAUGE_IDLE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Who may call each service (a replica also forwards clients' and agents'
 /// requests to the leader under its own certificate).
@@ -182,8 +191,25 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
             .with_http_listener(addr)
             .set_buckets(&[0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0])
             .map_err(|e| ServerError::Metrics(e.to_string()))?
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full("rota_job_wait_seconds".into()),
+                &[1.0, 10.0, 60.0, 300.0, 900.0, 1_800.0, 3_600.0, 7_200.0, 14_400.0, 43_200.0, 86_400.0],
+            )
+            .map_err(|e| ServerError::Metrics(e.to_string()))?
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full("rota_proposal_batch_size".into()),
+                &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1_024.0],
+            )
+            .map_err(|e| ServerError::Metrics(e.to_string()))?
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full("rota_snapshot_build_seconds".into()),
+                &[0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0],
+            )
+            .map_err(|e| ServerError::Metrics(e.to_string()))?
+            .idle_timeout(metrics_util::MetricKindMask::GAUGE, Some(GAUGE_IDLE_TIMEOUT))
             .install()
             .map_err(|e| ServerError::Metrics(e.to_string()))?;
+        metrics_loop::describe();
     }
     let peer_addrs: Vec<String> = config.peers.iter().filter(|(id, _)| **id != config.id).map(|(_, addr)| addr.clone()).collect();
     if !config.security.is_tls() {
@@ -208,7 +234,8 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     if ctx.unsafe_ack_before_commit {
         tracing::error!("ROTA_TEST_ACK_BEFORE_COMMIT=1: submits are acknowledged before they commit; never use this outside tests");
     }
-    tokio::spawn(metrics_loop::run(replica.clone()));
+    tokio::spawn(metrics_loop::run(replica.clone(), config.certificate_files.clone()));
+    tokio::spawn(state_metrics::run(ctx.clone()));
     tokio::spawn(exit_on_fatal(replica.clone()));
     tokio::spawn(leader::run(ctx.clone()));
     tokio::spawn(alarms::watch_disk(ctx.clone(), config.data_dir.clone(), config.min_free_bytes));

@@ -112,9 +112,88 @@ fn read_extension(extension: &[u8], uris: &mut Vec<String>) -> Result<(), DerErr
     Ok(())
 }
 
+/// UTCTime and GeneralizedTime (RFC 5280 section 4.1.2.5).
+const UTC_TIME: u8 = 0x17;
+const GENERALIZED_TIME: u8 = 0x18;
+
+/// When a DER-encoded X.509 certificate stops being valid (its notAfter),
+/// in seconds since the Unix epoch.
+pub fn not_after_unix_s(der: &[u8]) -> Result<i64, DerError> {
+    let (certificate, _) = expect(der, SEQUENCE, "not a certificate sequence")?;
+    let (tbs, _) = expect(certificate, SEQUENCE, "no tbsCertificate")?;
+    let mut rest = tbs;
+    let (tag, _, after) = next(rest)?;
+    if tag == VERSION {
+        rest = after;
+    }
+    let (_serial, rest) = expect(rest, INTEGER, "no serial number")?;
+    let (_signature, rest) = expect(rest, SEQUENCE, "no signature algorithm")?;
+    let (_issuer, rest) = expect(rest, SEQUENCE, "no issuer")?;
+    let (validity, _) = expect(rest, SEQUENCE, "no validity")?;
+    let (_, _, after_not_before) = next(validity)?;
+    let (tag, time, _) = next(after_not_before)?;
+    let text = std::str::from_utf8(time).map_err(|_| DerError("notAfter is not text"))?;
+    match tag {
+        // YYMMDDHHMMSSZ; years 50-99 are 19xx (RFC 5280).
+        UTC_TIME if text.len() == 13 => {
+            let yy = digits(&text[0..2])?;
+            let year = if yy >= 50 { 1900 + yy } else { 2000 + yy };
+            unix_s(year, &text[2..12])
+        }
+        GENERALIZED_TIME if text.len() == 15 => unix_s(digits(&text[0..4])?, &text[4..14]),
+        _ => Err(DerError("notAfter is not a UTCTime or GeneralizedTime in Z form")),
+    }
+}
+
+fn digits(text: &str) -> Result<i64, DerError> {
+    if !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(DerError("a time field is not digits"));
+    }
+    text.parse().map_err(|_| DerError("a time field is not digits"))
+}
+
+/// Seconds since the epoch of `year` and "MMDDHHMMSS" (UTC).
+fn unix_s(year: i64, rest: &str) -> Result<i64, DerError> {
+    let (month, day) = (digits(&rest[0..2])?, digits(&rest[2..4])?);
+    let (hour, minute, second) = (digits(&rest[4..6])?, digits(&rest[6..8])?, digits(&rest[8..10])?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+        return Err(DerError("a time field is out of range"));
+    }
+    Ok(days_from_civil(year, month, day) * 86_400 + hour * 3_600 + minute * 60 + second)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
+/// days_from_civil).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dates_count_days_from_the_epoch() {
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
+        assert_eq!(unix_s(2038, "0119031408"), Ok(2_147_483_648));
+    }
+
+    #[test]
+    fn a_new_certificate_expires_when_issued_to() {
+        let issued = crate::certs::new_ca(30).expect("a CA");
+        let der = crate::pem::certificates_from_pem(issued.cert_pem.as_bytes()).expect("pem")[0].to_vec();
+        let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_secs() as i64;
+        let left_s = not_after_unix_s(&der).expect("a notAfter") - now_s;
+        assert!((29 * 86_400..=31 * 86_400).contains(&left_s), "{left_s} s left");
+        assert!(not_after_unix_s(b"not a certificate").is_err());
+    }
 
     #[test]
     fn lengths_past_the_input_are_refused() {

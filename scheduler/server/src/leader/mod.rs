@@ -33,7 +33,7 @@ use crate::replicated::PlannerCopy;
 use crate::Context;
 use heartbeats::HeartbeatTable;
 use planner::PlannerThread;
-use rota_core::state::{ClusterState, Command, Plan, Stop, StopReason};
+use rota_core::state::{ClusterState, Command, CommandResult, Plan, Stop, StopReason};
 
 /// Shortest time between two plans; applied-index changes in between are coalesced.
 const PLAN_MIN_INTERVAL_MS: u64 = 50;
@@ -248,15 +248,17 @@ async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy, planner: &mut Plann
         }
         return true;
     };
-    copy.put_back(state);
     let plan = match plan {
         Ok(plan) => plan,
         Err(panic) => {
+            copy.put_back(state);
             tracing::error!(%panic, "a scheduling pass panicked; the next pass runs as usual");
             metrics::counter!("rota_planner_panics_total").increment(1);
             return true;
         }
     };
+    let observed = PlanObservations::of(&state, &plan, committed_ms);
+    copy.put_back(state);
     metrics::histogram!("rota_plan_pass_seconds").record(started.elapsed().as_secs_f64());
     if plan.is_empty() {
         return true;
@@ -265,9 +267,43 @@ async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy, planner: &mut Plann
     match ctx.proposer.propose(Command::ApplyPlan(plan)).await {
         Ok((index, result)) => {
             tracing::debug!(index, placements, ?result, "plan applied");
+            if matches!(result, CommandResult::PlanApplied { .. }) {
+                observed.record();
+            }
             true
         }
         Err(error) => proposal_failed("plan", &error),
+    }
+}
+
+/// What a committed plan did, for the leader's own metrics: how long each
+/// placed job waited (`rota_job_wait_seconds{queue}`, since submit, on the
+/// committed clock) and how many allocations it preempted. Only the leader
+/// observes them, at the commit of its plan: a dashboard sums over replicas.
+/// A placement that apply then rejects (its GPUs were taken meanwhile) is
+/// counted too; that is rare and the job is placed again by a later plan.
+struct PlanObservations {
+    waits: Vec<(String, f64)>,
+    preemptions: u64,
+}
+
+impl PlanObservations {
+    fn of(state: &ClusterState, plan: &Plan, committed_ms: u64) -> PlanObservations {
+        let waits = plan
+            .placements
+            .iter()
+            .filter_map(|placement| state.jobs.get(&placement.job_id))
+            .map(|job| (job.spec.queue.clone(), committed_ms.saturating_sub(job.submitted_at_ms) as f64 / 1000.0))
+            .collect();
+        let preemptions = plan.stops.iter().filter(|stop| stop.reason == StopReason::Preempted).count() as u64;
+        PlanObservations { waits, preemptions }
+    }
+
+    fn record(&self) {
+        for (queue, wait_s) in &self.waits {
+            metrics::histogram!("rota_job_wait_seconds", "queue" => queue.clone()).record(*wait_s);
+        }
+        metrics::counter!("rota_preemptions_total").increment(self.preemptions);
     }
 }
 

@@ -1,0 +1,274 @@
+//! Scheduling gauges derived from the applied state, published on every
+//! replica (leader and followers alike), so a dashboard or an alert works
+//! against whichever replica it scrapes.
+//!
+//! A task reads the state once a second under a short read lock: one pass
+//! over jobs, allocations and nodes into a few small maps (`StateGauges`),
+//! then publishes outside the lock. Nothing here runs in apply. Labels are
+//! queues, groups, models and states: bounded by the configuration and the
+//! inventory, never a job id.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rota_core::state::{ClusterState, JobState, NodeState};
+
+use crate::Context;
+
+/// How often the gauges are recomputed.
+const EVERY_MS: u64 = 1_000;
+/// The quota report builds the planner's view of every running job: done
+/// every this many ticks only.
+const QUOTA_EVERY_TICKS: u64 = 5;
+
+/// What one reading of the state publishes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StateGauges {
+    /// (queue, group) -> (pending jobs, GPUs they ask for).
+    pub pending: BTreeMap<(String, String), (u64, u64)>,
+    /// queue -> age of its oldest pending job in seconds (0 when none; every
+    /// configured queue is present).
+    pub oldest_pending_s: BTreeMap<String, f64>,
+    /// (group, model) -> GPUs held by live allocations.
+    pub running: BTreeMap<(String, String), u64>,
+    /// GPU state (free|allocated|unhealthy|down) -> count; a fenced GPU
+    /// not allocated counts as unhealthy.
+    pub gpus: BTreeMap<&'static str, u64>,
+    /// GPUs not placeable for health: reported unhealthy or fenced.
+    pub fenced: u64,
+    /// Node state (ready|draining|down) -> count.
+    pub nodes: BTreeMap<&'static str, u64>,
+    /// Oldest last-heard age among Ready nodes, seconds (0 without any).
+    pub heartbeat_age_max_s: f64,
+}
+
+/// GPU states, in the order they are judged.
+pub const GPU_STATES: [&str; 4] = ["free", "allocated", "unhealthy", "down"];
+const NODE_STATES: [NodeState; 3] = [NodeState::Ready, NodeState::Draining, NodeState::Down];
+
+/// One pass over the state; `now_ms` is this replica's wall clock (ages of
+/// pending jobs and heartbeats are meant for people, not decisions).
+pub fn state_gauges(state: &ClusterState, now_ms: u64) -> StateGauges {
+    let mut gauges = StateGauges::default();
+    let mut oldest_submit_ms: BTreeMap<&str, u64> = BTreeMap::new();
+    for job in state.jobs.values().filter(|job| job.state == JobState::Pending) {
+        let entry = gauges.pending.entry((job.spec.queue.clone(), job.spec.group.clone())).or_default();
+        entry.0 += 1;
+        entry.1 += job.spec.total_gpus();
+        let oldest = oldest_submit_ms.entry(job.spec.queue.as_str()).or_insert(u64::MAX);
+        *oldest = (*oldest).min(job.submitted_at_ms);
+    }
+    for queue in state.queues.keys() {
+        gauges.oldest_pending_s.insert(queue.clone(), 0.0);
+    }
+    for (queue, submitted_ms) in oldest_submit_ms {
+        gauges.oldest_pending_s.insert(queue.to_string(), now_ms.saturating_sub(submitted_ms) as f64 / 1000.0);
+    }
+    for alloc in state.allocs.values() {
+        let Some(job) = state.jobs.get(&alloc.job_id) else { continue };
+        for rank in &alloc.ranks {
+            let node = state.nodes.get(&rank.node);
+            for gpu in &rank.gpus {
+                let model = node.and_then(|n| n.gpus.iter().find(|g| g.index == *gpu)).map_or("unknown", |g| g.model.as_str());
+                *gauges.running.entry((job.spec.group.clone(), model.to_string())).or_default() += 1;
+            }
+        }
+    }
+    for name in GPU_STATES {
+        gauges.gpus.insert(name, 0);
+    }
+    for node_state in NODE_STATES {
+        gauges.nodes.insert(node_state.as_str(), 0);
+    }
+    let mut heartbeat_age_max_ms = 0;
+    for node in state.nodes.values() {
+        *gauges.nodes.entry(node.state.as_str()).or_default() += 1;
+        if node.state == NodeState::Ready {
+            let heard_ms = state.node_heard_ms.get(&node.name).copied().unwrap_or(node.registered_at_ms);
+            heartbeat_age_max_ms = heartbeat_age_max_ms.max(now_ms.saturating_sub(heard_ms));
+        }
+        for gpu in &node.gpus {
+            // Not placeable for health: reported unhealthy, or under a
+            // fence (its own, its NVLink domain's or its node's).
+            let unplaceable = !gpu.healthy || state.faults.is_fenced(&node.name, gpu);
+            let gpu_state = if state.gpu_owner.contains_key(&(node.name.clone(), gpu.index)) {
+                "allocated"
+            } else if node.state != NodeState::Ready {
+                "down"
+            } else if unplaceable {
+                "unhealthy"
+            } else {
+                "free"
+            };
+            *gauges.gpus.entry(gpu_state).or_default() += 1;
+            if unplaceable {
+                gauges.fenced += 1;
+            }
+        }
+    }
+    gauges.heartbeat_age_max_s = heartbeat_age_max_ms as f64 / 1000.0;
+    gauges
+}
+
+/// One group's quota figures for `rota_quota_gpus{group,kind}`, from the
+/// core's quota report (`rota quota show`).
+pub fn quota_gauges(state: &ClusterState) -> Vec<(String, &'static str, f64)> {
+    let mut out = Vec::new();
+    for line in rota_core::policy::quota_report(state) {
+        out.push((line.group.clone(), "guarantee", line.guaranteed as f64));
+        out.push((line.group.clone(), "used", line.used as f64));
+        out.push((line.group.clone(), "borrowed", line.borrowed as f64));
+        // Idle guarantee other groups may borrow now.
+        out.push((line.group.clone(), "lent", line.lendable as f64));
+        // The most the group may hold: its guarantee plus its borrow limit
+        // (absent: no limit).
+        if let Some(limit) = line.borrow_limit {
+            out.push((line.group.clone(), "limit", (line.guaranteed + u64::from(limit)) as f64));
+        }
+    }
+    out
+}
+
+fn publish(gauges: &StateGauges) {
+    for ((queue, group), (jobs, gpus)) in &gauges.pending {
+        let labels = [("queue", queue.clone()), ("group", group.clone())];
+        metrics::gauge!("rota_jobs_pending", &labels).set(*jobs as f64);
+        metrics::gauge!("rota_gpus_pending", &labels).set(*gpus as f64);
+    }
+    for (queue, age_s) in &gauges.oldest_pending_s {
+        metrics::gauge!("rota_job_oldest_pending_seconds", "queue" => queue.clone()).set(*age_s);
+    }
+    for ((group, model), gpus) in &gauges.running {
+        metrics::gauge!("rota_gpus_running", "group" => group.clone(), "model" => model.clone()).set(*gpus as f64);
+    }
+    for (gpu_state, count) in &gauges.gpus {
+        metrics::gauge!("rota_gpus", "state" => *gpu_state).set(*count as f64);
+    }
+    metrics::gauge!("rota_gpus_fenced").set(gauges.fenced as f64);
+    for (node_state, count) in &gauges.nodes {
+        metrics::gauge!("rota_nodes", "state" => *node_state).set(*count as f64);
+    }
+    metrics::gauge!("rota_node_heartbeat_age_max_seconds").set(gauges.heartbeat_age_max_s);
+}
+
+/// Run for the life of the replica. Label sets that disappear (a queue with
+/// nothing pending any more) stop being set and the exporter drops them
+/// after its gauge idle timeout (see `lib.rs`).
+pub async fn run(ctx: Arc<Context>) {
+    let mut quota = Vec::new();
+    for tick in 0u64.. {
+        let now_ms = crate::clock::wall_clock_ms();
+        let gauges = ctx.read(|state| state_gauges(state, now_ms));
+        publish(&gauges);
+        if tick % QUOTA_EVERY_TICKS == 0 {
+            quota = ctx.read(quota_gauges);
+        }
+        for (group, kind, value) in &quota {
+            metrics::gauge!("rota_quota_gpus", "group" => group.clone(), "kind" => *kind).set(*value);
+        }
+        tokio::time::sleep(Duration::from_millis(EVERY_MS)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rota_core::state::faults::{Fence, FenceKind};
+    use rota_core::state::{Allocation, GpuInfo, Job, JobSpec, Node, Priority, Rank, RankState};
+
+    fn node(name: &str, state: NodeState, gpus: u32) -> Node {
+        Node {
+            name: name.into(),
+            address: String::new(),
+            rack: String::new(),
+            leaf: String::new(),
+            gpus: (0..gpus)
+                .map(|index| GpuInfo {
+                    index,
+                    uuid: format!("{name}-{index}"),
+                    model: "H100-80GB".into(),
+                    memory_mib: 81_920,
+                    healthy: index != 3,
+                    nvlink_domain: None,
+                })
+                .collect(),
+            state,
+            registered_at_ms: 1_000,
+        }
+    }
+
+    fn job(id: u64, queue: &str, group: &str, gpus: u32, state: JobState, submitted_at_ms: u64) -> Job {
+        let spec = JobSpec {
+            name: String::new(),
+            group: group.into(),
+            queue: queue.into(),
+            priority: Priority::Medium,
+            replicas: 2,
+            gpus_per_replica: gpus,
+            gpu_model: None,
+            min_gpu_memory_mib: 0,
+            command: vec!["true".into()],
+            env: Default::default(),
+            runtime_limit_s: 0,
+            grace_period_s: 0,
+            max_retries: 0,
+            priority_ttl_s: 0,
+        };
+        Job {
+            id,
+            spec,
+            request_id: None,
+            state,
+            submitted_at_ms,
+            started_at_ms: None,
+            finished_at_ms: None,
+            attempts: 0,
+            failures: 0,
+            alloc: None,
+            reason: Default::default(),
+            estimated_start_ms: None,
+            stop_reason: None,
+            exit_code: None,
+            checkpoint_at_ms: None,
+            changed_at_index: 0,
+            last_nodes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn gauges_count_pending_running_and_gpu_states() {
+        let mut state = ClusterState::default();
+        state.nodes.insert("a".into(), node("a", NodeState::Ready, 8));
+        state.nodes.insert("b".into(), node("b", NodeState::Down, 4));
+        state.node_heard_ms.insert("a".into(), 50_000);
+        state.jobs.insert(1, job(1, "training", "vision", 4, JobState::Pending, 10_000));
+        state.jobs.insert(2, job(2, "training", "vision", 1, JobState::Pending, 40_000));
+        let mut running = job(3, "short", "nlp", 1, JobState::Running, 0);
+        running.alloc = Some(7);
+        state.jobs.insert(3, running);
+        let rank = |r: u32, gpu: u32| Rank { rank: r, node: "a".into(), gpus: vec![gpu], state: RankState::Running, exit_code: None };
+        let alloc =
+            Allocation { id: 7, job_id: 3, attempt: 1, ranks: vec![rank(0, 0), rank(1, 1)], master_port: 0, created_at_ms: 0, stop: None };
+        state.allocs.insert(7, alloc);
+        state.gpu_owner.insert(("a".into(), 0), 7);
+        state.gpu_owner.insert(("a".into(), 1), 7);
+        // GPU 5 of a is fenced for an XID (healthy as reported).
+        let fence = Fence { kind: FenceKind::GpuReset, reason: "xid 48".into(), since_ms: 1_000 };
+        state.faults.fences.entry("a".into()).or_default().gpus.insert(5, fence);
+
+        let gauges = state_gauges(&state, 70_000);
+        assert_eq!(gauges.pending[&("training".into(), "vision".into())], (2, 10));
+        assert_eq!(gauges.oldest_pending_s["training"], 60.0);
+        assert_eq!(gauges.oldest_pending_s["short"], 0.0, "every configured queue is present");
+        assert_eq!(gauges.running[&("nlp".into(), "H100-80GB".into())], 2);
+        // a: 2 allocated, GPU 3 unhealthy, GPU 5 fenced, 4 free; b (down): 4.
+        assert_eq!(gauges.gpus["allocated"], 2);
+        assert_eq!(gauges.gpus["unhealthy"], 2);
+        assert_eq!(gauges.gpus["free"], 4);
+        assert_eq!(gauges.gpus["down"], 4);
+        assert_eq!(gauges.fenced, 3, "an unhealthy GPU on each node, and the fenced one");
+        assert_eq!((gauges.nodes["ready"], gauges.nodes["down"], gauges.nodes["draining"]), (1, 1, 0));
+        assert_eq!(gauges.heartbeat_age_max_s, 20.0);
+    }
+}
