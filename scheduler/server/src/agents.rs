@@ -19,14 +19,13 @@ use rota_tls::auth::caller;
 use crate::forward::{serve_or_forward, Failure};
 use crate::status::{internal, rejection, write_error};
 use crate::Context;
+use rota_core::state::faults::FAULTS_FROM_VERSION;
 use rota_core::state::{ClusterState, Command, CommandResult, GpuInfo, NodeRegistration, NodeState, Rejection};
 
 /// Events in one report at most.
 const MAX_EVENTS: usize = 1_024;
 /// GPU events in one report at most.
 const MAX_GPU_EVENTS: usize = 256;
-/// The cluster version that holds GPU fault commands.
-const GPU_FAULTS_FORMAT: u16 = 6;
 /// Assignment messages buffered per watch before the sender waits.
 const WATCH_BUFFER: usize = 4;
 /// A watch re-reads the state at most this often.
@@ -190,7 +189,7 @@ fn gpu_events_to_commands(state: &ClusterState, node: &str, events: &[pb::GpuEve
     if events.is_empty() {
         return Ok(Vec::new());
     }
-    if state.cluster_version() < GPU_FAULTS_FORMAT {
+    if state.cluster_version() < FAULTS_FROM_VERSION {
         tracing::warn!(
             node,
             events = events.len(),
@@ -337,7 +336,8 @@ mod tests {
     use rota_core::state::{ClusterState, Command};
     use rota_proto::v1 as pb;
 
-    use super::{gpu_events_to_commands, GPU_FAULTS_FORMAT, MAX_GPU_EVENTS};
+    use super::{gpu_events_to_commands, MAX_GPU_EVENTS};
+    use rota_core::state::faults::FAULTS_FROM_VERSION;
 
     /// XIDs and resets become fault commands in the order seen; a cluster
     /// without the fault commands yet drops them rather than refusing the
@@ -350,7 +350,7 @@ mod tests {
         ];
         let mut state = ClusterState::default();
         assert!(gpu_events_to_commands(&state, "n1", &events).unwrap().is_empty(), "dropped before the fault format");
-        state.cluster_version = GPU_FAULTS_FORMAT;
+        state.cluster_version = FAULTS_FROM_VERSION;
         let commands = gpu_events_to_commands(&state, "n1", &events).unwrap();
         assert_eq!(
             commands,

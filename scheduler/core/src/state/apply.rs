@@ -443,7 +443,7 @@ impl ClusterState {
             (_, false) => NodeState::Ready,
         };
         // The drained set exists from format 6 on (an older snapshot could not carry it).
-        if self.cluster_version() >= 6 {
+        if self.cluster_version() >= super::faults::FAULTS_FROM_VERSION {
             if drain {
                 self.faults.drained.insert(name.to_string());
             } else {

@@ -194,9 +194,13 @@ impl Command {
             | Command::RevokeToken { .. }
             | Command::BootstrapAdmin { .. }
             | Command::Note { .. } => 5,
-            Command::GpuXid { .. } | Command::GpuReset { .. } | Command::ReadmitNode { .. } | Command::FenceNode { .. } => 6,
+            Command::GpuXid { .. } | Command::GpuReset { .. } | Command::ReadmitNode { .. } | Command::FenceNode { .. } => {
+                super::faults::FAULTS_FROM_VERSION
+            }
             // A pending reason that names fenced capacity exists from format 6 on.
-            Command::ApplyPlan(plan) if plan.pending.iter().any(|n| n.reason.code == ReasonCode::Fenced) => 6,
+            Command::ApplyPlan(plan) if plan.pending.iter().any(|n| n.reason.code == ReasonCode::Fenced) => {
+                super::faults::FAULTS_FROM_VERSION
+            }
             _ => FIRST_FORMAT_VERSION,
         }
     }

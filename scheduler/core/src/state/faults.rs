@@ -11,6 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use super::types::{AllocId, GpuInfo};
 
+/// The first cluster version whose replicas hold fences and drained
+/// nodes, and apply the commands that change them.
+pub const FAULTS_FROM_VERSION: u16 = 6;
+
 /// How a fence came to be, which decides how it is lifted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FenceKind {
