@@ -93,6 +93,10 @@ pub struct ClusterOptions {
     /// The host replicas name each other by in `--peers` (a DNS name such
     /// as `localhost`); `None`: their listen addresses.
     pub peer_host: Option<String>,
+    /// Start replicas with `--bootstrap-admin` (the harness's user), as a
+    /// new cluster is founded. Off stands for replicas of a cluster founded
+    /// by builds without users (a rolling upgrade's start).
+    pub bootstrap_admin: bool,
 }
 
 impl Default for ClusterOptions {
@@ -110,6 +114,7 @@ impl Default for ClusterOptions {
             insecure: false,
             server_args: vec![],
             peer_host: None,
+            bootstrap_admin: true,
         }
     }
 }
@@ -261,6 +266,11 @@ impl LocalCluster {
         self.replicas.values().map(|r| r.addr.clone()).collect()
     }
 
+    /// Whether replicas started from now on get `--bootstrap-admin`.
+    pub fn set_bootstrap_admin(&mut self, on: bool) {
+        self.options.bootstrap_admin = on;
+    }
+
     pub fn endpoints_csv(&self) -> String {
         self.endpoints().join(",")
     }
@@ -271,7 +281,9 @@ impl LocalCluster {
             vec!["--insecure".to_string()]
         } else {
             let mut flags = self.pki.flags(IdentityKind::Replica, &id.to_string())?;
-            flags.extend(["--bootstrap-admin".to_string(), crate::pki::HARNESS_USER.to_string()]);
+            if self.options.bootstrap_admin {
+                flags.extend(["--bootstrap-admin".to_string(), crate::pki::HARNESS_USER.to_string()]);
+            }
             flags
         };
         let replica = self.replicas.get_mut(&id).context("unknown replica")?;

@@ -24,13 +24,15 @@ struct Rota<'a> {
     cluster: &'a LocalCluster,
     /// A follower: every change is forwarded to the leader.
     endpoint: String,
+    /// How long the CLI tries, retries included.
+    timeout_s: &'static str,
 }
 
 impl Rota<'_> {
     fn run(&self, credentials: &[String], args: &[&str]) -> Result<Output> {
         std::process::Command::new(rota_bin()?)
             .args(credentials)
-            .args(["--endpoints", &self.endpoint, "--output", "json", "--timeout-s", "20"])
+            .args(["--endpoints", &self.endpoint, "--output", "json", "--timeout-s", self.timeout_s])
             .args(args)
             .env_remove("ROTA_TOKEN")
             .env_remove("ROTA_AS")
@@ -85,7 +87,7 @@ async fn follower(cluster: &LocalCluster) -> Result<String> {
 async fn roles_tokens_impersonation_audit_and_redaction() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
-    let rota = Rota { cluster: &cluster, endpoint: follower(&cluster).await? };
+    let rota = Rota { cluster: &cluster, endpoint: follower(&cluster).await?, timeout_s: "20" };
     let admin = rota.user("harness")?;
     rota_e2e::wait_access_control(&cluster, WAIT).await?;
 
@@ -184,5 +186,40 @@ async fn roles_tokens_impersonation_audit_and_redaction() -> Result<()> {
     // A user reads its own records only.
     rota.ok(&alice, &["audit", "--user", "alice"])?;
     rota.refused(&alice, &["audit"], "permission denied")?;
+    Ok(())
+}
+
+/// A new cluster checks roles from its first moment. Its leader raises the
+/// version that holds users only once every member answers, and names the
+/// founding admin after that; a member that stays away keeps the cluster
+/// in that state as long as it likes. Before the fix, a replica served
+/// those moments by certificate kind, as for a cluster upgraded from builds
+/// without users: a plain user's certificate could change queues as if it
+/// were an admin's (shown by this test: `rota queue set` was answered with
+/// the changed queue list).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_user_has_no_admin_power_while_a_new_cluster_is_founded() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
+    // Gone before any election can end: the other two elect a leader that
+    // waits for it before it raises the version.
+    cluster.kill(3)?;
+    let leader = cluster.wait_leader(WAIT).await?;
+    // Short: a refused call is retried until then.
+    let rota = Rota { cluster: &cluster, endpoint: cluster.replicas[&leader].addr.clone(), timeout_s: "6" };
+    let mallory = rota.user("mallory")?;
+    let status = rota.ok(&mallory, &["cluster"])?;
+    ensure!(status["leader_id"] == leader, "the status answers while the cluster is founded: {status}");
+    let change = ["queue", "set", "training", "--weight", "7"];
+    rota.refused(&mallory, &change, "being founded")?;
+    rota.refused(&rota.user("harness")?, &["whoami"], "being founded")?;
+
+    let endpoint = rota.endpoint;
+    cluster.restart(3)?;
+    rota_e2e::wait_access_control(&cluster, WAIT).await?;
+    let rota = Rota { cluster: &cluster, endpoint, timeout_s: "20" };
+    rota.refused(&mallory, &change, "no role")?;
+    let queues = rota.ok(&rota.user("harness")?, &["queue", "show"])?.to_string();
+    ensure!(!queues.contains("\"weight\":7"), "no queue took the change: {queues}");
     Ok(())
 }

@@ -33,7 +33,9 @@ async fn cluster_versions(cluster: &LocalCluster, ids: &[u64]) -> Vec<u32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_older_replica_keeps_reading_everything_until_all_are_upgraded() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut options = ClusterOptions::default();
+    // Founded as by builds without users: no replica names a first admin,
+    // and certificates are checked by kind.
+    let mut options = ClusterOptions { bootstrap_admin: false, ..ClusterOptions::default() };
     options.env_of.insert(OLDER, reads_first_format_only());
     let mut cluster = LocalCluster::start(dir.path(), 3, options)?;
     cluster.wait_leader(WAIT).await?;
@@ -54,9 +56,19 @@ async fn an_older_replica_keeps_reading_everything_until_all_are_upgraded() -> R
     }
     ensure!(cluster_versions(&cluster, &[1, 2, 3]).await == vec![1, 1, 1], "every replica writes format 1");
 
-    // Upgrade the older replica: restart it on the newer build.
+    // The newer replicas are restarted with a founding admin, as an
+    // operator adds `--bootstrap-admin` when upgrading; they serve by kind
+    // still (users wrote to this cluster already).
     let newest = cluster.status(1).await.context("replica 1 answers")?.format_version;
     ensure!(newest > 1, "this build reads a format newer than the first");
+    cluster.set_bootstrap_admin(true);
+    for id in [1, 2] {
+        cluster.kill(id)?;
+        cluster.restart(id)?;
+        cluster.wait_leader(WAIT).await?;
+    }
+    any.submit(submit_request("during-upgrade")).await?;
+    // Upgrade the older replica: restart it on the newer build.
     cluster.kill(OLDER)?;
     cluster.set_env_of(OLDER, Vec::new());
     cluster.restart(OLDER)?;
@@ -64,6 +76,7 @@ async fn an_older_replica_keeps_reading_everything_until_all_are_upgraded() -> R
         Ok((cluster_versions(&cluster, &[1, 2, 3]).await == vec![newest; 3]).then_some(()))
     })
     .await?;
+    rota_e2e::wait_access_control(&cluster, WAIT).await?;
 
     // A replica that reads only format 1 can no longer join.
     // (A joiner knows no leader until added: find the leader first.)
@@ -89,7 +102,7 @@ async fn an_older_replica_keeps_reading_everything_until_all_are_upgraded() -> R
     cluster.kill(joining)?;
     cluster.replicas.remove(&joining);
 
-    // The raised cluster keeps working, and what it wrote reads back after a restart.
+    // The raised cluster names its first admin and keeps working, and what it wrote reads back after a restart.
     let job_id = any.submit(submit_request("after-upgrade")).await?.job_id;
     cluster.kill(1)?;
     cluster.restart(1)?;

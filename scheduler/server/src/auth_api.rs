@@ -80,7 +80,7 @@ fn user_to_pb(user: &rota_core::state::auth::UserRecord) -> pb::User {
 #[tonic::async_trait]
 impl AuthService for AuthApi {
     async fn who_am_i(&self, request: Request<pb::WhoAmIRequest>) -> Result<Response<pb::WhoAmIResponse>, Status> {
-        let resolved = self.ctx.resolve(&request)?;
+        let resolved = self.ctx.resolve(&request).await?;
         let actor = resolved.actor;
         let user = actor.user.clone().unwrap_or_default();
         let (role, groups) = self.ctx.read(|state| match state.auth.users.get(&user) {
@@ -97,14 +97,14 @@ impl AuthService for AuthApi {
     }
 
     async fn set_user(&self, mut request: Request<pb::User>) -> Result<Response<pb::User>, Status> {
-        let actor = &self.ctx.actor(&mut request)?;
+        let actor = &self.ctx.actor(&mut request).await?;
         let here = |message| async move { self.set_user_here(actor, message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.auth(&addr)?.set_user(request).await };
         serve_or_forward("set_user", request, here, forward).await
     }
 
     async fn remove_user(&self, mut request: Request<pb::RemoveUserRequest>) -> Result<Response<pb::RemoveUserResponse>, Status> {
-        let actor = &self.ctx.actor(&mut request)?;
+        let actor = &self.ctx.actor(&mut request).await?;
         let here = |message: pb::RemoveUserRequest| async move {
             self.propose(actor, Command::RemoveUser { name: message.name }).await.map(|()| pb::RemoveUserResponse {})
         };
@@ -113,21 +113,21 @@ impl AuthService for AuthApi {
     }
 
     async fn list_users(&self, mut request: Request<pb::ListUsersRequest>) -> Result<Response<pb::ListUsersResponse>, Status> {
-        let actor = self.ctx.actor(&mut request)?;
+        let actor = self.ctx.actor(&mut request).await?;
         self.ctx.permit(&actor, Action::Operate)?;
         let users = self.ctx.read(|state| state.auth.users.values().map(user_to_pb).collect());
         Ok(Response::new(pb::ListUsersResponse { users }))
     }
 
     async fn create_token(&self, mut request: Request<pb::CreateTokenRequest>) -> Result<Response<pb::CreateTokenResponse>, Status> {
-        let actor = &self.ctx.actor(&mut request)?;
+        let actor = &self.ctx.actor(&mut request).await?;
         let here = |message| async move { self.create_token_here(actor, message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.auth(&addr)?.create_token(request).await };
         serve_or_forward("create_token", request, here, forward).await
     }
 
     async fn revoke_token(&self, mut request: Request<pb::RevokeTokenRequest>) -> Result<Response<pb::RevokeTokenResponse>, Status> {
-        let actor = &self.ctx.actor(&mut request)?;
+        let actor = &self.ctx.actor(&mut request).await?;
         let here = |message: pb::RevokeTokenRequest| async move {
             self.propose(actor, Command::RevokeToken { id: message.id }).await.map(|()| pb::RevokeTokenResponse {})
         };
@@ -136,7 +136,7 @@ impl AuthService for AuthApi {
     }
 
     async fn list_tokens(&self, mut request: Request<pb::ListTokensRequest>) -> Result<Response<pb::ListTokensResponse>, Status> {
-        let actor = self.ctx.actor(&mut request)?;
+        let actor = self.ctx.actor(&mut request).await?;
         let wanted = request.into_inner().user;
         if wanted.is_empty() {
             self.ctx.permit(&actor, Action::Administer)?;
@@ -163,7 +163,7 @@ impl AuthService for AuthApi {
 
     /// Operators read the whole trail; a user reads the records about itself.
     async fn list_audit(&self, mut request: Request<pb::ListAuditRequest>) -> Result<Response<pb::ListAuditResponse>, Status> {
-        let actor = self.ctx.actor(&mut request)?;
+        let actor = self.ctx.actor(&mut request).await?;
         let message = request.into_inner();
         let own = actor.user.as_deref().is_some_and(|me| me == message.user);
         if own {

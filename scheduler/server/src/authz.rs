@@ -16,6 +16,9 @@ use tonic::{Request, Status};
 
 use crate::Context;
 
+/// How long a request waits for a new cluster's founding admin: well
+/// under a client's attempt timeout (3 s), so it hears why and retries.
+const FOUNDING_WAIT_MS: u64 = 2_000;
 /// Request header: act as this user (needs the impersonate permission).
 pub use rota_client::wire::ACT_AS_METADATA;
 /// Headers of a forwarded request: the actor the first replica resolved.
@@ -39,15 +42,37 @@ pub struct Resolved {
 impl Context {
     /// The actor of a client request, or why there is none. Put into the
     /// request's extensions too, so a forward carries it to the leader.
-    pub fn actor<T>(&self, request: &mut Request<T>) -> Result<Actor, Status> {
-        let resolved = self.resolve(request)?;
+    pub async fn actor<T>(&self, request: &mut Request<T>) -> Result<Actor, Status> {
+        let resolved = self.resolve(request).await?;
         request.extensions_mut().insert(resolved.actor.clone());
         Ok(resolved.actor)
     }
 
-    pub fn resolve<T>(&self, request: &Request<T>) -> Result<Resolved, Status> {
+    /// The actor of a request for the cluster's status, which answers
+    /// while a new cluster is being founded too (by certificate kind, as
+    /// before users exist): an operator must see why no leader has named
+    /// the first admin, and the status tells nothing a role guards.
+    pub fn status_reader<T>(&self, request: &mut Request<T>) -> Result<Actor, Status> {
+        let resolved = self.resolve_caller(request, WhileFounding::Answer)?;
+        request.extensions_mut().insert(resolved.actor.clone());
+        Ok(resolved.actor)
+    }
+
+    pub async fn resolve<T>(&self, request: &Request<T>) -> Result<Resolved, Status> {
+        if speaks_for_a_user(request) {
+            self.wait_founded().await;
+        }
+        self.resolve_caller(request, WhileFounding::Refuse)
+    }
+
+    /// Who the caller is, by its certificate, token or forwarding replica.
+    fn resolve_caller<T>(&self, request: &Request<T>, while_founding: WhileFounding) -> Result<Resolved, Status> {
         let from = request.remote_addr().map(|a| a.to_string()).unwrap_or_default();
         let caller = rota_tls::auth::caller(request)?.clone();
+        let check_founded = || match while_founding {
+            WhileFounding::Refuse => self.check_access_control_active(),
+            WhileFounding::Answer => Ok(()),
+        };
         let (base, authenticated_by) = match caller {
             Caller::Unchecked => return Ok(Resolved { actor: Actor::unchecked(&from), authenticated_by: "insecure" }),
             Caller::Verified(identity) => match identity.kind {
@@ -56,7 +81,7 @@ impl Context {
                     // A follower that had not seen the users yet forwarded
                     // a user's request: wait for them here as well.
                     if actor.user.is_some() {
-                        self.check_access_control_active()?;
+                        check_founded()?;
                     }
                     return Ok(Resolved { actor, authenticated_by: "replica" });
                 }
@@ -65,7 +90,7 @@ impl Context {
             },
             Caller::Bearer(token) => (self.read(|state| check_token(state, &token, crate::clock::wall_clock_ms()))?, "token"),
         };
-        self.check_access_control_active()?;
+        check_founded()?;
         let actor = match header(request.metadata(), ACT_AS_METADATA)? {
             None => Actor::user(&base, &from),
             Some(target) => {
@@ -80,19 +105,39 @@ impl Context {
     }
 
     /// Users exist from format 5 on. Until the cluster version holds them
-    /// (a rolling upgrade from builds without users, and the first moments
-    /// of a new cluster, before its leader raises the version), a replica
-    /// does what those builds did: certificates are checked by kind only. Once it
-    /// holds them, a cluster whose founding admin is not in yet answers
-    /// UNAVAILABLE (clients retry) instead of refusing everyone for good.
+    /// (a rolling upgrade from builds without users), a replica does what
+    /// those builds did: certificates are checked by kind only. A new
+    /// cluster never takes that path: while it is being founded (see
+    /// [`founding`]) a request is answered UNAVAILABLE (clients retry), as
+    /// it is once the version holds users and the founding admin is not in yet.
     fn check_access_control_active(&self) -> Result<(), Status> {
-        let (version, users) = self.read(|state| (state.cluster_version(), state.auth.users.len()));
-        if version >= ACCESS_CONTROL_FORMAT && users == 0 {
-            return Err(Status::unavailable(
-                "the cluster has no users yet: its founding replicas name the first admin with --bootstrap-admin",
-            ));
+        match self.founding() {
+            Founding::Done | Founding::Legacy => Ok(()),
+            Founding::Pending(why) => Err(Status::unavailable(why)),
         }
-        Ok(())
+    }
+
+    fn founding(&self) -> Founding {
+        let configured = self.bootstrap_admin.is_some();
+        self.read(|state| founding(state, configured, crate::replicated::readable_format()))
+    }
+
+    /// A request that reaches a cluster in its first moments, before its
+    /// leader has raised the version and named the founding admin, waits
+    /// for them (at most `FOUNDING_WAIT_MS`) instead of failing at once.
+    async fn wait_founded(&self) {
+        if !matches!(self.founding(), Founding::Pending(_)) {
+            return;
+        }
+        let mut applied = self.replica.applied_watch();
+        let wait = async {
+            while matches!(self.founding(), Founding::Pending(_)) {
+                if applied.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(FOUNDING_WAIT_MS), wait).await;
     }
 
     /// May `actor` do `action`, by this replica's applied state? (Always,
@@ -117,6 +162,68 @@ impl Context {
             command
         }
     }
+}
+
+/// Whether a request is refused while a new cluster is being founded.
+#[derive(Debug, Clone, Copy)]
+enum WhileFounding {
+    Refuse,
+    Answer,
+}
+
+/// Does the request act for a user (a user's certificate or token, or a
+/// replica forwarding one)? Those wait for a new cluster's founding admin.
+fn speaks_for_a_user<T>(request: &Request<T>) -> bool {
+    match rota_tls::auth::caller(request) {
+        Ok(Caller::Verified(identity)) => match identity.kind {
+            IdentityKind::User => true,
+            IdentityKind::Replica => request.metadata().contains_key(ACTOR_USER_METADATA),
+            IdentityKind::Agent => false,
+        },
+        Ok(Caller::Bearer(_)) => true,
+        Ok(Caller::Unchecked) | Err(_) => false,
+    }
+}
+
+/// Where a cluster stands with its users, as roles are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Founding {
+    /// Users exist: roles are checked.
+    Done,
+    /// An older cluster whose version does not hold users yet: checked by
+    /// certificate kind only, as the builds it is upgraded from did.
+    Legacy,
+    /// A cluster that will check roles but has no users yet: refuse for now.
+    Pending(&'static str),
+}
+
+/// Where `state` stands, for a replica that reads formats up to
+/// `readable` and was or was not given `--bootstrap-admin`. A replica
+/// given it, on a cluster no user has written to yet, is founding a cluster
+/// with users: it waits for them rather than serve by kind in the moments
+/// before its leader raises the version (a plain user could otherwise act as
+/// an admin then).
+fn founding(state: &ClusterState, bootstrap_admin: bool, readable: u16) -> Founding {
+    if !state.auth.users.is_empty() {
+        return Founding::Done;
+    }
+    if state.cluster_version() >= ACCESS_CONTROL_FORMAT {
+        return Founding::Pending("the cluster has no users yet: its founding replicas name the first admin with --bootstrap-admin");
+    }
+    if bootstrap_admin && readable >= ACCESS_CONTROL_FORMAT && untouched_by_users(state) {
+        return Founding::Pending("the cluster is being founded: its leader has not named the first admin yet");
+    }
+    Founding::Legacy
+}
+
+/// No job was ever submitted and queues and quotas are as founded: no
+/// user has written to this cluster (its agents may have registered).
+fn untouched_by_users(state: &ClusterState) -> bool {
+    let founded_queues = rota_core::state::QueueConfig::defaults();
+    state.next_job_id == 1
+        && state.quotas.is_empty()
+        && state.queues.len() == founded_queues.len()
+        && founded_queues.iter().all(|queue| state.queues.get(&queue.name) == Some(queue))
 }
 
 fn header(metadata: &MetadataMap, key: &str) -> Result<Option<String>, Status> {
@@ -239,5 +346,40 @@ mod tests {
         for bad in ["", "rota_", "rota_abc_def", &token.to_uppercase(), &format!("{token}0"), &token.replace("rota_", "xota_")] {
             assert!(parse_token(bad).is_none(), "{bad}");
         }
+    }
+
+    fn new_cluster() -> ClusterState {
+        ClusterState::default()
+    }
+
+    #[test]
+    fn a_new_cluster_given_a_founding_admin_refuses_users_until_it_is_named() {
+        let state = new_cluster();
+        assert!(state.cluster_version() < ACCESS_CONTROL_FORMAT, "a new cluster starts below the version with users");
+        // Before the leader raises the version: not checked by kind alone.
+        assert!(matches!(founding(&state, true, ACCESS_CONTROL_FORMAT), Founding::Pending(_)));
+        // A replica not told of an admin, or of a build without users, serves by kind.
+        assert_eq!(founding(&state, false, ACCESS_CONTROL_FORMAT), Founding::Legacy);
+        assert_eq!(founding(&state, true, ACCESS_CONTROL_FORMAT - 1), Founding::Legacy);
+        let mut raised = new_cluster();
+        let raise = Command::SetClusterVersion { version: ACCESS_CONTROL_FORMAT };
+        raised.apply_proposal(1, &rota_core::state::Proposal { now_ms: 1, commands: vec![raise] });
+        assert!(matches!(founding(&raised, false, ACCESS_CONTROL_FORMAT), Founding::Pending(_)));
+        let admin = Command::BootstrapAdmin { name: "root".into() };
+        raised.apply_proposal(2, &rota_core::state::Proposal { now_ms: 2, commands: vec![admin] });
+        assert_eq!(founding(&raised, true, ACCESS_CONTROL_FORMAT), Founding::Done);
+    }
+
+    #[test]
+    fn a_cluster_users_wrote_to_before_it_held_users_is_served_by_kind_until_upgraded() {
+        let mut state = new_cluster();
+        state.next_job_id = 2;
+        assert_eq!(founding(&state, true, ACCESS_CONTROL_FORMAT), Founding::Legacy);
+        let mut state = new_cluster();
+        state.quotas.insert("g".into(), Default::default());
+        assert_eq!(founding(&state, true, ACCESS_CONTROL_FORMAT), Founding::Legacy);
+        let mut state = new_cluster();
+        state.queues.get_mut("short").expect("default queue").max_gpus_per_job = 1;
+        assert_eq!(founding(&state, true, ACCESS_CONTROL_FORMAT), Founding::Legacy);
     }
 }

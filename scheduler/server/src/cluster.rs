@@ -142,16 +142,16 @@ impl ClusterApi {
     }
 
     /// The actor of a request that reads the cluster.
-    fn reader<T>(&self, request: &mut Request<T>) -> Result<Actor, Status> {
-        let actor = self.ctx.actor(request)?;
+    async fn reader<T>(&self, request: &mut Request<T>) -> Result<Actor, Status> {
+        let actor = self.ctx.actor(request).await?;
         self.ctx.permit(&actor, Action::Read)?;
         Ok(actor)
     }
 
     /// The actor of a request that changes what is outside the log
     /// (membership, leadership), checked on this replica's state.
-    fn operator<T>(&self, request: &mut Request<T>) -> Result<Actor, Status> {
-        let actor = self.ctx.actor(request)?;
+    async fn operator<T>(&self, request: &mut Request<T>) -> Result<Actor, Status> {
+        let actor = self.ctx.actor(request).await?;
         self.ctx.permit(&actor, Action::Operate)?;
         Ok(actor)
     }
@@ -282,7 +282,7 @@ impl ClusterService for ClusterApi {
 
     async fn save_snapshot(&self, mut request: Request<pb::SaveSnapshotRequest>) -> Result<Response<Self::SaveSnapshotStream>, Status> {
         // A snapshot holds every job's environment and the token hashes.
-        self.operator(&mut request)?;
+        self.operator(&mut request).await?;
         // Not forwarded: a follower answers with the leader's address, and
         // the client asks the leader.
         let backup = crate::backup::save(&self.ctx).await?;
@@ -290,18 +290,18 @@ impl ClusterService for ClusterApi {
     }
 
     async fn get_cluster_status(&self, mut request: Request<pb::GetClusterStatusRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
-        self.reader(&mut request)?;
+        self.ctx.status_reader(&mut request)?;
         Ok(Response::new(self.status()))
     }
 
     async fn list_nodes(&self, mut request: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
-        self.reader(&mut request)?;
+        self.reader(&mut request).await?;
         let nodes = self.ctx.read(|state| state.nodes.values().map(|n| node_to_pb(state, n)).collect());
         Ok(Response::new(pb::ListNodesResponse { nodes }))
     }
 
     async fn add_member(&self, mut request: Request<pb::AddMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
-        let actor = &self.operator(&mut request)?;
+        let actor = &self.operator(&mut request).await?;
         let here = |message: pb::AddMemberRequest| async move {
             let result = self.add_here(&message).await;
             if !matches!(result, Err(Failure::NotLeader(_))) {
@@ -315,7 +315,7 @@ impl ClusterService for ClusterApi {
     }
 
     async fn campaign(&self, mut request: Request<pb::CampaignRequest>) -> Result<Response<pb::CampaignResponse>, Status> {
-        self.operator(&mut request)?;
+        self.operator(&mut request).await?;
         let status = self.ctx.replica.status();
         if request.into_inner().replica_id != status.id {
             return Err(Status::invalid_argument(format!("replica_id: this is replica {}", status.id)));
@@ -333,7 +333,7 @@ impl ClusterService for ClusterApi {
     }
 
     async fn set_queue(&self, mut request: Request<pb::Queue>) -> Result<Response<pb::Queue>, Status> {
-        let actor = &self.ctx.actor(&mut request)?;
+        let actor = &self.ctx.actor(&mut request).await?;
         let here = |message: pb::Queue| async move {
             self.propose_config(self.ctx.as_actor(actor, Command::SetQueue(queue_from_pb(message.clone())))).await.map(|()| message)
         };
@@ -342,14 +342,14 @@ impl ClusterService for ClusterApi {
     }
 
     async fn list_queues(&self, mut request: Request<pb::ListQueuesRequest>) -> Result<Response<pb::ListQueuesResponse>, Status> {
-        self.reader(&mut request)?;
+        self.reader(&mut request).await?;
         let here = |_| async move { self.queues_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_queues(request).await };
         serve_or_forward("list_queues", request, here, forward).await
     }
 
     async fn drain_node(&self, mut request: Request<pb::DrainNodeRequest>) -> Result<Response<pb::Node>, Status> {
-        let actor = &self.ctx.actor(&mut request)?;
+        let actor = &self.ctx.actor(&mut request).await?;
         let here = |message: pb::DrainNodeRequest| async move {
             let command = Command::DrainNode { node: message.node.clone(), drain: message.drain };
             self.node_command(actor, &message.node, command).await
@@ -359,7 +359,7 @@ impl ClusterService for ClusterApi {
     }
 
     async fn readmit_node(&self, mut request: Request<pb::ReadmitNodeRequest>) -> Result<Response<pb::Node>, Status> {
-        let actor = &self.ctx.actor(&mut request)?;
+        let actor = &self.ctx.actor(&mut request).await?;
         let here = |message: pb::ReadmitNodeRequest| async move {
             let command = Command::ReadmitNode { node: message.node.clone(), gpu: message.gpu };
             self.node_command(actor, &message.node, command).await
@@ -369,7 +369,7 @@ impl ClusterService for ClusterApi {
     }
 
     async fn fence_node(&self, mut request: Request<pb::FenceNodeRequest>) -> Result<Response<pb::Node>, Status> {
-        let actor = &self.ctx.actor(&mut request)?;
+        let actor = &self.ctx.actor(&mut request).await?;
         let here = |message: pb::FenceNodeRequest| async move {
             let command = Command::FenceNode { node: message.node.clone(), gpu: message.gpu, reason: message.reason.clone() };
             self.node_command(actor, &message.node, command).await
@@ -379,7 +379,7 @@ impl ClusterService for ClusterApi {
     }
 
     async fn set_quota(&self, mut request: Request<pb::Quota>) -> Result<Response<pb::Quota>, Status> {
-        let actor = &self.ctx.actor(&mut request)?;
+        let actor = &self.ctx.actor(&mut request).await?;
         let here = |message: pb::Quota| async move {
             self.propose_config(self.ctx.as_actor(actor, Command::SetQuota(quota_from_pb(message.clone())))).await.map(|()| message)
         };
@@ -388,35 +388,35 @@ impl ClusterService for ClusterApi {
     }
 
     async fn list_quotas(&self, mut request: Request<pb::ListQuotasRequest>) -> Result<Response<pb::ListQuotasResponse>, Status> {
-        self.reader(&mut request)?;
+        self.reader(&mut request).await?;
         let here = |_| async move { self.quotas_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_quotas(request).await };
         serve_or_forward("list_quotas", request, here, forward).await
     }
 
     async fn get_usage(&self, mut request: Request<pb::GetUsageRequest>) -> Result<Response<pb::GetUsageResponse>, Status> {
-        self.reader(&mut request)?;
+        self.reader(&mut request).await?;
         let here = |_| async move { self.usage_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.get_usage(request).await };
         serve_or_forward("get_usage", request, here, forward).await
     }
 
     async fn list_alarms(&self, mut request: Request<pb::ListAlarmsRequest>) -> Result<Response<pb::ListAlarmsResponse>, Status> {
-        self.reader(&mut request)?;
+        self.reader(&mut request).await?;
         let here = |_| async move { self.alarms_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_alarms(request).await };
         serve_or_forward("list_alarms", request, here, forward).await
     }
 
     async fn set_alarm(&self, mut request: Request<pb::SetAlarmRequest>) -> Result<Response<pb::ListAlarmsResponse>, Status> {
-        let actor = &self.ctx.actor(&mut request)?;
+        let actor = &self.ctx.actor(&mut request).await?;
         let here = |message: pb::SetAlarmRequest| async move { self.set_alarm_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_alarm(request).await };
         serve_or_forward("set_alarm", request, here, forward).await
     }
 
     async fn remove_member(&self, mut request: Request<pb::RemoveMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
-        let actor = &self.operator(&mut request)?;
+        let actor = &self.operator(&mut request).await?;
         let here = |message: pb::RemoveMemberRequest| async move {
             let result = self.remove_here(&message).await;
             if !matches!(result, Err(Failure::NotLeader(_))) {

@@ -169,7 +169,7 @@ type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>
 impl JobService for JobApi {
     async fn submit_job(&self, request: Request<pb::SubmitJobRequest>) -> Result<Response<pb::SubmitJobResponse>, Status> {
         let mut request = request;
-        let actor = self.ctx.actor(&mut request)?;
+        let actor = self.ctx.actor(&mut request).await?;
         let actor = &actor;
         let here = |message| async move { self.submit_here(actor, message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.submit_job(request).await };
@@ -178,7 +178,7 @@ impl JobService for JobApi {
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::GetJobResponse>, Status> {
         let mut request = request;
-        let actor = self.ctx.actor(&mut request)?;
+        let actor = self.ctx.actor(&mut request).await?;
         let actor = &actor;
         let here = |message| async move { self.get_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.get_job(request).await };
@@ -187,7 +187,7 @@ impl JobService for JobApi {
 
     async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
         let mut request = request;
-        let actor = self.ctx.actor(&mut request)?;
+        let actor = self.ctx.actor(&mut request).await?;
         let actor = &actor;
         let here = |message| async move { self.list_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.list_jobs(request).await };
@@ -196,7 +196,7 @@ impl JobService for JobApi {
 
     async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::CancelJobResponse>, Status> {
         let mut request = request;
-        let actor = self.ctx.actor(&mut request)?;
+        let actor = self.ctx.actor(&mut request).await?;
         let actor = &actor;
         let here = |message| async move { self.cancel_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.cancel_job(request).await };
@@ -206,7 +206,7 @@ impl JobService for JobApi {
     type ReadLogsStream = LogStream;
 
     async fn read_logs(&self, mut request: Request<pb::ReadLogRequest>) -> Result<Response<LogStream>, Status> {
-        let actor = self.ctx.actor(&mut request)?;
+        let actor = self.ctx.actor(&mut request).await?;
         let message = request.into_inner();
         let (job_id, rank) = (message.job_id, message.rank);
         let (node, address, owner, group) = self.ctx.read(|state| {
@@ -235,7 +235,7 @@ impl JobService for JobApi {
 
     async fn watch_jobs(&self, request: Request<pb::WatchJobsRequest>) -> Result<Response<WatchStream>, Status> {
         let mut request = request;
-        let actor = self.ctx.actor(&mut request)?;
+        let actor = self.ctx.actor(&mut request).await?;
         self.ctx.permit(&actor, Action::Read)?;
         let after_index = request.into_inner().after_index;
         let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
