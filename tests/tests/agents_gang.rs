@@ -1,5 +1,7 @@
 //! 3 replicas + 2 agents with 8 fake H100s each: a 2 x 8 GPU gang runs one
-//! rank on each node with the right environment, and succeeds.
+//! rank on each node with the right environment, and succeeds. While it
+//! runs, `rota status` and the REST API show the master its ranks were
+//! given (the CLI once printed the agent's own address and port before it).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -26,9 +28,28 @@ async fn a_two_node_gang_runs_with_the_right_environment() -> Result<()> {
     ensure!(nodes.iter().all(|n| n.gpus.len() == 8 && n.gpus.iter().all(|g| g.model == "H100-80GB" && g.memory_mib == 81_920)));
 
     let any = AnyReplica::new(&cluster)?;
+    // Each rank records its environment, then waits (at most 60 s) for the
+    // test to have read the master from every surface.
     let script = r#"echo "hello from rank $RANK"; echo "oops $RANK" >&2
-env > "$MARK_DIR/env-$RANK.tmp" && mv "$MARK_DIR/env-$RANK.tmp" "$MARK_DIR/env-$RANK""#;
+env > "$MARK_DIR/env-$RANK.tmp" && mv "$MARK_DIR/env-$RANK.tmp" "$MARK_DIR/env-$RANK"
+for i in $(seq 600); do [ -e "$MARK_DIR/go" ] && break; sleep 0.1; done"#;
     let job_id = any.submit(shell_job(2, 8, &marks, script)).await?.job_id;
+    rota_e2e::wait_until("both ranks to record their environment", WAIT, || {
+        let ready = marks.join("env-0").exists() && marks.join("env-1").exists();
+        async move { Ok(ready.then_some(())) }
+    })
+    .await?;
+    let given = read_env(&marks.join("env-0"))?;
+    let status: serde_json::Value = serde_json::from_str(&rota(&cluster, &["--output", "json", "status", &job_id.to_string()])?)?;
+    let rest = rest_job(&cluster, job_id)?;
+    for (surface, shown) in [("rota status", &status), ("GET /v1/jobs", &rest)] {
+        ensure!(shown["master_addr"] == given["MASTER_ADDR"].as_str(), "{surface} shows the master address the ranks were given: {shown}");
+        ensure!(shown["master_port"].to_string() == given["MASTER_PORT"], "{surface} shows the master port the ranks were given: {shown}");
+    }
+    let text = rota(&cluster, &["status", &job_id.to_string()])?;
+    let master = format!("master {}:{}\n", given["MASTER_ADDR"], given["MASTER_PORT"]);
+    ensure!(text.contains(&master), "rota status prints {master:?}: {text}");
+    std::fs::write(marks.join("go"), b"")?;
     let job = any.wait_job_state(job_id, pb::JobState::Succeeded, WAIT).await?;
     ensure!(job.attempts == 1, "one attempt, got {}", job.attempts);
     ensure!(job.last_nodes.iter().collect::<BTreeSet<_>>().len() == 2, "one rank per node: {:?}", job.last_nodes);
@@ -60,6 +81,23 @@ env > "$MARK_DIR/env-$RANK.tmp" && mv "$MARK_DIR/env-$RANK.tmp" "$MARK_DIR/env-$
     let nodes = rota(&cluster, &["nodes"])?;
     ensure!(nodes.contains("node-a") && nodes.contains("H100-80GB") && nodes.contains("81920 MiB"), "rota nodes: {nodes}");
     Ok(())
+}
+
+/// A job as the REST API shows it, read with `curl` and the harness's certificate.
+fn rest_job(cluster: &LocalCluster, job_id: u64) -> Result<serde_json::Value> {
+    let files = cluster.pki.files(rota_tls::IdentityKind::User, rota_chaos::pki::HARNESS_USER)?;
+    let url = format!("https://{}/v1/jobs/{job_id}", cluster.replicas[&1].http_addr);
+    let output = std::process::Command::new("curl")
+        .args(["-sS", "--fail-with-body", "--max-time", "30", "--cacert"])
+        .arg(cluster.pki.ca())
+        .arg("--cert")
+        .arg(&files.cert)
+        .arg("--key")
+        .arg(&files.key)
+        .arg(&url)
+        .output()?;
+    ensure!(output.status.success(), "curl {url}: {}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    Ok(serde_json::from_slice(&output.stdout)?)
 }
 
 fn rota(cluster: &LocalCluster, args: &[&str]) -> Result<String> {
