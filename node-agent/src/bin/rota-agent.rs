@@ -235,11 +235,20 @@ async fn run_agent(args: Args) -> Result<()> {
     agent::run(shared).await
 }
 
+/// Log to stderr, filtered by `ROTA_LOG`; one JSON object per line when
+/// `ROTA_LOG_FORMAT=json` (read from the environment: the shim logs before
+/// any flag is parsed).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match std::env::var("ROTA_LOG_FORMAT").as_deref() {
+        Ok("json") => logs.json().with_current_span(true).with_span_list(false).init(),
+        _ => logs.init(),
+    }
+}
+
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging();
     match std::env::args().nth(1).as_deref() {
         Some("shim") => return run_shim(),
         // "fleet" stands in for the program's name, so its flags parse alone.

@@ -31,6 +31,13 @@ struct Cli {
     /// Act as this user (needs the impersonate permission), as a portal does.
     #[arg(long = "as", env = "ROTA_AS", global = true, value_name = "USER")]
     act_as: Option<String>,
+    /// The id this command's requests carry into every replica's log lines
+    /// (default: a fresh random one, printed when the command fails).
+    #[arg(long, env = "ROTA_REQUEST_ID", global = true)]
+    request_id: Option<String>,
+    /// Log lines as text or as one JSON object per line (for log collectors).
+    #[arg(long, env = "ROTA_LOG_FORMAT", global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -598,10 +605,7 @@ fn print_json(value: &serde_json::Value) -> Result<()> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(args.log_format);
     match args.command {
         Command::Server(server_args) => return run_server(server_args, &args.tls).await,
         Command::Tls { what } => return run_tls(what),
@@ -625,11 +629,15 @@ async fn main() -> Result<()> {
         }
         _ => {}
     }
-    let credentials = rota_client::Credentials::new(args.token.as_deref(), args.act_as.as_deref())?;
+    let mut credentials = rota_client::Credentials::new(args.token.as_deref(), args.act_as.as_deref())?;
+    if let Some(id) = &args.request_id {
+        credentials = credentials.with_request_id(id).context("--request-id")?;
+    }
+    let request_id = credentials.request_id().to_string();
     let mut client = Client::new(&args.endpoints, &args.tls.flags().for_client()?)?.with_credentials(credentials);
     client.deadline = Duration::from_secs(args.timeout_s);
     let format = args.output;
-    match args.command {
+    let outcome = match args.command {
         Command::Server(_)
         | Command::Tls { .. }
         | Command::Sim(_)
@@ -693,5 +701,26 @@ async fn main() -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }
+    };
+    if outcome.is_err() {
+        // What to search the replicas' logs for.
+        eprintln!("request id: {request_id}");
+    }
+    outcome
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Log to stderr, filtered by `ROTA_LOG` (default: info, openraft's warnings).
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "info,openraft=warn".into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().with_current_span(true).with_span_list(false).init(),
     }
 }

@@ -73,6 +73,8 @@ impl ClientError {
 pub struct Credentials {
     bearer: Option<MetadataValue<Ascii>>,
     act_as: Option<MetadataValue<Ascii>>,
+    /// One id for every call this client makes (see `wire::REQUEST_ID_METADATA`).
+    request_id: Option<MetadataValue<Ascii>>,
 }
 
 impl Credentials {
@@ -83,7 +85,25 @@ impl Credentials {
         Ok(Credentials {
             bearer: token.map(|t| value("token", format!("Bearer {}", t.trim()))).transpose()?,
             act_as: act_as.map(|u| value("as", u.to_string())).transpose()?,
+            request_id: Some(value("request id", wire::new_request_id())?),
         })
+    }
+}
+
+impl Credentials {
+    /// Carry `id` (a caller's own, e.g. a portal's) instead of a fresh one.
+    pub fn with_request_id(mut self, id: &str) -> Result<Credentials, ClientError> {
+        if !wire::is_request_id(id) {
+            let limit = wire::MAX_REQUEST_ID_BYTES;
+            return Err(ClientError::BadCredentials(format!("request id: 1 to {limit} letters, digits, '-', '_' or '.'; got {id:?}")));
+        }
+        self.request_id = Some(MetadataValue::try_from(id).map_err(|_| ClientError::BadCredentials("request id: not ASCII".into()))?);
+        Ok(self)
+    }
+
+    /// The id every call of this client carries, for finding them in the replicas' logs.
+    pub fn request_id(&self) -> &str {
+        self.request_id.as_ref().and_then(|id| id.to_str().ok()).unwrap_or_default()
     }
 }
 
@@ -94,6 +114,9 @@ impl Interceptor for Credentials {
         }
         if let Some(act_as) = &self.act_as {
             request.metadata_mut().insert(wire::ACT_AS_METADATA, act_as.clone());
+        }
+        if let Some(id) = &self.request_id {
+            request.metadata_mut().insert(wire::REQUEST_ID_METADATA, id.clone());
         }
         Ok(request)
     }

@@ -9,6 +9,26 @@ use tonic::transport::Channel;
 pub const LEADER_METADATA: &str = "rota-leader";
 /// Request metadata key: act as this user (needs the impersonate permission).
 pub const ACT_AS_METADATA: &str = "rota-as";
+/// Request metadata key: the id that follows one client action through
+/// every replica's log lines (forwarding, proposal, apply). A client sets
+/// it; a replica makes one for a request without it, and answers with the
+/// id it used in the same key.
+pub const REQUEST_ID_METADATA: &str = "rota-request-id";
+/// Longest request id a replica takes; a longer or malformed one is replaced.
+pub const MAX_REQUEST_ID_BYTES: usize = 64;
+
+/// Is `id` a request id a replica keeps as given? Letters, digits, `-`,
+/// `_` and `.`; 1 to `MAX_REQUEST_ID_BYTES` bytes (it goes into log lines
+/// and headers as is).
+pub fn is_request_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_REQUEST_ID_BYTES && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// A fresh request id: 16 random hex digits.
+pub fn new_request_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
 /// Request metadata key set on a request forwarded from a follower, so a
 /// request is forwarded at most once.
 pub const FORWARDED_METADATA: &str = "rota-forwarded";
@@ -127,5 +147,19 @@ mod address_tests {
         }
         let long = format!("{}:7000", vec!["a".repeat(63); 5].join("."));
         assert!(check_replica_address(&long).is_err(), "over {MAX_HOST_BYTES} bytes");
+    }
+}
+
+#[cfg(test)]
+mod request_id_tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_short_plain_tokens() {
+        assert!(is_request_id(&new_request_id()));
+        assert!(is_request_id("cli-1.a_b"));
+        for bad in ["", "a b", "a\nb", "ü", "x=\"y\"", &"a".repeat(MAX_REQUEST_ID_BYTES + 1)] {
+            assert!(!is_request_id(bad), "{bad:?}");
+        }
     }
 }

@@ -94,6 +94,10 @@ fn is_forwarded<T>(request: &Request<T>) -> bool {
 fn forwarded<T>(message: T, actor: Option<&rota_core::state::auth::Actor>) -> Request<T> {
     let mut request = Request::new(message);
     request.metadata_mut().insert(FORWARDED_METADATA, "1".parse().expect("ascii"));
+    // The leader serves it under the same request id (see `request_id`).
+    if let Some(id) = crate::request_id::current().and_then(|id| id.parse().ok()) {
+        request.metadata_mut().insert(rota_client::wire::REQUEST_ID_METADATA, id);
+    }
     if let Some(actor) = actor {
         crate::authz::mark_forwarded(request.metadata_mut(), actor);
     }
@@ -168,7 +172,10 @@ where
     let result = match here(message.clone()).await {
         Ok(response) => Ok(Response::new(response)),
         Err(failure) => match forward_target(was_forwarded, failure) {
-            Ok(addr) => forward(addr, forwarded(message, actor.as_ref())).await,
+            Ok(addr) => {
+                tracing::debug!(method, leader = %addr, "forwarded to the leader");
+                forward(addr, forwarded(message, actor.as_ref())).await
+            }
             Err(status) => Err(status),
         },
     };

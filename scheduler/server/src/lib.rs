@@ -18,6 +18,7 @@ pub mod limits;
 mod metrics_loop;
 mod proposer;
 pub mod replicated;
+pub mod request_id;
 pub mod rest;
 pub mod state_metrics;
 pub mod status;
@@ -275,20 +276,26 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         .add_service(InterceptedService::new(health_service, interceptor(PROBE_CALLERS)))
         .add_service(InterceptedService::new(reflection, interceptor(PROBE_CALLERS)))
         .add_service(InterceptedService::new(
-            limits::Limited::new(
+            request_id::Traced::new(limits::Limited::new(
                 JobServiceServer::new(jobs::JobApi::new(ctx.clone()))
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_MESSAGE_BYTES),
                 limited(limits::Class::User, JOB_STREAMS),
-            ),
+            )),
             interceptor(CLIENT_CALLERS),
         ))
         .add_service(InterceptedService::new(
-            limits::Limited::new(ClusterServiceServer::new(cluster::ClusterApi::new(ctx.clone())), limited(limits::Class::User, &[])),
+            request_id::Traced::new(limits::Limited::new(
+                ClusterServiceServer::new(cluster::ClusterApi::new(ctx.clone())),
+                limited(limits::Class::User, &[]),
+            )),
             interceptor(CLUSTER_CALLERS),
         ))
         .add_service(InterceptedService::new(
-            limits::Limited::new(AuthServiceServer::new(auth_api::AuthApi::new(ctx.clone())), limited(limits::Class::User, &[])),
+            request_id::Traced::new(limits::Limited::new(
+                AuthServiceServer::new(auth_api::AuthApi::new(ctx.clone())),
+                limited(limits::Class::User, &[]),
+            )),
             interceptor(CLIENT_CALLERS),
         ))
         .add_service(InterceptedService::new(

@@ -69,7 +69,13 @@ impl Proposer {
         let (reply, outcome) = oneshot::channel();
         let bytes = bincode::serialized_size(&command).map_err(|e| WriteError::Unavailable(format!("unencodable command: {e}")))?;
         self.queue.send(Pending { command, bytes, reply }).await.map_err(|_| WriteError::Unavailable("proposer stopped".into()))?;
-        outcome.await.map_err(|_| WriteError::Unavailable("proposal dropped".into()))?
+        let outcome = outcome.await.map_err(|_| WriteError::Unavailable("proposal dropped".into()))?;
+        // In the request's span (see `request_id`): which entry it became.
+        match &outcome {
+            Ok((index, result)) => tracing::debug!(index, ?result, "proposal committed and applied"),
+            Err(error) => tracing::debug!(%error, "proposal not committed"),
+        }
+        outcome
     }
 
     fn cluster_version(&self) -> u16 {
