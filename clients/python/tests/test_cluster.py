@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import pytest
 
@@ -31,6 +31,20 @@ def tag() -> str:
     return uuid.uuid4().hex[:10]
 
 
+def read_log(client: Client, job_id: int, rank: int = 0, **kwargs: object) -> str:
+    """A rank's log, whole. NOT_FOUND is waited out: a replica answers logs
+    from its own applied state (it may not have the placement yet), and a
+    just-placed rank has no log on its node until its agent starts it."""
+
+    def attempt() -> Optional[str]:
+        try:
+            return b"".join(client.logs(job_id, rank, **kwargs)).decode()  # type: ignore[arg-type]
+        except NotFound:
+            return None
+
+    return wait_for(f"job {job_id} rank {rank}'s log", attempt)  # type: ignore[return-value]
+
+
 def test_whoami_by_certificate_and_by_token(alice: Client, alice_by_token: Client) -> None:
     me = alice.whoami()
     assert (me.user, me.role, me.groups, me.authenticated_by) == ("alice", "user", ["vision"], "certificate")
@@ -39,7 +53,7 @@ def test_whoami_by_certificate_and_by_token(alice: Client, alice_by_token: Clien
 
 def test_nodes_and_queues(alice: Client) -> None:
     nodes = alice.nodes()
-    assert sorted(n.name for n in nodes) == ["node-a", "node-b"]
+    assert len({n.name for n in nodes}) == 2, nodes
     for node in nodes:
         assert node.state == "ready" and len(node.gpus) == 8, node
         assert all(g.model == "H100-80GB" and g.healthy for g in node.gpus), node
@@ -63,18 +77,18 @@ def test_a_gang_runs_on_the_fake_gpus_and_its_logs_stream_back(alice: Client) ->
     submitted = alice.submit(["sh", "-c", script], replicas=2, gpus=8, group="vision", queue="short")
     job = wait_job(alice, submitted.job_id, lambda j: j.state.is_final, "to end")
     assert job.state == JobState.SUCCEEDED and job.exit_code in (None, 0), job.reason
-    assert sorted(job.last_nodes) == ["node-a", "node-b"] and job.attempts == 1, job
+    assert sorted(job.last_nodes) == sorted(n.name for n in alice.nodes()) and job.attempts == 1, job
     for rank in (0, 1):
-        text = b"".join(alice.logs(submitted.job_id, rank)).decode()
+        text = read_log(alice, submitted.job_id, rank)
         assert f"hello from rank {rank} of 2 on GPUs 0,1,2,3,4,5,6,7" in text, text
-    assert b"".join(alice.logs(submitted.job_id, 1, stream="stderr")) == b""
+    assert read_log(alice, submitted.job_id, 1, stream="stderr") == ""
 
 
 def test_following_a_running_rank_streams_until_it_exits(alice: Client) -> None:
     script = "for i in 1 2 3 4 5; do echo line-$i; sleep 0.2; done"
     submitted = alice.submit(["sh", "-c", script], group="vision", queue="short")
     wait_job(alice, submitted.job_id, lambda j: j.state != JobState.PENDING, "to start")
-    text = b"".join(alice.logs(submitted.job_id, follow=True)).decode()
+    text = read_log(alice, submitted.job_id, follow=True)
     assert [line for line in text.splitlines() if line.startswith("line-")] == [f"line-{i}" for i in range(1, 6)], text
     job = wait_job(alice, submitted.job_id, lambda j: j.state.is_final, "to end")
     assert job.state == JobState.SUCCEEDED, job.reason

@@ -194,3 +194,53 @@ def test_configuration_errors_name_what_is_wrong() -> None:
         with pytest.raises(ConfigError) as refused:
             Client(**kwargs)  # type: ignore[arg-type]
         assert refused.value.field == field, kwargs
+
+
+class FakeLogs(pb_grpc.JobServiceServicer):
+    """ReadLogs: refuses the first `refusals` streams, then sends `chunks`."""
+
+    def __init__(self, refusals: int, chunks: List[bytes]) -> None:
+        self.refusals = refusals
+        self.chunks = chunks
+        self.opened = 0
+
+    def ReadLogs(self, request: object, context: grpc.ServicerContext) -> Iterator[object]:
+        from rota_client._proto import agent_pb2
+
+        self.opened += 1
+        if self.opened <= self.refusals:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "replica going away")
+        for chunk in self.chunks:
+            yield agent_pb2.LogChunk(data=chunk)
+
+
+@pytest.fixture
+def serve_logs() -> Iterator[Callable[[FakeLogs], str]]:
+    servers: List[grpc.Server] = []
+
+    def start(replica: FakeLogs) -> str:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_JobServiceServicer_to_server(replica, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        server.stop(grace=None)
+
+
+def test_a_log_stream_is_opened_again_until_its_first_chunk(serve_logs: Callable[[FakeLogs], str]) -> None:
+    replica = FakeLogs(refusals=2, chunks=[b"one\n", b"two\n"])
+    with Client(serve_logs(replica), insecure=True, timeout_s=10) as client:
+        chunks = client.logs(7, rank=1)
+        assert replica.opened == 0, "nothing is sent before the chunks are asked for"
+        assert b"".join(chunks) == b"one\ntwo\n"
+    assert replica.opened == 3
+
+
+def test_an_empty_log_is_an_empty_stream(serve_logs: Callable[[FakeLogs], str]) -> None:
+    replica = FakeLogs(refusals=0, chunks=[])
+    with Client(serve_logs(replica), insecure=True) as client:
+        assert list(client.logs(7)) == []
