@@ -211,8 +211,8 @@ async fn token(cluster: &LocalCluster, user: &str) -> Result<String> {
     let made = rota_json(cluster, &["token", "create", "--user", user, "--ttl", "1h"])?;
     let token = made["token"].as_str().context("a token")?.to_string();
     for replica in cluster.replicas.values() {
-        let client =
-            Client::new(&[replica.addr.clone()], &cluster.pki.anonymous()?)?.with_credentials(Credentials::new(Some(&token), None)?);
+        let client = Client::new(std::slice::from_ref(&replica.addr), &cluster.pki.anonymous()?)?
+            .with_credentials(Credentials::new(Some(&token), None)?);
         wait_until(&format!("replica {} takes {user}'s token", replica.id), WAIT, || async {
             let answer = client.auth_at(0).who_am_i(pb::WhoAmIRequest {}).await;
             Ok(answer.ok().filter(|a| a.get_ref().user == user).map(|_| ()))
