@@ -75,11 +75,9 @@ async fn python_client_passes_its_suite_against_a_real_cluster() -> Result<()> {
     .into_iter()
     .collect();
 
-    let outcome = run_pytest(&python, scratch.path(), &env, &mut cluster, &control).await;
-    let outcome = match outcome {
-        Ok(()) => readme_example_runs(&python, scratch.path(), &env),
-        Err(error) => Err(error),
-    };
+    let outcome = run_pytest(&python, scratch.path(), &env, &mut cluster, &control)
+        .await
+        .and_then(|()| readme_example_runs(&python, scratch.path(), &env));
     if outcome.is_err() {
         for id in cluster.replicas.keys() {
             eprintln!("--- replica {id}:\n{}", cluster.log_tail(*id, 4_000));
