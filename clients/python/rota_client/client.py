@@ -1,0 +1,505 @@
+"""A client of rota's gRPC API that follows the leader.
+
+Any replica answers; a follower forwards what the leader must serve, or
+answers UNAVAILABLE naming the leader. The client tries the endpoints in
+turn, jumps to a leader a replica named, and backs off between rounds,
+until the call's deadline (`timeout_s`): a failover looks like a short
+delay, never like an error. A submit carries one request id over all its
+retries, so a retried submit never makes a second job.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+
+import grpc
+
+from rota_client._proto import agent_pb2 as agent_pb
+from rota_client._proto import rota_pb2 as pb
+from rota_client._proto import rota_pb2_grpc as pb_grpc
+from rota_client.errors import (
+    RETRY_AFTER_METADATA,
+    ConfigError,
+    InvalidArgument,
+    RotaError,
+    Unavailable,
+    from_rpc_error,
+    status_code,
+    status_message,
+    trailing,
+)
+from rota_client.retry import Backoff, is_failover, next_target
+from rota_client.types import (
+    Job,
+    JobList,
+    JobState,
+    Node,
+    Priority,
+    Queue,
+    Submitted,
+    WhoAmI,
+    Why,
+    priority_to_pb,
+    state_from_pb,
+    state_to_pb,
+)
+
+T = TypeVar("T")
+PathOrBytes = Union[str, "os.PathLike[str]", bytes]
+
+#: Response metadata carrying the leader's address on UNAVAILABLE.
+LEADER_METADATA = "rota-leader"
+#: Request metadata: act as this user (needs the impersonate permission).
+ACT_AS_METADATA = "rota-as"
+#: Largest message a replica sends (it bounds what a client buffers).
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+#: A cluster has at most 7 replicas; more endpoints is a mistake.
+MAX_ENDPOINTS = 16
+#: The server's bounds of one list request.
+MAX_LIST_LIMIT = 10_000
+DEFAULT_LIST_LIMIT = 1_000
+#: Pages one `jobs()` call follows at most (each is at most a few MiB).
+MAX_LIST_PAGES = 1_000
+#: The longest request id the cluster takes.
+MAX_REQUEST_ID_BYTES = 128
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # A replica that was down is tried again soon after it is back.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+]
+
+
+def new_request_id() -> str:
+    """A random request id (one per logical submit)."""
+    return f"py-{uuid.uuid4().hex}"
+
+
+def _read(what: str, value: Optional[PathOrBytes]) -> Optional[bytes]:
+    if value is None or isinstance(value, bytes):
+        return value
+    try:
+        with open(value, "rb") as file:
+            return file.read()
+    except OSError as error:
+        raise ConfigError(f"{what}: cannot read {os.fspath(value)!r}: {error.strerror}", field=what) from None
+
+
+def _endpoints(endpoints: Union[str, Sequence[str]]) -> List[str]:
+    items = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+    parsed: List[str] = []
+    for item in items:
+        for part in str(item).split(","):
+            part = part.strip()
+            for scheme in ("http://", "https://"):
+                if part.startswith(scheme):
+                    part = part[len(scheme) :]
+            if part:
+                parsed.append(part)
+    if not parsed:
+        raise ConfigError("endpoints: none given (host:port of the replicas, e.g. from ROTA_ENDPOINTS)", field="endpoints")
+    if len(parsed) > MAX_ENDPOINTS:
+        raise ConfigError(f"endpoints: {len(parsed)} given; at most {MAX_ENDPOINTS}", field="endpoints")
+    for endpoint in parsed:
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"endpoints: {endpoint!r} is not HOST:PORT", field="endpoints")
+    return parsed
+
+
+def _printable(what: str, value: str) -> str:
+    if not value or not all(0x20 <= ord(c) < 0x7F for c in value):
+        raise ConfigError(f"{what}: must be printable ASCII", field=what)
+    return value
+
+
+class Client:
+    """A leader-following client of a rota cluster.
+
+    `endpoints`: host:port of the replicas (a list, or comma separated).
+    `ca`: the cluster's CA certificate (a path or PEM bytes); `cert` and
+    `key`: the user's certificate and key, and/or `token`: a bearer token
+    (`rota token create`). `insecure=True` talks plaintext to a cluster
+    started `--insecure`. `act_as`: the user to act for (`rota-as`; needs
+    the impersonate permission). `timeout_s`: how long one call keeps
+    retrying through failovers; `attempt_timeout_s`: one attempt's limit.
+
+    The server's certificate is checked against the CA and the endpoint's
+    host name. Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        endpoints: Union[str, Sequence[str]],
+        *,
+        ca: Optional[PathOrBytes] = None,
+        cert: Optional[PathOrBytes] = None,
+        key: Optional[PathOrBytes] = None,
+        token: Optional[str] = None,
+        act_as: Optional[str] = None,
+        insecure: bool = False,
+        timeout_s: float = 30.0,
+        attempt_timeout_s: float = 3.0,
+    ) -> None:
+        self.endpoints: List[str] = _endpoints(endpoints)
+        if not timeout_s > 0:
+            raise ConfigError(f"timeout_s: must be above 0, not {timeout_s}", field="timeout_s")
+        if not attempt_timeout_s > 0:
+            raise ConfigError(f"attempt_timeout_s: must be above 0, not {attempt_timeout_s}", field="attempt_timeout_s")
+        self.timeout_s = float(timeout_s)
+        self.attempt_timeout_s = float(attempt_timeout_s)
+        metadata: List[Tuple[str, str]] = []
+        if token is not None:
+            metadata.append(("authorization", f"Bearer {_printable('token', token.strip())}"))
+        if act_as is not None:
+            metadata.append((ACT_AS_METADATA, _printable("act_as", act_as)))
+        self._metadata: Tuple[Tuple[str, str], ...] = tuple(metadata)
+        if insecure:
+            if ca is not None or cert is not None or key is not None:
+                raise ConfigError("insecure: plaintext takes no CA or certificate", field="insecure")
+            self._channels = [grpc.insecure_channel(e, options=_CHANNEL_OPTIONS) for e in self.endpoints]
+        else:
+            if ca is None:
+                raise ConfigError("ca: the cluster's CA certificate is needed (or insecure=True)", field="ca")
+            if (cert is None) != (key is None):
+                raise ConfigError("cert, key: give both or neither", field="cert" if cert is None else "key")
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read("ca", ca),
+                private_key=_read("key", key),
+                certificate_chain=_read("cert", cert),
+            )
+            self._channels = [grpc.secure_channel(e, credentials, options=_CHANNEL_OPTIONS) for e in self.endpoints]
+        self._jobs = [pb_grpc.JobServiceStub(c) for c in self._channels]
+        self._cluster = [pb_grpc.ClusterServiceStub(c) for c in self._channels]
+        self._auth = [pb_grpc.AuthServiceStub(c) for c in self._channels]
+        # The endpoint that answered last: the next call starts there.
+        self._preferred = 0
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Close every channel (streams still open end with CANCELLED)."""
+        for channel in self._channels:
+            channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ retries
+
+    def _retrying(self, attempt: Callable[[int, float], T]) -> T:
+        """Run `attempt(endpoint_index, attempt_timeout_s)` until it answers,
+        fails for a reason no retry changes, or the deadline passes."""
+        started = time.monotonic()
+        with self._lock:
+            target = self._preferred
+        backoff = Backoff()
+        attempts = 0
+        while True:
+            attempts += 1
+            remaining = self.timeout_s - (time.monotonic() - started)
+            try:
+                result = attempt(target, max(0.05, min(self.attempt_timeout_s, remaining)))
+            except grpc.RpcError as error:
+                code = status_code(error)
+                wait_ms = _retry_after_ms(error) if code == grpc.StatusCode.RESOURCE_EXHAUSTED else None
+                if not is_failover(code) and wait_ms is None:
+                    raise from_rpc_error(error) from None
+                elapsed = time.monotonic() - started
+                if elapsed >= self.timeout_s:
+                    raise _gave_up(error, attempts, elapsed) from None
+                remaining = self.timeout_s - elapsed
+                if wait_ms is not None:
+                    time.sleep(min(wait_ms / 1000.0, remaining))
+                    continue
+                target, back_off = next_target(target, self.endpoints, trailing(error, LEADER_METADATA))
+                if back_off:
+                    time.sleep(min(backoff.next_delay_ms() / 1000.0, remaining))
+                continue
+            with self._lock:
+                self._preferred = target
+            return result
+
+    def _unary(self, stubs: Sequence[object], method: str, request: object) -> object:
+        def attempt(i: int, timeout_s: float) -> object:
+            call = getattr(stubs[i], method)
+            return call(request, timeout=timeout_s, metadata=self._metadata)
+
+        return self._retrying(attempt)
+
+    # ------------------------------------------------------------ jobs
+
+    def submit(
+        self,
+        command: Sequence[str],
+        *,
+        replicas: int = 1,
+        gpus: int = 1,
+        group: str = "default",
+        queue: str = "training",
+        name: str = "",
+        priority: Union[str, Priority] = Priority.MEDIUM,
+        gpu_model: str = "",
+        min_gpu_memory_mib: int = 0,
+        env: Optional[Mapping[str, str]] = None,
+        secret_env: Optional[Mapping[str, str]] = None,
+        secret_command: bool = False,
+        runtime_limit_s: int = 0,
+        grace_period_s: int = 0,
+        max_retries: int = 0,
+        priority_ttl_s: int = 0,
+        request_id: Optional[str] = None,
+    ) -> Submitted:
+        """Submit a job: `replicas` ranks of `gpus` GPUs each, all placed
+        together, each running `command`.
+
+        The answer comes once the job is committed on a quorum. `request_id`
+        (random when not given) is sent with every retry of this call, so a
+        retry through a failover returns the job the first attempt made; a
+        later submit with the same id returns that job too
+        (`deduplicated=True`), and one with the same id and another spec
+        raises AlreadyExists. `secret_env` is added to the environment and
+        its values also hidden in the command from readers other than the
+        owner, its group's admins and operators. Limits are the cluster's
+        (see rota.proto); bad input raises InvalidArgument naming the field.
+        """
+        if isinstance(command, (str, bytes)):
+            raise InvalidArgument("spec.command: give a list of the program and its arguments", field="spec.command")
+        request_id = new_request_id() if request_id is None else request_id
+        if len(request_id.encode("utf-8")) > MAX_REQUEST_ID_BYTES:
+            raise InvalidArgument(f"request_id: at most {MAX_REQUEST_ID_BYTES} bytes", field="request_id")
+        merged_env = dict(env or {})
+        merged_env.update(secret_env or {})
+        spec = _spec(
+            {
+                "name": name,
+                "group": group,
+                "queue": queue,
+                "priority": priority_to_pb(Priority.parse(priority)),
+                "replicas": replicas,
+                "gpus_per_replica": gpus,
+                "gpu_model": gpu_model,
+                "min_gpu_memory_mib": min_gpu_memory_mib,
+                "runtime_limit_s": runtime_limit_s,
+                "grace_period_s": grace_period_s,
+                "max_retries": max_retries,
+                "priority_ttl_s": priority_ttl_s,
+            },
+            command,
+            merged_env,
+        )
+        request = pb.SubmitJobRequest(
+            spec=spec,
+            request_id=request_id,
+            secret_env=sorted((secret_env or {}).keys()),
+            secret_command=secret_command,
+        )
+        answer = self._unary(self._jobs, "SubmitJob", request)
+        return Submitted(answer.job_id, answer.deduplicated, answer.index, request_id)  # type: ignore[attr-defined]
+
+    def job(self, job_id: int) -> Job:
+        """One job, as the leader has it (NotFound for an unknown id)."""
+        answer = self._unary(self._jobs, "GetJob", pb.GetJobRequest(job_id=_job_id(job_id)))
+        return Job.from_pb(answer.job)  # type: ignore[attr-defined]
+
+    def why(self, job_id: int) -> Why:
+        """Why a job is in its state, and a pending job's estimated start."""
+        return Why.of(self.job(job_id))
+
+    def cancel(self, job_id: int) -> JobState:
+        """Cancel a job; its state after the cancel (a running job is
+        STOPPING until its ranks have exited)."""
+        answer = self._unary(self._jobs, "CancelJob", pb.CancelJobRequest(job_id=_job_id(job_id)))
+        return state_from_pb(answer.state)  # type: ignore[attr-defined]
+
+    def jobs(
+        self,
+        *,
+        state: Optional[Union[str, JobState]] = None,
+        queue: Optional[str] = None,
+        group: Optional[str] = None,
+        user: Optional[str] = None,
+        limit: int = DEFAULT_LIST_LIMIT,
+        before_id: Optional[int] = None,
+    ) -> JobList:
+        """Jobs matching every filter given, newest first, at most `limit`
+        (1..=10000); `before_id` starts below that id. The replica's pages
+        (bounded in bytes) are followed until the limit or the last job."""
+        if not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
+            raise InvalidArgument(f"limit: must be 1 to {MAX_LIST_LIMIT}, not {limit!r}", field="limit")
+        request = _list_request(state, queue, group, user, limit, before_id)
+        jobs: List[Job] = []
+        total = 0
+        for _ in range(MAX_LIST_PAGES):
+            page = self._unary(self._jobs, "ListJobs", request)
+            total = max(total, page.total)  # type: ignore[attr-defined]
+            jobs.extend(Job.from_pb(j) for j in page.jobs)  # type: ignore[attr-defined]
+            wanted = limit - len(jobs)
+            if not page.jobs or not page.truncated or wanted <= 0:  # type: ignore[attr-defined]
+                break
+            request.before_id = jobs[-1].id
+            request.limit = wanted
+        return JobList(jobs, total)
+
+    def iter_jobs(
+        self,
+        *,
+        state: Optional[Union[str, JobState]] = None,
+        queue: Optional[str] = None,
+        group: Optional[str] = None,
+        user: Optional[str] = None,
+        page_size: int = 500,
+    ) -> Iterator[Job]:
+        """Every job matching the filters, newest first, one page
+        (`page_size`, 1..=10000) asked for at a time."""
+        if not isinstance(page_size, int) or not 1 <= page_size <= MAX_LIST_LIMIT:
+            raise InvalidArgument(f"page_size: must be 1 to {MAX_LIST_LIMIT}, not {page_size!r}", field="page_size")
+        before_id: Optional[int] = None
+        while True:
+            page = self.jobs(state=state, queue=queue, group=group, user=user, limit=page_size, before_id=before_id)
+            yield from page.jobs
+            if len(page.jobs) < page_size:
+                return
+            before_id = page.jobs[-1].id
+
+    def logs(
+        self,
+        job_id: int,
+        rank: int = 0,
+        *,
+        follow: bool = False,
+        stream: str = "stdout",
+        timeout_s: Optional[float] = None,
+    ) -> Iterator[bytes]:
+        """A rank's stdout (or `stream="stderr"`), as chunks of bytes, read
+        through a replica from the agent of the node that ran it.
+
+        With `follow=True` the chunks go on as the rank writes them and end
+        when it has exited. The stream is opened (with the usual retries)
+        when iteration starts; an error once chunks have come is raised as
+        it is, since a second stream would repeat them. `timeout_s` bounds
+        the whole stream (default: none when following, else the client's
+        `timeout_s`).
+        """
+        if stream not in ("stdout", "stderr"):
+            raise InvalidArgument(f"stream: {stream!r} is neither stdout nor stderr", field="stream")
+        if not isinstance(rank, int) or rank < 0:
+            raise InvalidArgument(f"rank: must be a rank number, not {rank!r}", field="rank")
+        request = agent_pb.ReadLogRequest(job_id=_job_id(job_id), rank=rank, stream=stream, follow=follow)
+        stream_timeout_s = timeout_s if timeout_s is not None else (None if follow else self.timeout_s)
+        return self._log_chunks(request, stream_timeout_s)
+
+    def _log_chunks(self, request: "agent_pb.ReadLogRequest", timeout_s: Optional[float]) -> Iterator[bytes]:
+        def open_stream(i: int, _attempt_timeout_s: float) -> Tuple[grpc.Call, Optional[bytes]]:
+            call = self._jobs[i].ReadLogs(request, timeout=timeout_s, metadata=self._metadata)
+            try:
+                first = next(call)
+            except StopIteration:
+                return call, None
+            return call, first.data
+
+        call, first = self._retrying(open_stream)
+        try:
+            if first is None:
+                return
+            yield first
+            for chunk in call:
+                yield chunk.data
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        finally:
+            call.cancel()
+
+    # ------------------------------------------------------------ cluster
+
+    def nodes(self) -> List[Node]:
+        """The GPU hosts registered with the cluster, and who holds each GPU."""
+        answer = self._unary(self._cluster, "ListNodes", pb.ListNodesRequest())
+        return [Node.from_pb(n) for n in answer.nodes]  # type: ignore[attr-defined]
+
+    def queues(self) -> List[Queue]:
+        answer = self._unary(self._cluster, "ListQueues", pb.ListQueuesRequest())
+        return [Queue.from_pb(q) for q in answer.queues]  # type: ignore[attr-defined]
+
+    def whoami(self) -> WhoAmI:
+        """Who the cluster takes this client for (certificate or token)."""
+        a = self._unary(self._auth, "WhoAmI", pb.WhoAmIRequest())
+        return WhoAmI(a.user, a.impersonator, a.authenticated_by, a.role, list(a.groups))  # type: ignore[attr-defined]
+
+
+def _spec(scalars: Mapping[str, object], command: Sequence[str], env: Mapping[str, str]) -> "pb.JobSpec":
+    """A JobSpec; a value of the wrong type raises InvalidArgument naming its field."""
+    spec = pb.JobSpec()
+    for name, value in scalars.items():
+        try:
+            setattr(spec, name, value)
+        except (TypeError, ValueError) as error:
+            raise InvalidArgument(f"spec.{name}: {error}", field=f"spec.{name}") from None
+    try:
+        spec.command.extend(command)
+    except (TypeError, ValueError) as error:
+        raise InvalidArgument(f"spec.command: {error}", field="spec.command") from None
+    try:
+        spec.env.update(env)
+    except (TypeError, ValueError) as error:
+        raise InvalidArgument(f"spec.env: {error}", field="spec.env") from None
+    return spec
+
+
+def _job_id(job_id: int) -> int:
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id < 2**64:
+        raise InvalidArgument(f"job_id: must be a job number, not {job_id!r}", field="job_id")
+    return job_id
+
+
+def _list_request(
+    state: Optional[Union[str, JobState]],
+    queue: Optional[str],
+    group: Optional[str],
+    user: Optional[str],
+    limit: int,
+    before_id: Optional[int],
+) -> "pb.ListJobsRequest":
+    parsed = JobState.UNSPECIFIED if state is None else JobState.parse(state)
+    if before_id is not None:
+        _job_id(before_id)
+    return pb.ListJobsRequest(
+        state=state_to_pb(parsed),
+        limit=limit,
+        group=group or "",
+        queue=queue or "",
+        user=user or "",
+        before_id=before_id or 0,
+    )
+
+
+def _retry_after_ms(error: grpc.RpcError) -> Optional[int]:
+    value = trailing(error, RETRY_AFTER_METADATA)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def _gave_up(error: grpc.RpcError, attempts: int, elapsed_s: float) -> RotaError:
+    elapsed_ms = int(elapsed_s * 1000)
+    code = status_code(error)
+    last = status_message(error)
+    message = f"gave up after {elapsed_ms} ms and {attempts} attempts; last answer: {code.name}: {last}"
+    if is_failover(code):
+        return Unavailable(message, code=code, attempts=attempts, elapsed_ms=elapsed_ms)
+    refused = from_rpc_error(error)
+    refused.message = message
+    refused.args = (message,)
+    return refused
+
+
+__all__ = ["Client", "new_request_id"]

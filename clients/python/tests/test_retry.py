@@ -1,0 +1,246 @@
+"""The client's retry rules against in-process fake replicas (no cluster):
+it follows a named leader, keeps a submit's request id over its retries,
+waits out a rate limit, never retries a refusal, and stops at its deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+from typing import Callable, Iterator, List, Tuple
+
+import grpc
+import pytest
+
+from rota_client import Client, InvalidArgument, PermissionDenied, Unavailable
+from rota_client._proto import rota_pb2 as pb
+from rota_client._proto import rota_pb2_grpc as pb_grpc
+
+Answer = Callable[[pb.SubmitJobRequest, grpc.ServicerContext], pb.SubmitJobResponse]
+
+
+class FakeReplica(pb_grpc.JobServiceServicer):
+    """Answers SubmitJob with `answer`, recording every request it got."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.requests: List[pb.SubmitJobRequest] = []
+        self.lock = threading.Lock()
+
+    def SubmitJob(self, request: pb.SubmitJobRequest, context: grpc.ServicerContext) -> pb.SubmitJobResponse:
+        with self.lock:
+            self.requests.append(request)
+        return self.answer(request, context)
+
+
+def refuse(code: grpc.StatusCode, message: str, *metadata: Tuple[str, str]) -> Answer:
+    def answer(_request: pb.SubmitJobRequest, context: grpc.ServicerContext) -> pb.SubmitJobResponse:
+        if metadata:
+            context.set_trailing_metadata(metadata)
+        context.abort(code, message)
+        raise AssertionError("abort returns by raising")
+
+    return answer
+
+
+def accept(job_id: int) -> Answer:
+    return lambda _request, _context: pb.SubmitJobResponse(job_id=job_id, index=1)
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[FakeReplica], str]]:
+    """Start fake replicas on loopback; their addresses."""
+    servers: List[grpc.Server] = []
+
+    def start(replica: FakeReplica) -> str:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_JobServiceServicer_to_server(replica, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        server.stop(grace=None)
+
+
+def test_a_submit_follows_the_named_leader_and_keeps_its_request_id(serve: Callable[[FakeReplica], str]) -> None:
+    follower = FakeReplica(refuse(grpc.StatusCode.UNAVAILABLE, "not the leader"))
+    answered = {"count": 0}
+
+    def leader_answer(request: pb.SubmitJobRequest, context: grpc.ServicerContext) -> pb.SubmitJobResponse:
+        # The first attempt commits but its answer is lost (the leader
+        # fails over); the retry must carry the same request id.
+        answered["count"] += 1
+        if answered["count"] == 1:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "leadership lost")
+        return pb.SubmitJobResponse(job_id=42, deduplicated=True, index=9)
+
+    leader = FakeReplica(leader_answer)
+    follower_address = serve(follower)
+    leader_address = serve(leader)
+    follower.answer = refuse(grpc.StatusCode.UNAVAILABLE, "not the leader", ("rota-leader", leader_address))
+    with Client([follower_address, leader_address], insecure=True, timeout_s=10) as client:
+        submitted = client.submit(["true"])
+    assert submitted.job_id == 42 and submitted.deduplicated
+    sent = [r.request_id for r in follower.requests + leader.requests]
+    assert len(leader.requests) == 2, sent
+    assert len(set(sent)) == 1 and sent[0] == submitted.request_id and sent[0].startswith("py-"), sent
+
+
+def test_each_submit_gets_its_own_request_id_unless_given(serve: Callable[[FakeReplica], str]) -> None:
+    replica = FakeReplica(accept(1))
+    with Client(serve(replica), insecure=True) as client:
+        first, second = client.submit(["true"]), client.submit(["true"])
+        given = client.submit(["true"], request_id="mine-1")
+    assert first.request_id != second.request_id
+    assert [r.request_id for r in replica.requests] == [first.request_id, second.request_id, "mine-1"]
+    assert given.request_id == "mine-1"
+
+
+def test_a_refusal_is_not_retried_and_names_its_field(serve: Callable[[FakeReplica], str]) -> None:
+    replica = FakeReplica(
+        refuse(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "spec.replicas: must be at least 1",
+            ("rota-field", "spec.replicas"),
+            ("rota-reason-code", "invalid"),
+        )
+    )
+    other = FakeReplica(accept(1))
+    with Client([serve(replica), serve(other)], insecure=True) as client:
+        with pytest.raises(InvalidArgument) as refused:
+            client.submit(["true"], replicas=0)
+    assert refused.value.field == "spec.replicas" and refused.value.reason_code == "invalid"
+    assert "must be at least 1" in str(refused.value)
+    assert len(replica.requests) == 1 and not other.requests
+
+
+def test_the_field_is_read_from_the_message_when_no_metadata_names_it(serve: Callable[[FakeReplica], str]) -> None:
+    replica = FakeReplica(refuse(grpc.StatusCode.INVALID_ARGUMENT, "spec.gpus_per_replica: at most 64"))
+    with Client(serve(replica), insecure=True) as client:
+        with pytest.raises(InvalidArgument) as refused:
+            client.submit(["true"], gpus=65)
+    assert refused.value.field == "spec.gpus_per_replica"
+
+
+def test_a_forbidden_call_is_not_retried(serve: Callable[[FakeReplica], str]) -> None:
+    replica = FakeReplica(refuse(grpc.StatusCode.PERMISSION_DENIED, "group admins: not yours"))
+    with Client(serve(replica), insecure=True) as client:
+        with pytest.raises(PermissionDenied):
+            client.submit(["true"], group="admins")
+    assert len(replica.requests) == 1
+
+
+def test_a_rate_limited_call_waits_and_goes_through(serve: Callable[[FakeReplica], str]) -> None:
+    calls = {"count": 0}
+
+    def limited(request: pb.SubmitJobRequest, context: grpc.ServicerContext) -> pb.SubmitJobResponse:
+        calls["count"] += 1
+        if calls["count"] == 1:
+            context.set_trailing_metadata((("retry-after-ms", "100"),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "over your rate")
+        return pb.SubmitJobResponse(job_id=5)
+
+    replica = FakeReplica(limited)
+    with Client(serve(replica), insecure=True) as client:
+        started = time.monotonic()
+        assert client.submit(["true"]).job_id == 5
+    assert time.monotonic() - started >= 0.09
+    assert len({r.request_id for r in replica.requests}) == 1 and len(replica.requests) == 2
+
+
+def test_the_client_gives_up_at_its_deadline(serve: Callable[[FakeReplica], str]) -> None:
+    replica = FakeReplica(refuse(grpc.StatusCode.UNAVAILABLE, "no leader"))
+    with Client(serve(replica), insecure=True, timeout_s=0.5) as client:
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as gave_up:
+            client.submit(["true"])
+    elapsed = time.monotonic() - started
+    assert 0.5 <= elapsed < 3, elapsed
+    assert gave_up.value.attempts >= 2 and "no leader" in str(gave_up.value)
+
+
+def test_bad_input_is_refused_before_anything_is_sent(serve: Callable[[FakeReplica], str]) -> None:
+    replica = FakeReplica(accept(1))
+    with Client(serve(replica), insecure=True) as client:
+        for call, field in [
+            (lambda: client.submit("python train.py"), "spec.command"),
+            (lambda: client.submit(["true"], priority="urgent"), "spec.priority"),
+            (lambda: client.jobs(limit=0), "limit"),
+            (lambda: client.jobs(state="sideways"), "state"),
+            (lambda: client.job(0), "job_id"),
+            (lambda: client.logs(1, stream="stdin"), "stream"),
+        ]:
+            with pytest.raises(InvalidArgument) as refused:
+                call()
+            assert refused.value.field == field
+    assert not replica.requests
+
+
+def test_configuration_errors_name_what_is_wrong() -> None:
+    from rota_client import ConfigError
+
+    for kwargs, field in [
+        ({"endpoints": []}, "endpoints"),
+        ({"endpoints": "nohost"}, "endpoints"),
+        ({"endpoints": "127.0.0.1:1"}, "ca"),
+        ({"endpoints": "127.0.0.1:1", "ca": b"x", "cert": b"y"}, "key"),
+        ({"endpoints": "127.0.0.1:1", "ca": "/nonexistent/ca.pem"}, "ca"),
+        ({"endpoints": "127.0.0.1:1", "insecure": True, "token": "bad\ntoken"}, "token"),
+    ]:
+        with pytest.raises(ConfigError) as refused:
+            Client(**kwargs)  # type: ignore[arg-type]
+        assert refused.value.field == field, kwargs
+
+
+class FakeLogs(pb_grpc.JobServiceServicer):
+    """ReadLogs: refuses the first `refusals` streams, then sends `chunks`."""
+
+    def __init__(self, refusals: int, chunks: List[bytes]) -> None:
+        self.refusals = refusals
+        self.chunks = chunks
+        self.opened = 0
+
+    def ReadLogs(self, request: object, context: grpc.ServicerContext) -> Iterator[object]:
+        from rota_client._proto import agent_pb2
+
+        self.opened += 1
+        if self.opened <= self.refusals:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "replica going away")
+        for chunk in self.chunks:
+            yield agent_pb2.LogChunk(data=chunk)
+
+
+@pytest.fixture
+def serve_logs() -> Iterator[Callable[[FakeLogs], str]]:
+    servers: List[grpc.Server] = []
+
+    def start(replica: FakeLogs) -> str:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_JobServiceServicer_to_server(replica, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        server.stop(grace=None)
+
+
+def test_a_log_stream_is_opened_again_until_its_first_chunk(serve_logs: Callable[[FakeLogs], str]) -> None:
+    replica = FakeLogs(refusals=2, chunks=[b"one\n", b"two\n"])
+    with Client(serve_logs(replica), insecure=True, timeout_s=10) as client:
+        chunks = client.logs(7, rank=1)
+        assert replica.opened == 0, "nothing is sent before the chunks are asked for"
+        assert b"".join(chunks) == b"one\ntwo\n"
+    assert replica.opened == 3
+
+
+def test_an_empty_log_is_an_empty_stream(serve_logs: Callable[[FakeLogs], str]) -> None:
+    replica = FakeLogs(refusals=0, chunks=[])
+    with Client(serve_logs(replica), insecure=True) as client:
+        assert list(client.logs(7)) == []
