@@ -219,6 +219,7 @@ async fn a_plain_user_has_no_admin_power_while_a_new_cluster_is_founded() -> Res
     rota_e2e::wait_access_control(&cluster, WAIT).await?;
     let rota = Rota { cluster: &cluster, endpoint, timeout_s: "20" };
     rota.refused(&mallory, &change, "no role")?;
+    rota.refused(&mallory, &["cluster"], "no role")?;
     let queues = rota.ok(&rota.user("harness")?, &["queue", "show"])?.to_string();
     ensure!(!queues.contains("\"weight\":7"), "no queue took the change: {queues}");
     Ok(())

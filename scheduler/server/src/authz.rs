@@ -52,8 +52,12 @@ impl Context {
     /// while a new cluster is being founded too (by certificate kind, as
     /// before users exist): an operator must see why no leader has named
     /// the first admin, and the status tells nothing a role guards.
+    /// Once founded, it is a read like any other.
     pub fn status_reader<T>(&self, request: &mut Request<T>) -> Result<Actor, Status> {
         let resolved = self.resolve_caller(request, WhileFounding::Answer)?;
+        if !matches!(self.founding(), Founding::Pending(_)) {
+            self.permit(&resolved.actor, Action::Read)?;
+        }
         request.extensions_mut().insert(resolved.actor.clone());
         Ok(resolved.actor)
     }
