@@ -32,6 +32,9 @@ pub const FAKE_XIDS_FILE: &str = "fake-xids";
 pub const GPU_RESETS_FILE: &str = "gpu-resets";
 /// Lines read from one event file at most.
 const MAX_FILE_LINES: usize = 256;
+/// Bytes read of such a file: its lines are short, and a runaway writer
+/// must not make the agent hold a file of any size in memory.
+pub const MAX_FILE_BYTES: u64 = 64 * 1024;
 /// How often the files (and the NVML thread's channel) are read.
 const POLL_MS: u64 = 250;
 /// One NVML wait at most, so the thread notices a dropped receiver.
@@ -76,7 +79,7 @@ pub fn parse_resets(text: &str) -> Vec<u32> {
 fn take_file(path: &Path) -> Option<String> {
     let taken = path.with_extension("taken");
     std::fs::rename(path, &taken).ok()?;
-    let text = std::fs::read_to_string(&taken);
+    let text = read_capped(&taken, MAX_FILE_BYTES);
     let _ = std::fs::remove_file(&taken);
     match text {
         Ok(text) => Some(text),
@@ -85,6 +88,15 @@ fn take_file(path: &Path) -> Option<String> {
             None
         }
     }
+}
+
+/// The first `max_bytes` of a file as text (a line cut at the end is
+/// dropped by its parser: it does not parse).
+pub fn read_capped(path: &Path, max_bytes: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?.take(max_bytes).read_to_end(&mut bytes)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// Count an XID the agent saw and queue it for the replicas.
@@ -245,6 +257,18 @@ fn nvml_watch(sender: &std::sync::mpsc::SyncSender<(u32, u32)>) -> Result<(), nv
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_file_of_any_size_is_read_only_up_to_its_cap() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(FAKE_XIDS_FILE);
+        let line = "3 79\n";
+        std::fs::write(&path, line.repeat(1 << 20)).expect("a 5 MiB file");
+        let text = take_file(&path).expect("taken");
+        assert_eq!(text.len() as u64, MAX_FILE_BYTES, "only the cap is read");
+        assert!(!path.exists(), "the file is taken away");
+        assert_eq!(parse_fake_xids(&text).len(), MAX_FILE_LINES, "and only so many lines act");
+    }
 
     #[test]
     fn fake_xid_lines_parse_and_bad_lines_are_skipped() {
