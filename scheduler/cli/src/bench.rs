@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use rota_proto::v1 as pb;
 use rota_proto::v1::job_service_client::JobServiceClient;
 use serde_json::json;
@@ -49,6 +49,18 @@ pub async fn run(client: &Client, args: &BenchSubmitArgs) -> Result<serde_json::
         .map(|_| Ok(client.security().channel(rota_tls::endpoint(&leader)?.tcp_nodelay(true))))
         .collect::<Result<Vec<Channel>>>()?;
     let run_id = format!("bench-{:016x}", rand::random::<u64>());
+    // A new leader refuses writes until it has checked its clock against its
+    // peers: wait for its first accepted submit (retried through such
+    // refusals), so they are not counted as the benchmark's errors.
+    let first = request(&run_id, u64::MAX);
+    client
+        .retrying(|i| {
+            let mut jobs = client.jobs_at(i);
+            let first = first.clone();
+            async move { jobs.submit_job(first).await.map(|_| ()) }
+        })
+        .await
+        .context("the cluster's first accepted submit")?;
     let started = Instant::now();
     let sample = if args.rate == 0 { closed_loop(&channels, &run_id, args).await } else { open_loop(&channels, &run_id, args).await };
     let elapsed_s = started.elapsed().as_secs_f64();
