@@ -55,6 +55,11 @@ PathOrBytes = Union[str, "os.PathLike[str]", bytes]
 LEADER_METADATA = "rota-leader"
 #: Request metadata: act as this user (needs the impersonate permission).
 ACT_AS_METADATA = "rota-as"
+#: Request metadata: the id that follows one call (all its retries)
+#: through every replica's log lines.
+REQUEST_ID_METADATA = "rota-request-id"
+#: The longest such id a replica keeps (a longer one is replaced).
+MAX_TRACE_ID_BYTES = 64
 #: Largest message a replica sends (it bounds what a client buffers).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: A cluster has at most 7 replicas; more endpoints is a mistake.
@@ -80,6 +85,15 @@ _CHANNEL_OPTIONS = [
 def new_request_id() -> str:
     """A random request id (one per logical submit)."""
     return f"py-{uuid.uuid4().hex}"
+
+
+def _trace_id(request_id: Optional[str]) -> str:
+    """`request_id` when a replica keeps it as a trace id (letters, digits,
+    `-`, `_`, `.`; at most 64 bytes), else a fresh one."""
+    allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+    if request_id and len(request_id) <= MAX_TRACE_ID_BYTES and set(request_id) <= allowed:
+        return request_id
+    return new_request_id()
 
 
 def _read(what: str, value: Optional[PathOrBytes]) -> Optional[bytes]:
@@ -231,10 +245,16 @@ class Client:
                 self._preferred = target
             return result
 
-    def _unary(self, stubs: Sequence[object], method: str, request: object) -> object:
+    def _call_metadata(self, request_id: Optional[str] = None) -> Tuple[Tuple[str, str], ...]:
+        """The client's metadata and one call's request id (kept over its retries)."""
+        return self._metadata + ((REQUEST_ID_METADATA, _trace_id(request_id)),)
+
+    def _unary(self, stubs: Sequence[object], method: str, request: object, request_id: Optional[str] = None) -> object:
+        metadata = self._call_metadata(request_id)
+
         def attempt(i: int, timeout_s: float) -> object:
             call = getattr(stubs[i], method)
-            return call(request, timeout=timeout_s, metadata=self._metadata)
+            return call(request, timeout=timeout_s, metadata=metadata)
 
         return self._retrying(attempt)
 
@@ -305,7 +325,7 @@ class Client:
             secret_env=sorted((secret_env or {}).keys()),
             secret_command=secret_command,
         )
-        answer = self._unary(self._jobs, "SubmitJob", request)
+        answer = self._unary(self._jobs, "SubmitJob", request, request_id)
         return Submitted(answer.job_id, answer.deduplicated, answer.index, request_id)  # type: ignore[attr-defined]
 
     def job(self, job_id: int) -> Job:
@@ -401,8 +421,10 @@ class Client:
         return self._log_chunks(request, stream_timeout_s)
 
     def _log_chunks(self, request: "agent_pb.ReadLogRequest", timeout_s: Optional[float]) -> Iterator[bytes]:
+        metadata = self._call_metadata()
+
         def open_stream(i: int, _attempt_timeout_s: float) -> Tuple[grpc.Call, Optional[bytes]]:
-            call = self._jobs[i].ReadLogs(request, timeout=timeout_s, metadata=self._metadata)
+            call = self._jobs[i].ReadLogs(request, timeout=timeout_s, metadata=metadata)
             try:
                 first = next(call)
             except StopIteration:

@@ -26,11 +26,13 @@ class FakeReplica(pb_grpc.JobServiceServicer):
     def __init__(self, answer: Answer) -> None:
         self.answer = answer
         self.requests: List[pb.SubmitJobRequest] = []
+        self.trace_ids: List[str] = []
         self.lock = threading.Lock()
 
     def SubmitJob(self, request: pb.SubmitJobRequest, context: grpc.ServicerContext) -> pb.SubmitJobResponse:
         with self.lock:
             self.requests.append(request)
+            self.trace_ids.extend(v for k, v in context.invocation_metadata() if k == "rota-request-id")
         return self.answer(request, context)
 
 
@@ -88,6 +90,9 @@ def test_a_submit_follows_the_named_leader_and_keeps_its_request_id(serve: Calla
     sent = [r.request_id for r in follower.requests + leader.requests]
     assert len(leader.requests) == 2, sent
     assert len(set(sent)) == 1 and sent[0] == submitted.request_id and sent[0].startswith("py-"), sent
+    # The same id follows every attempt into the replicas' logs.
+    traced = follower.trace_ids + leader.trace_ids
+    assert len(traced) == len(sent) and set(traced) == {submitted.request_id}, traced
 
 
 def test_each_submit_gets_its_own_request_id_unless_given(serve: Callable[[FakeReplica], str]) -> None:
@@ -98,6 +103,18 @@ def test_each_submit_gets_its_own_request_id_unless_given(serve: Callable[[FakeR
     assert first.request_id != second.request_id
     assert [r.request_id for r in replica.requests] == [first.request_id, second.request_id, "mine-1"]
     assert given.request_id == "mine-1"
+    assert replica.trace_ids == [first.request_id, second.request_id, "mine-1"]
+    # An id a replica would not keep in its logs is sent as the job's, with a fresh trace id.
+    odd = client_submit_with(serve, "mine 2")
+    assert odd[0] == "mine 2" and odd[1].startswith("py-"), odd
+
+
+def client_submit_with(serve: Callable[[FakeReplica], str], request_id: str) -> Tuple[str, str]:
+    """Submit with `request_id`: the request id and trace id the replica got."""
+    replica = FakeReplica(accept(1))
+    with Client(serve(replica), insecure=True) as client:
+        client.submit(["true"], request_id=request_id)
+    return replica.requests[0].request_id, replica.trace_ids[0]
 
 
 def test_a_refusal_is_not_retried_and_names_its_field(serve: Callable[[FakeReplica], str]) -> None:
