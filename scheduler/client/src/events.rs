@@ -51,6 +51,12 @@ impl EventFollower {
         }
     }
 
+    /// Read from the endpoint of this index first.
+    pub fn starting_at(mut self, target: usize) -> EventFollower {
+        self.target = target % self.client.endpoints().len();
+        self
+    }
+
     /// The last index received: what a new follower resumes from.
     pub fn since(&self) -> u64 {
         self.since

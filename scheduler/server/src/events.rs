@@ -245,22 +245,9 @@ pub async fn stream_events(
         };
         let caught_up = through >= applied_index;
         if !events.is_empty() {
-            // Two slots: one for this message, one always left for the
-            // status that cuts a slow reader off.
-            let timeout = Duration::from_millis(slow_reader_timeout_ms);
-            match tokio::time::timeout(timeout, sender.reserve_many(2)).await {
-                Err(_) => {
-                    let status = Status::resource_exhausted(format!(
-                        "events: the reader took nothing for {slow_reader_timeout_ms} ms; resume with since_index = {cursor}"
-                    ));
-                    let _ = sender.try_send(Err(status));
-                    return;
-                }
-                Ok(Err(_)) => return, // the reader went away
-                Ok(Ok(mut permits)) => {
-                    let events = events.iter().map(event_to_pb).collect();
-                    permits.next().expect("two reserved").send(Ok(pb::WatchEventsResponse { events, compacted: None }));
-                }
+            let message = pb::WatchEventsResponse { events: events.iter().map(event_to_pb).collect(), compacted: None };
+            if !send_or_cut_off(&sender, message, slow_reader_timeout_ms, cursor).await {
+                return;
             }
         }
         cursor = cursor.max(through);
@@ -269,6 +256,34 @@ pub async fn stream_events(
                 changed = applied.changed() => if changed.is_err() { return },
                 () = sender.closed() => return,
             }
+        }
+    }
+}
+
+/// Send one message, waiting at most `slow_reader_timeout_ms` for room.
+/// A reader that leaves no room that long is cut off: the status
+/// (RESOURCE_EXHAUSTED, naming the index to resume from) goes into the
+/// slot always kept free for it. False when the stream is over.
+async fn send_or_cut_off(
+    sender: &mpsc::Sender<Result<pb::WatchEventsResponse, Status>>,
+    message: pb::WatchEventsResponse,
+    slow_reader_timeout_ms: u64,
+    resume_from: u64,
+) -> bool {
+    // Two slots: one for this message, one always left for the status.
+    let timeout = Duration::from_millis(slow_reader_timeout_ms);
+    match tokio::time::timeout(timeout, sender.reserve_many(2)).await {
+        Err(_) => {
+            let status = Status::resource_exhausted(format!(
+                "events: the reader took nothing for {slow_reader_timeout_ms} ms; resume with since_index = {resume_from}"
+            ));
+            let _ = sender.try_send(Err(status));
+            false
+        }
+        Ok(Err(_)) => false, // the reader went away
+        Ok(Ok(mut permits)) => {
+            permits.next().expect("two reserved").send(Ok(message));
+            true
         }
     }
 }
@@ -342,6 +357,29 @@ mod tests {
         by_bytes.reset(10);
         assert_eq!(by_bytes.read(9, &all(), 100, 1 << 20), Read::Events { events: vec![], through: 10 });
         assert_eq!(by_bytes.read(8, &all(), 100, 1 << 20), Read::Compacted { oldest_index: 11, current_index: 10 });
+    }
+
+    /// A reader that stops reading holds a bounded buffer, then is cut
+    /// off with a status saying where to resume; memory does not grow.
+    #[tokio::test]
+    async fn a_slow_reader_is_cut_off_with_a_status_naming_where_to_resume() {
+        let (sender, mut receiver) = mpsc::channel(STREAM_BUFFER + 1);
+        let message =
+            |index| pb::WatchEventsResponse { events: vec![event_to_pb(&event(index, 0, EventKind::QuotaChanged))], compacted: None };
+        let mut sent = 0;
+        while send_or_cut_off(&sender, message(sent + 1), 20, sent).await {
+            sent += 1;
+            assert!(sent <= STREAM_BUFFER as u64, "more than the buffer was queued for a reader taking nothing");
+        }
+        assert_eq!(sent, STREAM_BUFFER as u64);
+        for index in 1..=sent {
+            assert_eq!(receiver.recv().await.expect("queued").expect("a message").events[0].index, index);
+        }
+        let status = receiver.recv().await.expect("the cut-off").expect_err("a status");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert!(status.message().contains(&format!("since_index = {sent}")), "{status:?}");
+        drop(receiver);
+        assert!(!send_or_cut_off(&sender, message(99), 20, 0).await, "a reader gone ends the stream");
     }
 
     #[test]

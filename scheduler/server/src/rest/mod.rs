@@ -618,6 +618,24 @@ mod tests {
         assert!(document["components"]["securitySchemes"]["bearer"].is_object());
     }
 
+    #[test]
+    fn sse_puts_the_id_on_the_last_event_of_each_entry_only() {
+        let event = |index, seq, kind: &str| pb::Event { index, seq, kind: kind.into(), topic: "jobs".into(), ..Default::default() };
+        let message = pb::WatchEventsResponse {
+            events: vec![event(7, 0, "job_submitted"), event(7, 1, "job_submitted"), event(9, 0, "job_placed")],
+            compacted: None,
+        };
+        let text = sse_frames(message);
+        let frames: Vec<&str> = text.split("\n\n").filter(|f| !f.is_empty()).collect();
+        assert_eq!(frames.len(), 3, "{text}");
+        assert!(frames[0].starts_with("event: job_submitted\ndata: {") && !frames[0].contains("id:"), "{text}");
+        assert!(frames[1].starts_with("event: job_submitted\nid: 7\ndata: {"), "{text}");
+        assert!(frames[2].starts_with("event: job_placed\nid: 9\ndata: {"), "{text}");
+        let compacted =
+            pb::WatchEventsResponse { events: vec![], compacted: Some(pb::EventsCompacted { oldest_index: 40, current_index: 52 }) };
+        assert_eq!(sse_frames(compacted), "event: compacted\ndata: {\"oldest_index\":40,\"current_index\":52}\n\n");
+    }
+
     #[tokio::test]
     async fn bad_bodies_name_their_field_and_large_ones_are_refused() {
         let headers = http::HeaderMap::new();
