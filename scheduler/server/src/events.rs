@@ -117,16 +117,15 @@ impl EventRing {
     /// up to about a message's worth, of `topics` only (empty: all).
     pub fn read(&self, since: u64, topics: &BTreeSet<Topic>, max_events: usize, max_bytes: usize) -> Read {
         let since = if since == 0 { self.oldest_index.saturating_sub(1) } else { since };
-        if since + 1 < self.oldest_index {
+        if since.saturating_add(1) < self.oldest_index {
             return Read::Compacted { oldest_index: self.oldest_index, current_index: self.applied_index };
         }
         let start = self.events.partition_point(|e| e.index <= since);
         let mut events = Vec::new();
         let mut bytes = 0;
-        let mut counted = 0;
         let mut through = since.max(self.applied_index);
         let mut entry = None;
-        for event in self.events.range(start..) {
+        for (counted, event) in self.events.range(start..).enumerate() {
             if entry != Some(event.index) {
                 if counted >= max_events || bytes >= max_bytes {
                     through = entry.unwrap_or(since);
@@ -134,7 +133,6 @@ impl EventRing {
                 }
                 entry = Some(event.index);
             }
-            counted += 1;
             if topics.is_empty() || topics.contains(&event.topic()) {
                 bytes += event.approx_bytes();
                 events.push(event.clone());
