@@ -85,7 +85,8 @@ async fn a_reflection_client_lists_rotas_services() -> Result<()> {
         anyhow::bail!("not a service list: {listed:?}")
     };
     let names: Vec<&str> = list.service.iter().map(|s| s.name.as_str()).collect();
-    for service in ["rota.v1.JobService", "rota.v1.ClusterService", "rota.v1.AgentService", "grpc.health.v1.Health"] {
+    for service in ["rota.v1.JobService", "rota.v1.ClusterService", "rota.v1.AgentService", "rota.v1.EventService", "grpc.health.v1.Health"]
+    {
         ensure!(names.contains(&service), "{service} listed: {names:?}");
     }
     ensure!(!names.iter().any(|n| n.starts_with("rota.raft")), "the internal Raft transport is not advertised: {names:?}");

@@ -13,6 +13,7 @@ from rota_client.client import Client, new_request_id
 from rota_client.errors import (
     AlreadyExists,
     ConfigError,
+    EventsCompacted,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -23,6 +24,7 @@ from rota_client.errors import (
     Unavailable,
 )
 from rota_client.types import (
+    Event,
     Gpu,
     Job,
     JobList,
@@ -42,6 +44,8 @@ __all__ = [
     "AlreadyExists",
     "Client",
     "ConfigError",
+    "Event",
+    "EventsCompacted",
     "FailedPrecondition",
     "Gpu",
     "InvalidArgument",

@@ -24,6 +24,7 @@ from rota_client._proto import rota_pb2_grpc as pb_grpc
 from rota_client.errors import (
     RETRY_AFTER_METADATA,
     ConfigError,
+    EventsCompacted,
     InvalidArgument,
     RotaError,
     Unavailable,
@@ -34,6 +35,8 @@ from rota_client.errors import (
 )
 from rota_client.retry import Backoff, is_failover, next_target
 from rota_client.types import (
+    EVENT_TOPICS,
+    Event,
     Job,
     JobList,
     JobState,
@@ -193,6 +196,7 @@ class Client:
         self._jobs = [pb_grpc.JobServiceStub(c) for c in self._channels]
         self._cluster = [pb_grpc.ClusterServiceStub(c) for c in self._channels]
         self._auth = [pb_grpc.AuthServiceStub(c) for c in self._channels]
+        self._events = [pb_grpc.EventServiceStub(c) for c in self._channels]
         # The endpoint that answered last: the next call starts there.
         self._preferred = 0
         self._lock = threading.Lock()
@@ -442,6 +446,67 @@ class Client:
             raise from_rpc_error(error) from None
         finally:
             call.cancel()
+
+    # ------------------------------------------------------------ events
+
+    def watch(self, since_index: int = 0, topics: Optional[Sequence[str]] = None) -> Iterator[Event]:
+        """Every committed change after log index `since_index` (0: from the
+        oldest a replica keeps), in log order, for as long as it is iterated.
+
+        `topics`: any of "jobs", "nodes", "quotas", "queues" (default all).
+        Any replica serves the stream from what it has applied. When the one
+        serving fails, the stream is opened again on another, from the last
+        index received: an entry's events always arrive together, so nothing
+        is missed or repeated. No replica answering within the client's
+        `timeout_s` raises Unavailable. Events older than a replica keeps
+        raise EventsCompacted: read the current state, then watch from its
+        `current_index`. A replica cut off from its quorum stops advancing
+        without failing; close the iterator to move on from one.
+        """
+        if isinstance(since_index, bool) or not isinstance(since_index, int) or not 0 <= since_index < 2**64:
+            raise InvalidArgument(f"since_index: must be a log index, not {since_index!r}", field="since_index")
+        wanted = list(topics or [])
+        for topic in wanted:
+            if topic not in EVENT_TOPICS:
+                raise InvalidArgument(f"topics: {topic!r} is none of {', '.join(EVENT_TOPICS)}", field="topics")
+        return self._events_after(since_index, wanted)
+
+    def _events_after(self, since_index: int, topics: List[str]) -> Iterator[Event]:
+        metadata = self._call_metadata()
+        last = since_index
+        # A stream a replica ends at once (it is shutting down) is opened
+        # again after a growing pause, not in a tight loop.
+        backoff = Backoff()
+        while True:
+            request = pb.WatchEventsRequest(since_index=last, topics=topics)
+
+            def open_stream(i: int, _attempt_timeout_s: float) -> Tuple[grpc.Call, Optional["pb.WatchEventsResponse"]]:
+                call = self._events[i].WatchEvents(request, metadata=metadata)
+                return call, next(call, None)
+
+            call, message = self._retrying(open_stream)
+            try:
+                while message is not None:
+                    if message.HasField("compacted"):
+                        gone = message.compacted
+                        raise EventsCompacted(
+                            f"events after index {last} are no longer kept (oldest {gone.oldest_index}); "
+                            f"read the state and watch from {gone.current_index}",
+                            oldest_index=gone.oldest_index,
+                            current_index=gone.current_index,
+                        )
+                    for event in message.events:
+                        yield Event.from_pb(event)
+                    if message.events:
+                        last = message.events[-1].index
+                        backoff = Backoff()
+                    message = next(call, None)
+            except grpc.RpcError as error:
+                if not is_failover(status_code(error)):
+                    raise from_rpc_error(error) from None
+            finally:
+                call.cancel()
+            time.sleep(backoff.next_delay_ms() / 1000.0)
 
     # ------------------------------------------------------------ cluster
 

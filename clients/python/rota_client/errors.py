@@ -152,3 +152,16 @@ def from_rpc_error(error: grpc.RpcError) -> RotaError:
         field = field_of(message)
     kind = _BY_CODE.get(code, RotaError)
     return kind(message, code=code, reason_code=trailing(error, REASON_CODE_METADATA), field=field)
+
+
+class EventsCompacted(RotaError):
+    """The events after the index asked for are no longer kept (they were
+    folded into a snapshot or pushed out of the bounded ring). Read the
+    current state, then watch from `current_index`."""
+
+    label = "events compacted"
+
+    def __init__(self, message: str, *, oldest_index: int, current_index: int) -> None:
+        super().__init__(message, reason_code="compacted", field="since_index")
+        self.oldest_index = oldest_index
+        self.current_index = current_index

@@ -342,3 +342,42 @@ class WhoAmI:
     authenticated_by: str
     role: str
     groups: List[str]
+
+
+#: The topics of the event stream.
+EVENT_TOPICS = ("jobs", "nodes", "quotas", "queues")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One committed change (rota.proto's `Event`). `index` and `seq` order
+    the events: the log index of the entry that made it and its place
+    among that entry's events."""
+
+    index: int
+    seq: int
+    topic: str
+    kind: str
+    job_id: Optional[int]
+    node: str
+    group: str
+    queue: str
+    reason: str
+    time_ms: int
+    state: str
+
+    @staticmethod
+    def from_pb(event: "pb.Event") -> "Event":
+        return Event(
+            index=event.index,
+            seq=event.seq,
+            topic=event.topic,
+            kind=event.kind,
+            job_id=_nonzero(event.job_id),
+            node=event.node,
+            group=event.group,
+            queue=event.queue,
+            reason=event.reason,
+            time_ms=event.time_ms,
+            state=event.state,
+        )

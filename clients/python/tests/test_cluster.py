@@ -16,6 +16,7 @@ from conftest import Control, wait_for, wait_job
 from rota_client import (
     AlreadyExists,
     Client,
+    Event,
     InvalidArgument,
     JobState,
     NotFound,
@@ -187,6 +188,19 @@ def test_the_client_carries_on_through_a_leader_kill(alice: Client, control: Con
         except BaseException as error:  # reported by the test below
             failures.append(error)
 
+    # A watcher from just before the first submit: through the kill it
+    # must see each submit's event exactly once, in log order.
+    since = alice.submit(["true"], group="vision", queue="short").index
+    events: List[Event] = []
+
+    def watch() -> None:
+        try:
+            for event in alice.watch(since_index=since, topics=["jobs"]):
+                events.append(event)
+        except BaseException as error:  # reported by the test below
+            failures.append(error)
+
+    threading.Thread(target=watch, daemon=True).start()
     submitter = threading.Thread(target=submit_in_a_loop, daemon=True)
     submitter.start()
     wait_for("submits before the kill", lambda: True if len(answered) >= 5 or failures else None)
@@ -204,5 +218,19 @@ def test_the_client_carries_on_through_a_leader_kill(alice: Client, control: Con
         assert job.request_id not in by_request, f"two jobs for {job.request_id}"
         by_request[job.request_id] = job.id
     assert by_request == dict(answered)
+
+    submitted_ids = {job_id for _, job_id in answered}
+
+    def seen_all() -> Optional[bool]:
+        seen = {e.job_id for e in list(events) if e.kind == "job_submitted"}
+        return True if submitted_ids <= seen or failures else None
+
+    wait_for("the watcher to see every submit", seen_all)
+    assert not failures, failures
+    order = [(e.index, e.seq) for e in list(events)]
+    assert order == sorted(set(order)), "events in log order, none twice"
+    assert all(e.index > since for e in events)
+    submits = [e.job_id for e in list(events) if e.kind == "job_submitted" and e.job_id in submitted_ids]
+    assert sorted(submits) == sorted(submitted_ids), "each submit's event exactly once"
     control("restart")
     assert alice.whoami().user == "alice"

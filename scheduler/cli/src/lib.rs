@@ -326,6 +326,43 @@ pub async fn logs(client: &Client, job_id: u64, rank: u32, stderr: bool, follow:
     Ok(())
 }
 
+/// Follow the event stream, printing each event as it comes; a compacted
+/// answer is printed and ends the command with an error.
+pub async fn events(client: &Client, since: u64, topics: Vec<String>, max_events: Option<u64>, format: Format) -> Result<()> {
+    use rota_client::events::{EventFollower, Followed};
+    use std::io::Write;
+    let mut follower = EventFollower::new(client.clone(), since, topics);
+    let mut printed = 0u64;
+    loop {
+        if max_events.is_some_and(|max| printed >= max) {
+            return Ok(());
+        }
+        let events = match follower.next().await? {
+            Followed::Events(events) => events,
+            Followed::Compacted(compacted) => {
+                if format == Format::Json {
+                    let line = serde_json::json!({"compacted": {"oldest_index": compacted.oldest_index, "current_index": compacted.current_index}});
+                    println!("{line}");
+                }
+                bail!(
+                    "compacted: events before index {} are gone; read the current state, then follow with --since {}",
+                    compacted.oldest_index,
+                    compacted.current_index
+                );
+            }
+        };
+        let mut out = std::io::stdout().lock();
+        for event in events.iter().take(max_events.map_or(usize::MAX, |max| (max - printed) as usize)) {
+            match format {
+                Format::Json => writeln!(out, "{}", output::event_json(event))?,
+                Format::Table => writeln!(out, "{}", output::event_line(event))?,
+            }
+            printed += 1;
+        }
+        out.flush()?;
+    }
+}
+
 pub async fn member_add(client: &Client, id: u64, address: &str, format: Format) -> Result<()> {
     let request = pb::AddMemberRequest { id, address: address.to_string() };
     let status = client

@@ -106,6 +106,20 @@ enum Command {
         #[arg(long, short)]
         follow: bool,
     },
+    /// Follow every committed change (jobs, nodes, quotas, queues) as
+    /// events, in log order, across failovers; `--output json` prints one
+    /// JSON object per line.
+    Events {
+        /// Events of log entries after this index; 0 = from the oldest kept.
+        #[arg(long, default_value_t = 0)]
+        since: u64,
+        /// Topics, comma-separated: jobs, nodes, quotas, queues; default all.
+        #[arg(long, value_delimiter = ',')]
+        topic: Vec<String>,
+        /// Stop after this many events (default: follow until stopped).
+        #[arg(long)]
+        max_events: Option<u64>,
+    },
     /// Show the replicas, the leader and the Raft indexes.
     Cluster,
     /// Show the GPU hosts, their fences and drains.
@@ -438,6 +452,11 @@ struct ServerArgs {
     /// Log entries kept behind a snapshot.
     #[arg(long, default_value_t = rota_server::defaults::DEFAULT_KEEP_LOGS_BEHIND_SNAPSHOT)]
     keep_logs: u64,
+    /// Events kept for the event stream (`rota events`, `/v1/events`); a
+    /// reader asking for older ones is told they are compacted. Their
+    /// bytes are bounded too (32 MiB).
+    #[arg(long, default_value_t = rota_server::events::MAX_KEPT_EVENTS)]
+    keep_events: usize,
     /// A node silent this long is declared down and its jobs requeued.
     #[arg(long, default_value_t = 30_000)]
     node_ttl_ms: u64,
@@ -584,6 +603,7 @@ async fn run_server(args: ServerArgs, tls: &TlsArgs) -> Result<()> {
         election_timeout_max_ms: args.election_max_ms,
         snapshot_every_entries: args.snapshot_every,
         keep_logs_behind_snapshot: args.keep_logs,
+        keep_events: args.keep_events,
         node_ttl_ms: args.node_ttl_ms,
         max_clock_skew_ms: args.max_clock_skew_ms,
         start_timeout_ms: args.start_timeout_ms,
@@ -657,6 +677,7 @@ async fn main() -> Result<()> {
         Command::Jobs { state, group, limit } => cli::jobs(&client, state.as_deref(), group.as_deref(), limit, format).await,
         Command::Cancel { job_id } => cli::cancel(&client, job_id, format).await,
         Command::Logs { job_id, rank, stderr, follow } => cli::logs(&client, job_id, rank, stderr, follow).await,
+        Command::Events { since, topic, max_events } => cli::events(&client, since, topic, max_events, format).await,
         Command::Cluster => cli::cluster(&client, format).await,
         Command::Queue { action: QueueAction::Show } => cli::config::queue_show(&client, format).await,
         Command::Queue { action: QueueAction::Set(set) } => cli::config::queue_set(&client, &set, format).await,

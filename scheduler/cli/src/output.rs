@@ -188,3 +188,37 @@ pub fn print_nodes(nodes: &[pb::Node]) {
         }
     }
 }
+
+/// One event as a JSON object (the same fields as the REST API's).
+pub fn event_json(event: &pb::Event) -> serde_json::Value {
+    json!({
+        "index": event.index,
+        "seq": event.seq,
+        "topic": event.topic,
+        "kind": event.kind,
+        "job_id": event.job_id,
+        "node": event.node,
+        "group": event.group,
+        "queue": event.queue,
+        "reason": event.reason,
+        "time_ms": event.time_ms,
+        "state": event.state,
+    })
+}
+
+/// One event as a line for people: index.seq, kind, then what it names.
+pub fn event_line(event: &pb::Event) -> String {
+    let mut line = format!("{}.{} {}", event.index, event.seq, event.kind);
+    let named = [
+        ("job", if event.job_id == 0 { String::new() } else { event.job_id.to_string() }),
+        ("node", event.node.clone()),
+        ("group", event.group.clone()),
+        ("queue", event.queue.clone()),
+        ("state", event.state.clone()),
+        ("reason", event.reason.clone()),
+    ];
+    for (name, value) in named.iter().filter(|(_, value)| !value.is_empty()) {
+        line.push_str(&format!(" {name}={value}"));
+    }
+    line
+}

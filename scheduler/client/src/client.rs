@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use rota_proto::v1 as pb;
 use rota_proto::v1::auth_service_client::AuthServiceClient;
 use rota_proto::v1::cluster_service_client::ClusterServiceClient;
+use rota_proto::v1::event_service_client::EventServiceClient;
 use rota_proto::v1::job_service_client::JobServiceClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
@@ -192,6 +193,10 @@ impl Client {
 
     pub fn cluster_at(&self, i: usize) -> ClusterServiceClient<Authed> {
         ClusterServiceClient::new(self.authed(i))
+    }
+
+    pub fn events_at(&self, i: usize) -> EventServiceClient<Authed> {
+        EventServiceClient::new(self.authed(i)).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     pub fn auth_at(&self, i: usize) -> AuthServiceClient<Authed> {

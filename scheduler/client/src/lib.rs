@@ -12,6 +12,7 @@
 //!   `retry` and `wire` for its own AgentService connection.
 
 pub mod convert;
+pub mod events;
 pub mod retry;
 pub mod wire;
 

@@ -36,6 +36,7 @@ fn decode_everything(bytes: &[u8]) {
     let _ = pb::ListJobsRequest::decode(bytes);
     let _ = pb::CancelJobRequest::decode(bytes);
     let _ = pb::WatchJobsRequest::decode(bytes);
+    let _ = pb::WatchEventsRequest::decode(bytes);
     let _ = pb::RegisterNodeRequest::decode(bytes);
     let _ = pb::HeartbeatRequest::decode(bytes);
     let _ = pb::WatchAssignmentsRequest::decode(bytes);

@@ -19,7 +19,7 @@ use crate::Context;
 
 /// The services a replica serves, as health reports them (plus "" for the
 /// whole replica).
-pub const SERVICES: &[&str] = &["", "rota.v1.JobService", "rota.v1.ClusterService", "rota.v1.AgentService"];
+pub const SERVICES: &[&str] = &["", "rota.v1.JobService", "rota.v1.ClusterService", "rota.v1.AgentService", "rota.v1.EventService"];
 
 /// How often the status is judged again.
 const PERIOD_MS: u64 = 100;
@@ -99,6 +99,7 @@ pub fn reflection() -> Result<
         .with_service_name("rota.v1.JobService")
         .with_service_name("rota.v1.ClusterService")
         .with_service_name("rota.v1.AgentService")
+        .with_service_name("rota.v1.EventService")
         .with_service_name("grpc.health.v1.Health")
         .with_service_name("grpc.reflection.v1.ServerReflection")
         .build_v1()

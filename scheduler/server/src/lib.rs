@@ -9,6 +9,7 @@ pub mod backup;
 pub mod clock;
 mod cluster;
 pub mod cluster_id;
+pub mod events;
 mod forward;
 pub mod health;
 pub mod identity;
@@ -34,6 +35,7 @@ use rota_proto::v1::agent_service_server::AgentServiceServer;
 use rota_proto::v1::auth_service_server::AuthServiceServer;
 use rota_proto::v1::cluster_service_client::ClusterServiceClient;
 use rota_proto::v1::cluster_service_server::ClusterServiceServer;
+use rota_proto::v1::event_service_server::EventServiceServer;
 use rota_proto::v1::job_service_server::JobServiceServer;
 use rota_proto::v1::GetClusterStatusRequest;
 use rota_tls::auth::interceptor;
@@ -110,6 +112,9 @@ pub struct ServerConfig {
     /// The user made the cluster's first admin when it has no users yet
     /// (given to the founding replicas; ignored once any user exists).
     pub bootstrap_admin: Option<String>,
+    /// Events kept for readers of the event stream at most (bytes are
+    /// bounded by `events::MAX_KEPT_EVENT_BYTES`).
+    pub keep_events: usize,
     /// Request rate, streams and requests in flight per caller identity.
     pub limits: limits::LimitsConfig,
     /// The CA bundle and certificate in use, as (`cert` label, PEM path),
@@ -136,6 +141,7 @@ const PROBE_CALLERS: &[IdentityKind] = &[IdentityKind::User, IdentityKind::Repli
 /// The methods that answer with a stream (capped per identity).
 const JOB_STREAMS: &[&str] = &["/rota.v1.JobService/WatchJobs", "/rota.v1.JobService/ReadLogs"];
 const AGENT_STREAMS: &[&str] = &["/rota.v1.AgentService/WatchAssignments"];
+const EVENT_STREAMS: &[&str] = &["/rota.v1.EventService/WatchEvents"];
 
 /// What the services share.
 pub struct Context {
@@ -219,7 +225,8 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     identity::check(config.id, &config.data_dir, config.join, &peer_addrs, &config.security).await.map_err(ServerError::DataDir)?;
     let cluster_identity = cluster_id::ClusterIdentity::load(&config.data_dir).map_err(ServerError::DataDir)?;
     let journal = Arc::new(std::sync::Mutex::new(replicated::Journal::default()));
-    let replicated = Replicated { state: ClusterState::default(), journal: journal.clone() };
+    let events = events::EventRing::new(config.keep_events, events::MAX_KEPT_EVENT_BYTES);
+    let replicated = Replicated { state: ClusterState::default(), journal: journal.clone(), events };
     let replica = Replica::open(consensus_config(&config, &cluster_identity), replicated).await?;
     let ctx = Arc::new(Context {
         proposer: Proposer::start(replica.clone()),
@@ -281,6 +288,13 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_MESSAGE_BYTES),
                 limited(limits::Class::User, JOB_STREAMS),
+            )),
+            interceptor(CLIENT_CALLERS),
+        ))
+        .add_service(InterceptedService::new(
+            request_id::Traced::new(limits::Limited::new(
+                EventServiceServer::new(events::EventApi::new(ctx.clone())).max_encoding_message_size(MAX_MESSAGE_BYTES),
+                limited(limits::Class::User, EVENT_STREAMS),
             )),
             interceptor(CLIENT_CALLERS),
         ))

@@ -14,7 +14,10 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use rota_consensus::StateMachine;
 
 use rota_core::state::codec::{self, CodecError};
+use rota_core::state::events::Event;
 use rota_core::state::{ClusterState, CommandResult, Rejection};
+
+use crate::events::EventRing;
 
 /// Exit status of a replica that met an entry in a newer format (EX_CONFIG).
 const EXIT_FORMAT_TOO_NEW: i32 = 78;
@@ -60,12 +63,18 @@ const JOURNAL_MAX_BYTES: usize = 64 * 1024 * 1024;
 pub struct Replicated {
     pub state: ClusterState,
     pub journal: Arc<Mutex<Journal>>,
+    /// The events of the entries applied here (see `events`).
+    pub events: EventRing,
 }
 
-/// Apply one payload to a state, exactly as the replicated state machine does.
-fn apply_payload(state: &mut ClusterState, index: u64, payload: &[u8]) -> Vec<CommandResult> {
+/// Apply one payload to a state, exactly as the replicated state machine
+/// does; with `events`, the events it made are added there.
+fn apply_payload(state: &mut ClusterState, index: u64, payload: &[u8], events: Option<&mut Vec<Event>>) -> Vec<CommandResult> {
     match codec::decode_proposal_up_to(payload, readable_format()) {
-        Ok(proposal) => state.apply_proposal(index, &proposal),
+        Ok(proposal) => match events {
+            Some(events) => state.apply_proposal_with_events(index, &proposal, events),
+            None => state.apply_proposal(index, &proposal),
+        },
         Err(error @ CodecError::TooNew { .. }) => stop_for_newer_format(index, &error),
         Err(error) => {
             // Every replica fails to decode the same bytes the same way.
@@ -77,7 +86,9 @@ fn apply_payload(state: &mut ClusterState, index: u64, payload: &[u8]) -> Vec<Co
 
 impl StateMachine for Replicated {
     fn apply(&mut self, index: u64, payload: &[u8]) -> Vec<u8> {
-        let results = apply_payload(&mut self.state, index, payload);
+        let mut events = Vec::new();
+        let results = apply_payload(&mut self.state, index, payload, Some(&mut events));
+        self.events.push_entry(index, events);
         self.journal.lock().unwrap_or_else(PoisonError::into_inner).record(index, payload);
         bincode::serialize(&results).expect("results serialize")
     }
@@ -93,6 +104,7 @@ impl StateMachine for Replicated {
             Err(error) => return Err(error.to_string()),
         };
         state.check_invariants()?;
+        self.events.reset(state.applied_index);
         self.state = state;
         self.journal.lock().unwrap_or_else(PoisonError::into_inner).break_off();
         Ok(())
@@ -180,7 +192,7 @@ impl PlannerCopy {
         let state = self.state.as_mut().expect("copied above");
         for (index, payload) in entries {
             if index > state.applied_index {
-                apply_payload(state, index, &payload);
+                apply_payload(state, index, &payload, None);
             }
         }
         state
@@ -214,7 +226,7 @@ mod tests {
     }
 
     fn replicated() -> Replicated {
-        Replicated { state: ClusterState::default(), journal: Arc::new(Mutex::new(Journal::default())) }
+        Replicated { state: ClusterState::default(), journal: Arc::new(Mutex::new(Journal::default())), events: EventRing::default() }
     }
 
     /// What `Context::read` does: run the closure on the state.

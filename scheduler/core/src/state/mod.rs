@@ -11,6 +11,7 @@ pub mod codec;
 pub use apply::gpu_matches;
 pub mod command;
 pub mod dedupe;
+pub mod events;
 pub mod faults;
 pub mod gpu_model;
 pub mod types;

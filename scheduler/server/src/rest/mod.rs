@@ -29,6 +29,7 @@ use http_body_util::BodyExt;
 use rota_proto::v1 as pb;
 use rota_proto::v1::auth_service_server::AuthService;
 use rota_proto::v1::cluster_service_server::ClusterService;
+use rota_proto::v1::event_service_server::EventService;
 use rota_proto::v1::job_service_server::JobService;
 use rota_tls::{ConnInfo, Security};
 use serde::de::DeserializeOwned;
@@ -53,10 +54,14 @@ const MAX_AUDIT_LIMIT: u32 = 1_000;
 const MAX_CONNECTIONS: usize = 4_096;
 /// A client must send its request head within this time.
 const HEADER_TIMEOUT_MS: u64 = 10_000;
+/// An event stream with nothing to send sends a comment this often, so
+/// proxies and clients see it alive.
+const SSE_KEEP_ALIVE_MS: u64 = 15_000;
 
 /// What the handlers share: the services they call, and the limiter the gRPC services use.
 pub struct Rest {
     jobs: crate::jobs::JobApi,
+    events: crate::events::EventApi,
     cluster: crate::cluster::ClusterApi,
     auth: crate::auth_api::AuthApi,
     limiter: Arc<Limiter>,
@@ -71,9 +76,9 @@ type Shared = State<Arc<Rest>>;
         Errors are RFC 9457 problems (application/problem+json)."),
     paths(
         submit_job, list_jobs, get_job, cancel_job, why_job, job_logs, list_nodes, list_queues, list_quotas, get_usage, get_cluster,
-        list_audit
+        list_audit, watch_events
     ),
-    components(schemas(Problem, LogStream, JobState)),
+    components(schemas(Problem, LogStream, JobState, EventMessage, EventsCompacted)),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
 )]
@@ -97,6 +102,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 pub fn router(ctx: Arc<Context>, limiter: Arc<Limiter>) -> Router {
     let rest = Arc::new(Rest {
         jobs: crate::jobs::JobApi::new(ctx.clone()),
+        events: crate::events::EventApi::new(ctx.clone()),
         cluster: crate::cluster::ClusterApi::new(ctx.clone()),
         auth: crate::auth_api::AuthApi::new(ctx),
         limiter,
@@ -115,6 +121,7 @@ pub fn router(ctx: Arc<Context>, limiter: Arc<Limiter>) -> Router {
         .route("/v1/usage", get(get_usage))
         .route("/v1/cluster", get(get_cluster))
         .route("/v1/audit", get(list_audit))
+        .route("/v1/events", get(watch_events))
         .fallback(|| async { Problem::not_found("no such resource; the API is under /v1 (see /v1/openapi.json)") })
         .method_not_allowed_fallback(|| async {
             Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this resource does not take that method")
@@ -486,6 +493,101 @@ async fn list_audit(State(rest): Shared, caller: Caller, RawQuery(raw): RawQuery
     Ok(Json(rest.auth.list_audit(caller.inbound.request(request)).await?.into_inner().into()))
 }
 
+#[utoipa::path(
+    get, path = "/v1/events", tag = "events",
+    params(
+        EventsQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this index (an SSE client sends the last `id` it saw)"),
+    ),
+    responses(
+        (status = 200, description = "Server-sent events, in log order: each `event: KIND` with `data:` an EventMessage; \
+            `id: INDEX` on the last event of each log entry; `event: compacted` (data EventsCompacted) when the \
+            entries asked for are no longer kept, then the stream ends; `event: error` (data a Problem) when \
+            the stream is cut off (a reader too slow); comment lines keep it alive", body = String, content_type = "text/event-stream"),
+        (status = 400, description = "Bad `since`, `topic` or `Last-Event-ID`; `field` names it", body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 403, body = Problem, content_type = "application/problem+json"),
+        (status = 429, body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn watch_events(State(rest): Shared, parts: Parts, RawQuery(raw): RawQuery) -> Result<Response, Problem> {
+    // A stream: counted against the caller's open streams, until it ends.
+    let (inbound, permit) = admit(&rest, &parts, true)?;
+    let options: EventsQuery = query(raw)?;
+    let topics: Vec<String> =
+        options.topic.unwrap_or_default().split(',').map(str::trim).filter(|t| !t.is_empty()).map(str::to_string).collect();
+    crate::events::parse_topics(topics.iter().map(String::as_str), "topic").map_err(|message| Problem::invalid("topic", message))?;
+    let since = match parts.headers.get("last-event-id") {
+        None => options.since.unwrap_or(0),
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+            .ok_or_else(|| Problem::invalid("Last-Event-ID", "Last-Event-ID: not an index this stream sent (a whole number)"))?,
+    };
+    let request = inbound.request(pb::WatchEventsRequest { since_index: since, topics });
+    let stream = match rest.events.watch_events(request).await {
+        Ok(stream) => stream.into_inner(),
+        Err(status) if status.code() == tonic::Code::InvalidArgument && status.message().starts_with("since_index") => {
+            return Err(Problem::invalid("since", status.message().replacen("since_index", "since", 1)));
+        }
+        Err(status) => return Err(status.into()),
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(SSE_KEEP_ALIVE_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let body = futures::stream::unfold((stream, tick, false, permit), |(mut stream, mut tick, done, permit)| async move {
+        if done {
+            return None;
+        }
+        tokio::select! {
+            next = stream.next() => match next {
+                Some(Ok(message)) => {
+                    let finished = message.compacted.is_some();
+                    Some((Ok::<_, std::io::Error>(Bytes::from(sse_frames(message))), (stream, tick, finished, permit)))
+                }
+                Some(Err(status)) => {
+                    let problem = Problem::from(status);
+                    let frame = format!("event: error\ndata: {}\n\n", serde_json::to_string(&problem).unwrap_or_default());
+                    Some((Ok(Bytes::from(frame)), (stream, tick, true, permit)))
+                }
+                None => None,
+            },
+            _ = tick.tick() => Some((Ok(Bytes::from_static(b": keep-alive\n\n")), (stream, tick, false, permit))),
+        }
+    });
+    let mut response = Body::from_stream(body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(response)
+}
+
+/// One gRPC message as SSE messages: one per event, `id` on the last of
+/// each entry (so a browser's remembered id never splits an entry), or
+/// the `compacted` message.
+fn sse_frames(message: pb::WatchEventsResponse) -> String {
+    let mut text = String::new();
+    if let Some(compacted) = message.compacted {
+        let data = EventsCompacted { oldest_index: compacted.oldest_index, current_index: compacted.current_index };
+        text.push_str(&format!("event: compacted\ndata: {}\n\n", serde_json::to_string(&data).unwrap_or_default()));
+        return text;
+    }
+    let count = message.events.len();
+    let indexes: Vec<u64> = message.events.iter().map(|e| e.index).collect();
+    for (i, event) in message.events.into_iter().enumerate() {
+        let last_of_entry = i + 1 == count || indexes[i + 1] != event.index;
+        let index = event.index;
+        // Kinds are rota's own words ([a-z_]), so never break the framing.
+        text.push_str(&format!("event: {}\n", event.kind));
+        if last_of_entry {
+            text.push_str(&format!("id: {index}\n"));
+        }
+        let data = serde_json::to_string(&EventMessage::from(event)).unwrap_or_default();
+        text.push_str(&format!("data: {data}\n\n"));
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -506,6 +608,7 @@ mod tests {
             "/v1/usage",
             "/v1/cluster",
             "/v1/audit",
+            "/v1/events",
         ] {
             assert!(paths.contains_key(path), "{path} in {:?}", paths.keys());
         }
@@ -513,6 +616,24 @@ mod tests {
         assert!(submit["responses"]["400"]["content"]["application/problem+json"].is_object(), "{submit}");
         assert!(document["components"]["schemas"]["Problem"].is_object());
         assert!(document["components"]["securitySchemes"]["bearer"].is_object());
+    }
+
+    #[test]
+    fn sse_puts_the_id_on_the_last_event_of_each_entry_only() {
+        let event = |index, seq, kind: &str| pb::Event { index, seq, kind: kind.into(), topic: "jobs".into(), ..Default::default() };
+        let message = pb::WatchEventsResponse {
+            events: vec![event(7, 0, "job_submitted"), event(7, 1, "job_submitted"), event(9, 0, "job_placed")],
+            compacted: None,
+        };
+        let text = sse_frames(message);
+        let frames: Vec<&str> = text.split("\n\n").filter(|f| !f.is_empty()).collect();
+        assert_eq!(frames.len(), 3, "{text}");
+        assert!(frames[0].starts_with("event: job_submitted\ndata: {") && !frames[0].contains("id:"), "{text}");
+        assert!(frames[1].starts_with("event: job_submitted\nid: 7\ndata: {"), "{text}");
+        assert!(frames[2].starts_with("event: job_placed\nid: 9\ndata: {"), "{text}");
+        let compacted =
+            pb::WatchEventsResponse { events: vec![], compacted: Some(pb::EventsCompacted { oldest_index: 40, current_index: 52 }) };
+        assert_eq!(sse_frames(compacted), "event: compacted\ndata: {\"oldest_index\":40,\"current_index\":52}\n\n");
     }
 
     #[tokio::test]

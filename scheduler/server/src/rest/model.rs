@@ -658,3 +658,62 @@ impl From<pb::ListAuditResponse> for Audit {
         Audit { records, dropped: r.dropped }
     }
 }
+
+/// The query of `GET /v1/events`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Send the events of log entries after this index; 0 (default) = from
+    /// the oldest kept. A `Last-Event-ID` header takes its place.
+    pub since: Option<u64>,
+    /// Topics, comma-separated: jobs, nodes, quotas, queues; default all.
+    pub topic: Option<String>,
+}
+
+/// One event, the `data` of an SSE message whose `event` is its kind.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventMessage {
+    /// Log index of the entry that made it.
+    pub index: u64,
+    /// Its place among that entry's events.
+    pub seq: u32,
+    pub topic: String,
+    pub kind: String,
+    /// 0 when not about a job.
+    pub job_id: u64,
+    pub node: String,
+    pub group: String,
+    pub queue: String,
+    pub reason: String,
+    /// The entry's leader time (Unix ms).
+    pub time_ms: u64,
+    /// The job's state after the event; empty when not about a job.
+    pub state: String,
+}
+
+impl From<pb::Event> for EventMessage {
+    fn from(event: pb::Event) -> Self {
+        EventMessage {
+            index: event.index,
+            seq: event.seq,
+            topic: event.topic,
+            kind: event.kind,
+            job_id: event.job_id,
+            node: event.node,
+            group: event.group,
+            queue: event.queue,
+            reason: event.reason,
+            time_ms: event.time_ms,
+            state: event.state,
+        }
+    }
+}
+
+/// The `data` of an SSE `compacted` message: events before `oldest_index`
+/// are gone; read the current state, then follow from `current_index`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventsCompacted {
+    pub oldest_index: u64,
+    pub current_index: u64,
+}
