@@ -44,7 +44,8 @@ for i in $(seq 600); do [ -e "$MARK_DIR/go" ] && break; sleep 0.1; done"#;
     let rest = rest_job(&cluster, job_id)?;
     for (surface, shown) in [("rota status", &status), ("GET /v1/jobs", &rest)] {
         ensure!(shown["master_addr"] == given["MASTER_ADDR"].as_str(), "{surface} shows the master address the ranks were given: {shown}");
-        ensure!(shown["master_port"].to_string() == given["MASTER_PORT"], "{surface} shows the master port the ranks were given: {shown}");
+        let port = shown["master_port"].as_u64().map(|port| port.to_string());
+        ensure!(port.as_deref() == Some(given["MASTER_PORT"].as_str()), "{surface} shows the master port the ranks were given: {shown}");
     }
     let text = rota(&cluster, &["status", &job_id.to_string()])?;
     let master = format!("master {}:{}\n", given["MASTER_ADDR"], given["MASTER_PORT"]);
