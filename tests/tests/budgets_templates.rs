@@ -161,8 +161,7 @@ async fn templates_labels_and_budgets_through_a_leader_kill() -> Result<()> {
     cluster.kill(leader)?;
     let new_leader = cluster.wait_leader(WAIT).await?;
     ensure!(new_leader != leader);
-    wait_until("the budget spent", WAIT, || async { Ok(rota.budget("speech")?["exhausted"].as_bool().filter(|&e| e).map(|_| ())) })
-        .await?;
+    wait_until("the budget spent", WAIT, || async { Ok(rota.budget("speech")?["exhausted"].as_bool().filter(|&e| e).map(|_| ())) }).await?;
     rota.refused("alice", &["submit", "--group", "speech", "--", "true"], &["group speech used", "GPU-hours", "rota budget set speech"])?;
     let why = wait_until("the pending job's reason", WAIT, || async {
         let why = rota.ok("alice", &["why", &pending.to_string()])?;

@@ -15,7 +15,7 @@ pub enum TemplateAction {
     Save {
         name: String,
         #[command(flatten)]
-        spec: SpecArgs,
+        spec: Box<SpecArgs>,
     },
     /// Every template with its latest version.
     List,

@@ -32,6 +32,9 @@ const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 /// Watch messages buffered per stream before the sender waits.
 const WATCH_BUFFER: usize = 16;
 
+/// A submit's spec, labels and the template version it was made from.
+type Expanded = (JobSpec, BTreeMap<String, String>, Option<TemplateRef>);
+
 pub struct JobApi {
     ctx: Arc<Context>,
 }
@@ -45,7 +48,7 @@ impl JobApi {
     /// what it sets over them. The template is read here, on the leader
     /// (this replica serves submits only while it leads), and apply checks
     /// that the version still exists and that the job's group may use it.
-    fn expand(&self, message: &mut pb::SubmitJobRequest) -> Result<(JobSpec, BTreeMap<String, String>, Option<TemplateRef>), Status> {
+    fn expand(&self, message: &mut pb::SubmitJobRequest) -> Result<Expanded, Status> {
         let mut labels: BTreeMap<String, String> = std::mem::take(&mut message.labels).into_iter().collect();
         let tagged = !labels.is_empty() || !message.template.is_empty();
         if tagged && self.ctx.read(|state| state.cluster_version()) < TENANCY_FROM_VERSION {
