@@ -300,7 +300,7 @@ impl ClusterApi {
         if text.is_empty() {
             return Ok(month_of(wall_clock_ms().max(state_now_ms)));
         }
-        parse_month(text).map_err(|r| rejection(&r))
+        parse_month(text).map_err(crate::jobs::invalid_input)
     }
 
     async fn set_budget_here(&self, actor: &Actor, message: &pb::SetBudgetRequest) -> Result<pb::BudgetStatus, Failure> {

@@ -32,6 +32,11 @@ const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 /// Watch messages buffered per stream before the sender waits.
 const WATCH_BUFFER: usize = 16;
 
+/// INVALID_ARGUMENT naming the field, as `status::rejection` answers it.
+pub(crate) fn invalid_input((field, message): (String, String)) -> Status {
+    rejection(&rota_core::state::Rejection::Invalid { field, message })
+}
+
 /// A submit's spec, labels and the template version it was made from.
 type Expanded = (JobSpec, BTreeMap<String, String>, Option<TemplateRef>);
 
@@ -56,7 +61,7 @@ impl JobApi {
                 "templates and labels need cluster version {TENANCY_FROM_VERSION}: every replica must run a build that reads it"
             )));
         }
-        validate_labels(&labels).map_err(|r| rejection(&r))?;
+        validate_labels(&labels).map_err(invalid_input)?;
         if message.template.is_empty() {
             if message.template_version != 0 {
                 return Err(Status::invalid_argument("template_version: given without a template"));
@@ -79,7 +84,7 @@ impl JobApi {
         let spec = spec_over_template(&base, message.spec.take()).map_err(|r| rejection(&r))?;
         let mut merged = template_labels;
         merged.append(&mut labels);
-        validate_labels(&merged).map_err(|r| rejection(&r))?;
+        validate_labels(&merged).map_err(invalid_input)?;
         Ok((spec, merged, Some(TemplateRef { name, version })))
     }
 
@@ -140,7 +145,7 @@ impl JobApi {
         self.ctx.replica.ensure_linearizable().await?;
         let mut labels = Vec::new();
         for text in message.labels.iter().take(rota_core::state::tenancy::MAX_LABELS + 1) {
-            labels.push(parse_label(text).map_err(|r| rejection(&r))?);
+            labels.push(parse_label(text).map_err(invalid_input)?);
         }
         let filter = ListFilter { state: wanted, group: &message.group, queue: &message.queue, user: &message.user, labels: &labels };
         Ok(self.ctx.read(|state| list_jobs(state, actor, &filter, message.before_id, limit as usize)))

@@ -82,7 +82,7 @@ impl ClusterState {
         labels: &BTreeMap<String, String>,
         template: Option<&TemplateRef>,
     ) -> Result<CommandResult, Rejection> {
-        validate_labels(labels)?;
+        validate_labels(labels).map_err(invalid)?;
         if let Some(wanted) = template {
             let found = self
                 .tenancy
@@ -119,7 +119,7 @@ impl ClusterState {
             });
         }
         validate_spec(spec, &self.queues)?;
-        validate_labels(labels)?;
+        validate_labels(labels).map_err(invalid)?;
         self.check_no_alarm_for_tenancy()?;
         let version =
             TemplateVersion { version: 0, spec: spec.clone(), labels: labels.clone(), saved_ms: self.now_ms, saved_by: saved_by.into() };

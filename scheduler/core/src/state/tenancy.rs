@@ -17,7 +17,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::command::Rejection;
 use super::types::{JobId, JobSpec};
 
 /// The first cluster version whose replicas hold templates, labels and
@@ -241,14 +240,18 @@ impl TenancyState {
     }
 }
 
-fn invalid(field: impl Into<String>, message: impl Into<String>) -> Rejection {
-    Rejection::Invalid { field: field.into(), message: message.into() }
+/// A bad input: the field at fault and why (`Rejection::Invalid` in apply,
+/// INVALID_ARGUMENT on the wire).
+pub type Invalid = (String, String);
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> Invalid {
+    (field.into(), message.into())
 }
 
 /// Labels: at most `MAX_LABELS`; a key of 1..=63 bytes of lowercase
 /// letters, digits, `.`, `_`, `-` and `/`, starting with a letter or
 /// digit; a value of at most 128 bytes of `[A-Za-z0-9._-]`.
-pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), Rejection> {
+pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), Invalid> {
     if labels.len() > MAX_LABELS {
         return Err(invalid("labels", format!("at most {MAX_LABELS} labels, got {}", labels.len())));
     }
@@ -274,7 +277,7 @@ pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), Rejectio
 }
 
 /// `key=value` as the CLI and list filters take it.
-pub fn parse_label(text: &str) -> Result<(String, String), Rejection> {
+pub fn parse_label(text: &str) -> Result<(String, String), Invalid> {
     let (key, value) = text.split_once('=').ok_or_else(|| invalid("labels", format!("{text:?} is not key=value")))?;
     let labels = BTreeMap::from([(key.to_string(), value.to_string())]);
     validate_labels(&labels)?;
@@ -326,7 +329,7 @@ pub fn month_text(month: Month) -> String {
 }
 
 /// `2026-12` to `202612`; years 1970 to 9999.
-pub fn parse_month(text: &str) -> Result<Month, Rejection> {
+pub fn parse_month(text: &str) -> Result<Month, Invalid> {
     let bad = || invalid("month", format!("{text:?} is not a month as YYYY-MM"));
     let (year, month) = text.split_once('-').ok_or_else(bad)?;
     if year.len() != 4 || month.len() != 2 {
@@ -384,11 +387,11 @@ mod tests {
         let ok = BTreeMap::from([("team".to_string(), "asr".to_string()), ("paper".to_string(), "2026q4".to_string())]);
         assert!(validate_labels(&ok).is_ok());
         let bad_key = BTreeMap::from([("Team".to_string(), "asr".to_string())]);
-        assert_eq!(validate_labels(&bad_key).unwrap_err().field(), Some("labels[\"Team\"]"));
+        assert_eq!(validate_labels(&bad_key).unwrap_err().0, "labels[\"Team\"]");
         let bad_value = BTreeMap::from([("team".to_string(), "a b".to_string())]);
         assert!(validate_labels(&bad_value).is_err());
         let many: BTreeMap<String, String> = (0..=MAX_LABELS).map(|i| (format!("k{i}"), "v".to_string())).collect();
-        assert_eq!(validate_labels(&many).unwrap_err().field(), Some("labels"));
+        assert_eq!(validate_labels(&many).unwrap_err().0, "labels");
         assert_eq!(parse_label("team=asr").unwrap(), ("team".into(), "asr".into()));
         assert!(parse_label("team").is_err());
     }
