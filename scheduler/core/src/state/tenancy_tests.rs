@@ -117,6 +117,9 @@ fn use_is_metered_from_committed_times_and_split_at_month_boundaries() {
     assert_eq!(month_start_ms(202_612), DEC_2026);
 }
 
+/// Prevents a stale plan from starting a job of a group whose budget is
+/// spent: with apply's budget re-check of placements removed, the waiting
+/// job's placement was answered `placed: 1`.
 #[test]
 fn a_spent_budget_refuses_submits_keeps_running_jobs_and_rises_to_release() {
     let mut state = cluster();
@@ -200,6 +203,9 @@ fn templates_are_versioned_bounded_and_owned_by_their_group() {
     assert!(state.tenancy.templates.is_empty());
 }
 
+/// Prevents a group from running jobs from another group's template
+/// without that group's grant: with apply's grant check removed, bob's
+/// nlp job from vision's template was answered `Submitted`.
 #[test]
 fn another_groups_template_needs_its_grant_and_jobs_record_their_template_and_labels() {
     let mut state = cluster();
