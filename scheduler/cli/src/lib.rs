@@ -10,6 +10,7 @@ pub mod drill;
 pub mod ops;
 pub mod output;
 pub mod sim;
+pub mod tenancy;
 
 use std::collections::BTreeMap;
 
@@ -24,47 +25,130 @@ use rota_core::state::{JobState, Priority};
 /// Pages `rota jobs` follows at most (each is at most a few MiB).
 const MAX_LIST_PAGES: usize = 1_000;
 
+/// The fields of a job's spec, as `rota submit` and `rota template save`
+/// take them. Flags not given are unset: a plain submit fills in the
+/// defaults (one rank, one GPU, group `default`, queue `training`, medium
+/// priority, 60 s grace), a submit from a template keeps the template's.
+#[derive(Debug, clap::Args)]
+pub struct SpecArgs {
+    /// Ranks of the gang (all start together or none does) [default: 1].
+    #[arg(long)]
+    pub replicas: Option<u32>,
+    /// GPUs per rank [default: 1].
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// [default: default]
+    #[arg(long)]
+    pub group: Option<String>,
+    /// [default: training]
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// high, medium or low [default: medium].
+    #[arg(long)]
+    pub priority: Option<String>,
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Required GPU model, e.g. H100-80GB.
+    #[arg(long)]
+    pub gpu_model: Option<String>,
+    #[arg(long)]
+    pub min_gpu_memory_mib: Option<u64>,
+    /// Wall-clock limit in seconds [default: the queue's].
+    #[arg(long)]
+    pub runtime_limit_s: Option<u64>,
+    /// Seconds between SIGTERM and SIGKILL when stopped [default: 60].
+    #[arg(long)]
+    pub grace_period_s: Option<u64>,
+    #[arg(long)]
+    pub max_retries: Option<u32>,
+    /// Seconds of waiting after which a high priority falls back to medium (0 = never).
+    #[arg(long)]
+    pub priority_ttl_s: Option<u64>,
+    /// Extra environment, NAME=VALUE; repeatable.
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// A label, KEY=VALUE; repeatable (at most 16; `rota jobs --label` filters by them).
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+impl SpecArgs {
+    /// The spec with only the flags given set (a template's overrides).
+    pub fn given(&self, extra_env: &[String]) -> Result<pb::JobSpec> {
+        let priority = match &self.priority {
+            None => pb::Priority::Unspecified,
+            Some(text) => {
+                priority_to_pb(Priority::parse(text).with_context(|| format!("--priority {text:?}: expected high, medium or low"))?)
+            }
+        };
+        Ok(pb::JobSpec {
+            name: self.name.clone().unwrap_or_default(),
+            group: self.group.clone().unwrap_or_default(),
+            queue: self.queue.clone().unwrap_or_default(),
+            priority: priority as i32,
+            replicas: self.replicas.unwrap_or(0),
+            gpus_per_replica: self.gpus.unwrap_or(0),
+            gpu_model: self.gpu_model.clone().unwrap_or_default(),
+            min_gpu_memory_mib: self.min_gpu_memory_mib.unwrap_or(0),
+            command: self.command.clone(),
+            env: parse_env(&self.env)?.into_iter().chain(parse_env(extra_env)?).collect(),
+            runtime_limit_s: self.runtime_limit_s.unwrap_or(0),
+            grace_period_s: self.grace_period_s.unwrap_or(0),
+            max_retries: self.max_retries.unwrap_or(0),
+            priority_ttl_s: self.priority_ttl_s.unwrap_or(0),
+        })
+    }
+
+    /// The whole spec: the flags given and the defaults for the rest.
+    pub fn whole(&self, extra_env: &[String]) -> Result<pb::JobSpec> {
+        if self.command.is_empty() {
+            bail!("command: give the program after `--`, e.g. rota submit -- python train.py");
+        }
+        let mut spec = self.given(extra_env)?;
+        spec.replicas = self.replicas.unwrap_or(1);
+        spec.gpus_per_replica = self.gpus.unwrap_or(1);
+        if spec.group.is_empty() {
+            spec.group = "default".into();
+        }
+        if spec.queue.is_empty() {
+            spec.queue = "training".into();
+        }
+        if spec.priority == pb::Priority::Unspecified as i32 {
+            spec.priority = pb::Priority::Medium as i32;
+        }
+        spec.grace_period_s = self.grace_period_s.unwrap_or(60);
+        Ok(spec)
+    }
+
+    pub fn labels(&self) -> Result<BTreeMap<String, String>> {
+        self.labels
+            .iter()
+            .map(|pair| {
+                let (key, value) = pair.split_once('=').with_context(|| format!("--label {pair:?}: expected KEY=VALUE"))?;
+                Ok((key.to_string(), value.to_string()))
+            })
+            .collect()
+    }
+}
+
 /// Arguments of `rota submit`.
 #[derive(Debug, clap::Args)]
 pub struct SubmitArgs {
-    /// Ranks of the gang (all start together or none does).
-    #[arg(long, default_value_t = 1)]
-    pub replicas: u32,
-    /// GPUs per rank.
-    #[arg(long, default_value_t = 1)]
-    pub gpus: u32,
-    #[arg(long, default_value = "default")]
-    pub group: String,
-    #[arg(long, default_value = "training")]
-    pub queue: String,
-    /// high, medium or low.
-    #[arg(long, default_value = "medium")]
-    pub priority: String,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// Make the job from this template: the flags given override its fields.
+    #[arg(long)]
+    pub template: Option<String>,
+    /// The template's version [default: its latest].
+    #[arg(long, requires = "template")]
+    pub template_version: Option<u32>,
     /// Idempotency key; a random one is used when absent, so the CLI's own
     /// retries never create a second job.
     #[arg(long)]
     pub request_id: Option<String>,
-    #[arg(long, default_value = "")]
-    pub name: String,
-    /// Required GPU model, e.g. H100-80GB.
-    #[arg(long)]
-    pub gpu_model: Option<String>,
-    #[arg(long, default_value_t = 0)]
-    pub min_gpu_memory_mib: u64,
-    /// Wall-clock limit in seconds (0 = the queue's default).
-    #[arg(long, default_value_t = 0)]
-    pub runtime_limit_s: u64,
-    /// Seconds between SIGTERM and SIGKILL when stopped.
-    #[arg(long, default_value_t = 60)]
-    pub grace_period_s: u64,
-    #[arg(long, default_value_t = 0)]
-    pub max_retries: u32,
-    /// Seconds of waiting after which a high priority falls back to medium (0 = never).
-    #[arg(long, default_value_t = 0)]
-    pub priority_ttl_s: u64,
-    /// Extra environment, NAME=VALUE; repeatable.
-    #[arg(long = "env", value_name = "NAME=VALUE")]
-    pub env: Vec<String>,
     /// Environment whose value is secret, NAME=VALUE; repeatable. Every
     /// environment value is hidden from readers other than the job's owner,
     /// its group's admins and operators; these are also cut out of the
@@ -74,9 +158,6 @@ pub struct SubmitArgs {
     /// Hide the command and its arguments from those readers too.
     #[arg(long)]
     pub secret_command: bool,
-    /// The program and its arguments, after `--`.
-    #[arg(last = true)]
-    pub command: Vec<String>,
 }
 
 pub fn random_request_id() -> String {
@@ -95,30 +176,21 @@ fn parse_env(pairs: &[String]) -> Result<BTreeMap<String, String>> {
 
 impl SubmitArgs {
     pub fn to_request(&self) -> Result<pb::SubmitJobRequest> {
-        if self.command.is_empty() {
-            bail!("command: give the program after `--`, e.g. rota submit -- python train.py");
-        }
-        let priority =
-            Priority::parse(&self.priority).with_context(|| format!("--priority {:?}: expected high, medium or low", self.priority))?;
-        let spec = pb::JobSpec {
-            name: self.name.clone(),
-            group: self.group.clone(),
-            queue: self.queue.clone(),
-            priority: priority_to_pb(priority) as i32,
-            replicas: self.replicas,
-            gpus_per_replica: self.gpus,
-            gpu_model: self.gpu_model.clone().unwrap_or_default(),
-            min_gpu_memory_mib: self.min_gpu_memory_mib,
-            command: self.command.clone(),
-            env: parse_env(&self.env)?.into_iter().chain(parse_env(&self.secret_env)?).collect(),
-            runtime_limit_s: self.runtime_limit_s,
-            grace_period_s: self.grace_period_s,
-            max_retries: self.max_retries,
-            priority_ttl_s: self.priority_ttl_s,
+        let spec = match &self.template {
+            Some(_) => self.spec.given(&self.secret_env)?,
+            None => self.spec.whole(&self.secret_env)?,
         };
         let request_id = self.request_id.clone().unwrap_or_else(random_request_id);
         let secret_env = parse_env(&self.secret_env)?.into_keys().collect();
-        Ok(pb::SubmitJobRequest { spec: Some(spec), request_id, secret_env, secret_command: self.secret_command })
+        Ok(pb::SubmitJobRequest {
+            spec: Some(spec),
+            request_id,
+            secret_env,
+            secret_command: self.secret_command,
+            template: self.template.clone().unwrap_or_default(),
+            template_version: self.template_version.unwrap_or(0),
+            labels: self.spec.labels()?.into_iter().collect(),
+        })
     }
 }
 
@@ -178,7 +250,7 @@ pub async fn why(client: &Client, job_id: u64, format: Format) -> Result<()> {
     Ok(())
 }
 
-pub async fn jobs(client: &Client, state: Option<&str>, group: Option<&str>, limit: u32, format: Format) -> Result<()> {
+pub async fn jobs(client: &Client, state: Option<&str>, group: Option<&str>, labels: &[String], limit: u32, format: Format) -> Result<()> {
     let state = match state {
         None => pb::JobState::Unspecified,
         Some(text) => {
@@ -187,8 +259,13 @@ pub async fn jobs(client: &Client, state: Option<&str>, group: Option<&str>, lim
             rota_client::convert::state_to_pb(parsed)
         }
     };
-    let mut request =
-        pb::ListJobsRequest { state: state as i32, limit, group: group.unwrap_or_default().to_string(), ..Default::default() };
+    let mut request = pb::ListJobsRequest {
+        state: state as i32,
+        limit,
+        group: group.unwrap_or_default().to_string(),
+        labels: labels.to_vec(),
+        ..Default::default()
+    };
     let mut response = pb::ListJobsResponse::default();
     // A page may hold fewer jobs than asked for (responses are bounded in
     // bytes); follow the pages until the limit or the last job.

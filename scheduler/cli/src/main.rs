@@ -85,8 +85,21 @@ enum Command {
         state: Option<String>,
         #[arg(long)]
         group: Option<String>,
+        /// Only jobs with this label, KEY=VALUE; repeatable (all must match).
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
         #[arg(long, default_value_t = 1000)]
         limit: u32,
+    },
+    /// Job templates: `rota template save NAME --group G [submit flags] -- CMD`, `list`, `show`, `delete`, `grant`.
+    Template {
+        #[command(subcommand)]
+        action: rota_cli::tenancy::TemplateAction,
+    },
+    /// GPU-hour budgets per group and month: `rota budget set G --gpu-hours N [--month YYYY-MM] [--strict]`, `show`.
+    Budget {
+        #[command(subcommand)]
+        action: rota_cli::tenancy::BudgetAction,
     },
     /// Why a job is pending (machine-readable code, detail, estimated start).
     Why { job_id: u64 },
@@ -674,7 +687,11 @@ async fn main() -> Result<()> {
         Command::Why { job_id } => cli::why(&client, job_id, format).await,
         Command::Submit(submit) => cli::submit(&client, &submit, format).await,
         Command::Status { job_id } => cli::status(&client, job_id, format).await,
-        Command::Jobs { state, group, limit } => cli::jobs(&client, state.as_deref(), group.as_deref(), limit, format).await,
+        Command::Jobs { state, group, labels, limit } => {
+            cli::jobs(&client, state.as_deref(), group.as_deref(), &labels, limit, format).await
+        }
+        Command::Template { action } => cli::tenancy::template(&client, action, format).await,
+        Command::Budget { action } => cli::tenancy::budget(&client, action, format).await,
         Command::Cancel { job_id } => cli::cancel(&client, job_id, format).await,
         Command::Logs { job_id, rank, stderr, follow } => cli::logs(&client, job_id, rank, stderr, follow).await,
         Command::Events { since, topic, max_events } => cli::events(&client, since, topic, max_events, format).await,

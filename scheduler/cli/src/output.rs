@@ -56,6 +56,10 @@ pub fn job_json(job: &pb::Job) -> Value {
         "owner": job.owner,
         "env": spec.env,
         "redacted": job.redacted,
+        "reason_code": job.reason_code,
+        "labels": job.labels,
+        "template": job.template,
+        "template_version": job.template_version,
     })
 }
 
@@ -66,6 +70,14 @@ pub fn print_job(job: &pb::Job) {
     println!("  {} x {} GPU  command {:?}", spec.replicas, spec.gpus_per_replica, spec.command);
     if !job.owner.is_empty() {
         println!("  owner {}", job.owner);
+    }
+    if !job.template.is_empty() {
+        println!("  template {} version {}", job.template, job.template_version);
+    }
+    if !job.labels.is_empty() {
+        let mut labels: Vec<String> = job.labels.iter().map(|(key, value)| format!("{key}={value}")).collect();
+        labels.sort();
+        println!("  labels {}", labels.join(" "));
     }
     if !spec.env.is_empty() {
         let env: Vec<String> = spec.env.iter().map(|(name, value)| format!("{name}={value}")).collect();

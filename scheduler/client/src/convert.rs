@@ -115,6 +115,7 @@ pub fn job_to_pb(state: &ClusterState, job: &Job) -> pb::Job {
         .and_then(|r| state.nodes.get(&r.node))
         .map(|n| host_of(&n.address).to_string())
         .unwrap_or_default();
+    let tags = state.tenancy.job_tags.get(&job.id);
     pb::Job {
         id: job.id,
         spec: Some(spec_to_pb(&job.spec)),
@@ -135,6 +136,84 @@ pub fn job_to_pb(state: &ClusterState, job: &Job) -> pb::Job {
         last_nodes: job.last_nodes.clone(),
         owner: state.auth.job_marks.get(&job.id).and_then(|m| m.owner.clone()).unwrap_or_default(),
         redacted: false,
+        labels: tags.map(|t| t.labels.clone().into_iter().collect()).unwrap_or_default(),
+        template: tags.and_then(|t| t.template.as_ref()).map(|t| t.name.clone()).unwrap_or_default(),
+        template_version: tags.and_then(|t| t.template.as_ref()).map_or(0, |t| t.version),
+    }
+}
+
+/// A job's spec made from a template's: each field the request sets
+/// (non-empty, non-zero; environment entries one by one) overrides the
+/// template's. A field a request cannot tell from unset (zero retries, an
+/// empty name) keeps the template's value.
+pub fn spec_over_template(base: &JobSpec, given: Option<pb::JobSpec>) -> Result<JobSpec, Rejection> {
+    let Some(given) = given else { return Ok(base.clone()) };
+    let mut spec = base.clone();
+    let text = |value: String, into: &mut String| {
+        if !value.is_empty() {
+            *into = value;
+        }
+    };
+    text(given.name, &mut spec.name);
+    text(given.group, &mut spec.group);
+    text(given.queue, &mut spec.queue);
+    if given.priority != pb::Priority::Unspecified as i32 {
+        spec.priority = priority_from_pb(given.priority)?;
+    }
+    let number = |value: u64, into: &mut u64| {
+        if value != 0 {
+            *into = value;
+        }
+    };
+    if given.replicas != 0 {
+        spec.replicas = given.replicas;
+    }
+    if given.gpus_per_replica != 0 {
+        spec.gpus_per_replica = given.gpus_per_replica;
+    }
+    if !given.gpu_model.is_empty() {
+        spec.gpu_model = Some(given.gpu_model);
+    }
+    number(given.min_gpu_memory_mib, &mut spec.min_gpu_memory_mib);
+    if !given.command.is_empty() {
+        spec.command = given.command;
+    }
+    spec.env.extend(given.env);
+    number(given.runtime_limit_s, &mut spec.runtime_limit_s);
+    number(given.grace_period_s, &mut spec.grace_period_s);
+    if given.max_retries != 0 {
+        spec.max_retries = given.max_retries;
+    }
+    number(given.priority_ttl_s, &mut spec.priority_ttl_s);
+    Ok(spec)
+}
+
+/// A template as `show_env` allows: environment values are shown to the
+/// template's group and operators only.
+pub fn template_to_pb(template: &state::tenancy::Template, show_env: bool) -> pb::Template {
+    let versions = template
+        .versions
+        .values()
+        .map(|v| {
+            let mut spec = spec_to_pb(&v.spec);
+            if !show_env {
+                spec.env.values_mut().for_each(|value| *value = REDACTED.to_string());
+            }
+            pb::TemplateVersion {
+                version: v.version,
+                spec: Some(spec),
+                labels: v.labels.clone().into_iter().collect(),
+                saved_at_ms: v.saved_ms,
+                saved_by: v.saved_by.clone(),
+            }
+        })
+        .collect();
+    pb::Template {
+        name: template.name.clone(),
+        group: template.group.clone(),
+        latest_version: template.latest,
+        versions,
+        grants: template.grants.iter().cloned().collect(),
     }
 }
 

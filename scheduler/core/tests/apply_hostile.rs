@@ -110,7 +110,10 @@ fn refusal_names_something(rejection: &Rejection) -> bool {
         Rejection::Invalid { field, message } => !field.is_empty() && !message.is_empty(),
         Rejection::NotFound { what } | Rejection::Exhausted { what, .. } => !what.is_empty(),
         Rejection::RequestIdReused { request_id, .. } => !request_id.is_empty(),
-        Rejection::Conflict { message } | Rejection::Alarmed { message } | Rejection::PermissionDenied { message } => !message.is_empty(),
+        Rejection::Conflict { message }
+        | Rejection::Alarmed { message }
+        | Rejection::PermissionDenied { message }
+        | Rejection::BudgetExhausted { message } => !message.is_empty(),
     }
 }
 

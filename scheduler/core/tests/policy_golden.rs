@@ -38,6 +38,9 @@
 //!   (`short`, `training`, `service`) keeps the fields not given.
 //! - `quotas`: `quota GROUP gpus=N [per_model=MODEL:N,..] [lend=true]
 //!   [lend_to=GROUP,..] [borrow_limit=N]`.
+//! - `budgets`: `budget GROUP gpu_hours=H [strict=true]`, for the month
+//!   holding the cluster's time (the first raises the cluster version to
+//!   the one that meters GPU use).
 //! - `tune`: one JSON object of `PolicyConfig` fields, as `rota sim --tune`
 //!   takes; it applies to the plans after it.
 //! - `jobs`: `job NAME gpus=N (per rank) submit=T [group=a] [queue=training]
@@ -66,6 +69,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use rota_core::policy::{self, PolicyConfig};
+use rota_core::state::auth::Actor;
+use rota_core::state::tenancy::{month_of, MS_PER_GPU_HOUR, TENANCY_FROM_VERSION};
 use rota_core::state::{
     ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobId, JobSpec, NodeRegistration, Placement, Plan, Priority, Proposal,
     QueueConfig, RankPlacement,
@@ -90,6 +95,7 @@ macro_rules! scenarios {
 
 scenarios! {
     backfill_behind_reservation,
+    budget_exhausted_skips_the_group,
     enforce_runtime_limit,
     feasibility_model_and_memory,
     gang_all_or_nothing,
@@ -752,10 +758,12 @@ impl Scenario {
             "quotas" => no_args(case).and_then(|()| self.quotas(&case.input)),
             "tune" => no_args(case).and_then(|()| self.tune(case)),
             "jobs" => no_args(case).and_then(|()| self.jobs(&case.input)),
+            "budgets" => no_args(case).and_then(|()| self.budgets(&case.input)),
             "plan" => self.plan(case),
-            other => {
-                Err(LineError::new(case.line, format!("unknown command {other:?} (known: cluster, queues, quotas, tune, jobs, plan)")))
-            }
+            other => Err(LineError::new(
+                case.line,
+                format!("unknown command {other:?} (known: cluster, queues, quotas, tune, jobs, budgets, plan)"),
+            )),
         }
     }
 
@@ -805,6 +813,37 @@ impl Scenario {
             let line = InputLine::named(number, text, "quota")?;
             let quota = parse_quota(&line)?;
             self.apply_ok(self.clock_ms, Command::SetQuota(quota), &line)?;
+        }
+        Ok("ok".into())
+    }
+
+    /// Budgets of the month holding the cluster's time; the first raises
+    /// the cluster version to the one that meters GPU use.
+    fn budgets(&mut self, input: &[(usize, &str)]) -> Result<String, LineError> {
+        for &(number, text) in input {
+            let line = InputLine::named(number, text, "budget")?;
+            if self.state.cluster_version() < TENANCY_FROM_VERSION {
+                self.apply_ok(self.clock_ms, Command::SetClusterVersion { version: TENANCY_FROM_VERSION }, &line)?;
+            }
+            let mut gpu_hours: Option<f64> = None;
+            let mut strict = false;
+            for arg in line.args(&[])? {
+                let parsed = match arg.key {
+                    "gpu_hours" => args::number(&arg).map(|h| gpu_hours = Some(h)),
+                    "strict" => args::flag(&arg).map(|b| strict = b),
+                    _ => Err(args::unknown(&arg, &["gpu_hours", "strict"])),
+                };
+                parsed.map_err(|e| line.error(e))?;
+            }
+            let gpu_hours = gpu_hours.ok_or_else(|| line.error("gpu_hours=H is required"))?;
+            let command = Command::SetBudget {
+                group: line.name.to_string(),
+                month: month_of(self.clock_ms),
+                gpu_ms: Some((gpu_hours * MS_PER_GPU_HOUR as f64).round() as u64),
+                strict,
+            };
+            let audited = Command::Audited { actor: Actor::unchecked("golden"), command: Box::new(command) };
+            self.apply_ok(self.clock_ms, audited, &line)?;
         }
         Ok("ok".into())
     }

@@ -13,7 +13,13 @@ use crate::status::rejection;
 use crate::Context;
 use rota_client::convert::{node_to_pb, queue_from_pb, queue_to_pb, quota_from_pb, quota_to_pb};
 use rota_core::state::auth::{Action, Actor};
+use rota_core::state::tenancy::{
+    gpu_hours, month_of, month_start_ms, month_text, next_month, parse_month, Month, MS_PER_GPU_HOUR, TENANCY_FROM_VERSION,
+};
 use rota_core::state::{AlarmKind, Command, CommandResult, GroupQuota};
+
+/// The largest budget one can set, GPU-hours (a million GPUs for a century).
+const MAX_BUDGET_GPU_HOURS: f64 = 1e12;
 
 /// Most replicas in one cluster; Raft gains nothing from more than 7 voters.
 const MAX_MEMBERS: usize = 7;
@@ -264,6 +270,79 @@ impl ClusterApi {
         Ok(self.alarms())
     }
 
+    /// A budget's figures at `now_ms` (this replica's clock, for people).
+    fn budget_status(state: &rota_core::state::ClusterState, group: &str, month: Month, now_ms: u64) -> Option<pb::BudgetStatus> {
+        let budget = state.tenancy.budgets.get(&(group.to_string(), month))?;
+        let used_ms = state.tenancy.used_gpu_ms(group, month, now_ms);
+        let (start, end) = (month_start_ms(month), month_start_ms(next_month(month)));
+        let projected_ms = if now_ms >= end {
+            used_ms
+        } else if now_ms <= start {
+            0
+        } else {
+            (used_ms as f64 * (end - start) as f64 / (now_ms - start) as f64) as u64
+        };
+        let ratio = if budget.gpu_ms == 0 { f64::from(u8::from(used_ms > 0)) } else { used_ms as f64 / budget.gpu_ms as f64 };
+        Some(pb::BudgetStatus {
+            group: group.to_string(),
+            month: month_text(month),
+            budget_gpu_hours: gpu_hours(budget.gpu_ms),
+            strict: budget.strict,
+            used_gpu_hours: gpu_hours(used_ms),
+            left_gpu_hours: gpu_hours(budget.gpu_ms.saturating_sub(used_ms)),
+            projected_gpu_hours: gpu_hours(projected_ms),
+            used_ratio: ratio,
+            exhausted: used_ms >= budget.gpu_ms,
+        })
+    }
+
+    fn month_or_now(text: &str, state_now_ms: u64) -> Result<Month, Status> {
+        if text.is_empty() {
+            return Ok(month_of(wall_clock_ms().max(state_now_ms)));
+        }
+        parse_month(text).map_err(crate::jobs::invalid_input)
+    }
+
+    async fn set_budget_here(&self, actor: &Actor, message: &pb::SetBudgetRequest) -> Result<pb::BudgetStatus, Failure> {
+        if self.ctx.read(|state| state.cluster_version()) < TENANCY_FROM_VERSION {
+            return Err(Status::failed_precondition(format!("budgets need cluster version {TENANCY_FROM_VERSION}")).into());
+        }
+        let month = Self::month_or_now(&message.month, self.ctx.read(|state| state.now_ms))?;
+        let gpu_ms = if message.remove {
+            None
+        } else {
+            let hours = message.gpu_hours;
+            if !hours.is_finite() || !(0.0..=MAX_BUDGET_GPU_HOURS).contains(&hours) {
+                return Err(Status::invalid_argument(format!("gpu_hours: must be 0..={MAX_BUDGET_GPU_HOURS}, got {hours}")).into());
+            }
+            Some((hours * MS_PER_GPU_HOUR as f64).round() as u64)
+        };
+        let command = Command::SetBudget { group: message.group.clone(), month, gpu_ms, strict: message.strict };
+        self.propose_config(self.ctx.as_actor(actor, command)).await?;
+        let now_ms = wall_clock_ms();
+        Ok(self
+            .ctx
+            .read(|state| Self::budget_status(state, &message.group, month, now_ms.max(state.now_ms)))
+            .unwrap_or_else(|| pb::BudgetStatus { group: message.group.clone(), month: month_text(month), ..Default::default() }))
+    }
+
+    async fn budgets_here(&self, message: &pb::ListBudgetsRequest) -> Result<pb::ListBudgetsResponse, Failure> {
+        self.linearizable().await?;
+        let month = Self::month_or_now(&message.month, self.ctx.read(|state| state.now_ms))?;
+        let now_ms = wall_clock_ms();
+        let budgets = self.ctx.read(|state| {
+            let now_ms = now_ms.max(state.now_ms);
+            state
+                .tenancy
+                .budgets
+                .keys()
+                .filter(|(group, m)| *m == month && (message.group.is_empty() || *group == message.group))
+                .filter_map(|(group, _)| Self::budget_status(state, group, month, now_ms))
+                .collect()
+        });
+        Ok(pb::ListBudgetsResponse { budgets })
+    }
+
     async fn usage_here(&self) -> Result<pb::GetUsageResponse, Failure> {
         self.linearizable().await?;
         let lines = self.ctx.read(|state| {
@@ -413,6 +492,20 @@ impl ClusterService for ClusterApi {
         let here = |message: pb::SetAlarmRequest| async move { self.set_alarm_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_alarm(request).await };
         serve_or_forward("set_alarm", request, here, forward).await
+    }
+
+    async fn set_budget(&self, mut request: Request<pb::SetBudgetRequest>) -> Result<Response<pb::BudgetStatus>, Status> {
+        let actor = &self.ctx.actor(&mut request).await?;
+        let here = |message: pb::SetBudgetRequest| async move { self.set_budget_here(actor, &message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_budget(request).await };
+        serve_or_forward("set_budget", request, here, forward).await
+    }
+
+    async fn list_budgets(&self, mut request: Request<pb::ListBudgetsRequest>) -> Result<Response<pb::ListBudgetsResponse>, Status> {
+        self.reader(&mut request).await?;
+        let here = |message: pb::ListBudgetsRequest| async move { self.budgets_here(&message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_budgets(request).await };
+        serve_or_forward("list_budgets", request, here, forward).await
     }
 
     async fn remove_member(&self, mut request: Request<pb::RemoveMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {

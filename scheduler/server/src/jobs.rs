@@ -13,11 +13,14 @@ use tonic::{Request, Response, Status};
 use crate::forward::{serve_or_forward, Failure};
 use crate::status::{internal, rejection};
 use crate::Context;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use rota_client::convert::{job_to_pb, redact_job, spec_from_pb, state_from_pb, state_to_pb, validate_submit};
+use rota_client::convert::{
+    job_to_pb, redact_job, spec_from_pb, spec_over_template, state_from_pb, state_to_pb, template_to_pb, validate_submit,
+};
 use rota_core::state::auth::{Action, Actor};
-use rota_core::state::{ClusterState, Command, CommandResult, Job, JobState};
+use rota_core::state::tenancy::{parse_label, validate_labels, TemplateRef, TENANCY_FROM_VERSION};
+use rota_core::state::{ClusterState, Command, CommandResult, Job, JobSpec, JobState};
 
 const DEFAULT_LIST_LIMIT: u32 = 1_000;
 const MAX_LIST_LIMIT: u32 = 10_000;
@@ -29,6 +32,14 @@ const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 /// Watch messages buffered per stream before the sender waits.
 const WATCH_BUFFER: usize = 16;
 
+/// INVALID_ARGUMENT naming the field, as `status::rejection` answers it.
+pub(crate) fn invalid_input((field, message): (String, String)) -> Status {
+    rejection(&rota_core::state::Rejection::Invalid { field, message })
+}
+
+/// A submit's spec, labels and the template version it was made from.
+type Expanded = (JobSpec, BTreeMap<String, String>, Option<TemplateRef>);
+
 pub struct JobApi {
     ctx: Arc<Context>,
 }
@@ -38,18 +49,59 @@ impl JobApi {
         Self { ctx }
     }
 
-    async fn submit_here(&self, actor: &Actor, message: pb::SubmitJobRequest) -> Result<pb::SubmitJobResponse, Failure> {
-        let spec = spec_from_pb(message.spec).map_err(|r| rejection(&r))?;
+    /// The spec and labels of a submit: its own, or its template's with
+    /// what it sets over them. The template is read here, on the leader
+    /// (this replica serves submits only while it leads), and apply checks
+    /// that the version still exists and that the job's group may use it.
+    fn expand(&self, message: &mut pb::SubmitJobRequest) -> Result<Expanded, Status> {
+        let mut labels: BTreeMap<String, String> = std::mem::take(&mut message.labels).into_iter().collect();
+        let tagged = !labels.is_empty() || !message.template.is_empty();
+        if tagged && self.ctx.read(|state| state.cluster_version()) < TENANCY_FROM_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "templates and labels need cluster version {TENANCY_FROM_VERSION}: every replica must run a build that reads it"
+            )));
+        }
+        validate_labels(&labels).map_err(invalid_input)?;
+        if message.template.is_empty() {
+            if message.template_version != 0 {
+                return Err(Status::invalid_argument("template_version: given without a template"));
+            }
+            return Ok((spec_from_pb(message.spec.take()).map_err(|r| rejection(&r))?, labels, None));
+        }
+        let name = message.template.clone();
+        let wanted = message.template_version;
+        let (base, template_labels, version) = self.ctx.read(|state| {
+            let template = state.tenancy.templates.get(&name).ok_or_else(|| Status::not_found(format!("template {name} not found")))?;
+            let version = if wanted == 0 { template.latest } else { wanted };
+            let saved = template.versions.get(&version).ok_or_else(|| {
+                Status::not_found(format!(
+                    "template_version: template {name} has no version {version} (kept: {:?})",
+                    template.versions.keys().collect::<Vec<_>>()
+                ))
+            })?;
+            Ok::<_, Status>((saved.spec.clone(), saved.labels.clone(), version))
+        })?;
+        let spec = spec_over_template(&base, message.spec.take()).map_err(|r| rejection(&r))?;
+        let mut merged = template_labels;
+        merged.append(&mut labels);
+        validate_labels(&merged).map_err(invalid_input)?;
+        Ok((spec, merged, Some(TemplateRef { name, version })))
+    }
+
+    async fn submit_here(&self, actor: &Actor, mut message: pb::SubmitJobRequest) -> Result<pb::SubmitJobResponse, Failure> {
+        let (spec, labels, template) = self.expand(&mut message)?;
         let request_id = Some(message.request_id).filter(|id| !id.is_empty());
         self.ctx.read(|state| validate_submit(state, request_id.as_deref(), &spec)).map_err(|r| rejection(&r))?;
         self.ctx.leader_in_contact()?;
         let secret_env: BTreeSet<String> = message.secret_env.into_iter().collect();
-        let command = if secret_env.is_empty() && !message.secret_command {
+        if secret_env.len() > spec.env.len() {
+            return Err(Status::invalid_argument("secret_env: names more entries than the environment has").into());
+        }
+        let command = if !labels.is_empty() || template.is_some() {
+            Command::SubmitTagged { request_id, spec, secret_env, secret_command: message.secret_command, labels, template }
+        } else if secret_env.is_empty() && !message.secret_command {
             Command::SubmitJob { request_id, spec }
         } else {
-            if secret_env.len() > spec.env.len() {
-                return Err(Status::invalid_argument("secret_env: names more entries than the environment has").into());
-            }
             Command::SubmitMarked { request_id, spec, secret_env, secret_command: message.secret_command }
         };
         let command = self.ctx.as_actor(actor, command);
@@ -91,8 +143,45 @@ impl JobApi {
         };
         self.ctx.leader_in_contact()?;
         self.ctx.replica.ensure_linearizable().await?;
-        let filter = ListFilter { state: wanted, group: &message.group, queue: &message.queue, user: &message.user };
+        let mut labels = Vec::new();
+        for text in message.labels.iter().take(rota_core::state::tenancy::MAX_LABELS + 1) {
+            labels.push(parse_label(text).map_err(invalid_input)?);
+        }
+        let filter = ListFilter { state: wanted, group: &message.group, queue: &message.queue, user: &message.user, labels: &labels };
         Ok(self.ctx.read(|state| list_jobs(state, actor, &filter, message.before_id, limit as usize)))
+    }
+
+    /// Commit a template command; answer the template as it is then.
+    async fn template_command(&self, actor: &Actor, name: &str, command: Command) -> Result<pb::Template, Failure> {
+        if self.ctx.read(|state| state.cluster_version()) < TENANCY_FROM_VERSION {
+            return Err(Status::failed_precondition(format!("templates need cluster version {TENANCY_FROM_VERSION}")).into());
+        }
+        self.ctx.leader_in_contact()?;
+        let (_, result) = self.ctx.proposer.propose(self.ctx.as_actor(actor, command)).await?;
+        match result {
+            CommandResult::Done | CommandResult::TemplateSaved { .. } => Ok(self
+                .ctx
+                .read(|state| state.tenancy.templates.get(name).map(|t| template_to_pb(t, true)))
+                .unwrap_or_else(|| pb::Template { name: name.to_string(), ..Default::default() })),
+            CommandResult::Rejected(r) => Err(rejection(&r).into()),
+            other => Err(internal("template", format!("unexpected result {other:?}")).into()),
+        }
+    }
+
+    async fn list_templates_here(&self, actor: &Actor, message: &pb::ListTemplatesRequest) -> Result<pb::ListTemplatesResponse, Failure> {
+        self.ctx.permit(actor, Action::Read)?;
+        self.ctx.leader_in_contact()?;
+        self.ctx.replica.ensure_linearizable().await?;
+        let templates = self.ctx.read(|state| {
+            state
+                .tenancy
+                .templates
+                .values()
+                .filter(|t| message.name.is_empty() || t.name == message.name)
+                .map(|t| template_to_pb(t, state.auth.permits(actor, Action::Submit { group: &t.group }).is_ok()))
+                .collect()
+        });
+        Ok(pb::ListTemplatesResponse { templates })
     }
 
     async fn cancel_here(&self, actor: &Actor, message: &pb::CancelJobRequest) -> Result<pb::CancelJobResponse, Failure> {
@@ -125,6 +214,8 @@ struct ListFilter<'a> {
     group: &'a str,
     queue: &'a str,
     user: &'a str,
+    /// Every one of these (key, value) labels.
+    labels: &'a [(String, String)],
 }
 
 impl ListFilter<'_> {
@@ -134,6 +225,10 @@ impl ListFilter<'_> {
             && (self.group.is_empty() || job.spec.group == self.group)
             && (self.queue.is_empty() || job.spec.queue == self.queue)
             && (self.user.is_empty() || owner() == self.user)
+            && (self.labels.is_empty() || {
+                let tags = state.tenancy.job_tags.get(&job.id);
+                self.labels.iter().all(|(key, value)| tags.and_then(|t| t.labels.get(key)) == Some(value))
+            })
     }
 }
 
@@ -201,6 +296,53 @@ impl JobService for JobApi {
         let here = |message| async move { self.cancel_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.cancel_job(request).await };
         serve_or_forward("cancel_job", request, here, forward).await
+    }
+
+    async fn save_template(&self, request: Request<pb::SaveTemplateRequest>) -> Result<Response<pb::Template>, Status> {
+        let mut request = request;
+        let actor = self.ctx.actor(&mut request).await?;
+        let actor = &actor;
+        let here = |message: pb::SaveTemplateRequest| async move {
+            let spec = spec_from_pb(message.spec).map_err(|r| rejection(&r))?;
+            let labels = message.labels.into_iter().collect();
+            let command = Command::SaveTemplate { name: message.name.clone(), group: spec.group.clone(), spec, labels };
+            self.template_command(actor, &message.name, command).await
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.save_template(request).await };
+        serve_or_forward("save_template", request, here, forward).await
+    }
+
+    async fn list_templates(&self, request: Request<pb::ListTemplatesRequest>) -> Result<Response<pb::ListTemplatesResponse>, Status> {
+        let mut request = request;
+        let actor = self.ctx.actor(&mut request).await?;
+        let actor = &actor;
+        let here = |message| async move { self.list_templates_here(actor, &message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.list_templates(request).await };
+        serve_or_forward("list_templates", request, here, forward).await
+    }
+
+    async fn delete_template(&self, request: Request<pb::DeleteTemplateRequest>) -> Result<Response<pb::DeleteTemplateResponse>, Status> {
+        let mut request = request;
+        let actor = self.ctx.actor(&mut request).await?;
+        let actor = &actor;
+        let here = |message: pb::DeleteTemplateRequest| async move {
+            let command = Command::DeleteTemplate { name: message.name.clone() };
+            self.template_command(actor, &message.name, command).await.map(|_| pb::DeleteTemplateResponse {})
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.delete_template(request).await };
+        serve_or_forward("delete_template", request, here, forward).await
+    }
+
+    async fn grant_template(&self, request: Request<pb::GrantTemplateRequest>) -> Result<Response<pb::Template>, Status> {
+        let mut request = request;
+        let actor = self.ctx.actor(&mut request).await?;
+        let actor = &actor;
+        let here = |message: pb::GrantTemplateRequest| async move {
+            let command = Command::GrantTemplate { name: message.name.clone(), group: message.group.clone(), granted: message.granted };
+            self.template_command(actor, &message.name, command).await
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.grant_template(request).await };
+        serve_or_forward("grant_template", request, here, forward).await
     }
 
     type ReadLogsStream = LogStream;

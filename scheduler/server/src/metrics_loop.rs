@@ -129,6 +129,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ("rota_nodes", "Nodes by state"),
     ("rota_node_heartbeat_age_max_seconds", "Oldest last-heard age among ready nodes"),
     ("rota_quota_gpus", "Quota figures by group: limit, guarantee, used, borrowed, lent"),
+    ("rota_budget_used_ratio", "GPU-hours used of the group's budget of the month (1 = spent), by group and month"),
 ];
 
 /// Give every metric its help text (once, after the exporter is installed).

@@ -8,10 +8,11 @@
 //! queues, groups, models and states: bounded by the configuration and the
 //! inventory, never a job id.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use rota_core::state::tenancy::{month_of, month_text, BUDGET_WARN_RATIO};
 use rota_core::state::{ClusterState, JobState, NodeState};
 
 use crate::Context;
@@ -41,6 +42,9 @@ pub struct StateGauges {
     pub nodes: BTreeMap<&'static str, u64>,
     /// Oldest last-heard age among Ready nodes, seconds (0 without any).
     pub heartbeat_age_max_s: f64,
+    /// (group, month `YYYY-MM`) -> used / budget, for the budgets of the
+    /// month holding `now_ms` (bounded by the budgets set).
+    pub budget_used_ratio: BTreeMap<(String, String), f64>,
 }
 
 /// GPU states, in the order they are judged.
@@ -108,7 +112,45 @@ pub fn state_gauges(state: &ClusterState, now_ms: u64) -> StateGauges {
         }
     }
     gauges.heartbeat_age_max_s = heartbeat_age_max_ms as f64 / 1000.0;
+    let month = month_of(now_ms.max(state.now_ms));
+    for (group, _) in state.tenancy.budgets.keys().filter(|(_, m)| *m == month) {
+        if let Some(standing) = state.tenancy.standing(group, now_ms.max(state.now_ms)) {
+            gauges.budget_used_ratio.insert((group.clone(), month_text(month)), standing.ratio());
+        }
+    }
     gauges
+}
+
+/// A budget crossing a threshold, once per (group, month, threshold).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetWarning {
+    pub group: String,
+    pub month: String,
+    pub ratio: f64,
+    /// The threshold crossed: `BUDGET_WARN_RATIO` or 1.0 (spent).
+    pub threshold: f64,
+}
+
+/// The warnings not given yet: `warned` remembers those given (bounded by
+/// the budgets the replica saw; a month's entries go when its budget does).
+pub fn budget_warnings(ratios: &BTreeMap<(String, String), f64>, warned: &mut BTreeSet<(String, String, u8)>) -> Vec<BudgetWarning> {
+    warned.retain(|(group, month, _)| ratios.contains_key(&(group.clone(), month.clone())));
+    let mut out = Vec::new();
+    for ((group, month), &ratio) in ratios {
+        for (level, threshold) in [(0u8, BUDGET_WARN_RATIO), (1u8, 1.0)] {
+            if ratio >= threshold && warned.insert((group.clone(), month.clone(), level)) {
+                out.push(BudgetWarning { group: group.clone(), month: month.clone(), ratio, threshold });
+            }
+        }
+        if ratio < BUDGET_WARN_RATIO {
+            // Raised again: warn again when it is next crossed.
+            warned.remove(&(group.clone(), month.clone(), 0));
+        }
+        if ratio < 1.0 {
+            warned.remove(&(group.clone(), month.clone(), 1));
+        }
+    }
+    out
 }
 
 /// One group's quota figures for `rota_quota_gpus{group,kind}`, from the
@@ -150,6 +192,9 @@ fn publish(gauges: &StateGauges) {
         metrics::gauge!("rota_nodes", "state" => *node_state).set(*count as f64);
     }
     metrics::gauge!("rota_node_heartbeat_age_max_seconds").set(gauges.heartbeat_age_max_s);
+    for ((group, month), ratio) in &gauges.budget_used_ratio {
+        metrics::gauge!("rota_budget_used_ratio", "group" => group.clone(), "month" => month.clone()).set(*ratio);
+    }
 }
 
 /// Run for the life of the replica. Label sets that disappear (a queue with
@@ -157,10 +202,19 @@ fn publish(gauges: &StateGauges) {
 /// after its gauge idle timeout (see `lib.rs`).
 pub async fn run(ctx: Arc<Context>) {
     let mut quota = Vec::new();
+    let mut warned = BTreeSet::new();
     for tick in 0u64.. {
         let now_ms = crate::clock::wall_clock_ms();
         let gauges = ctx.read(|state| state_gauges(state, now_ms));
         publish(&gauges);
+        for warning in budget_warnings(&gauges.budget_used_ratio, &mut warned) {
+            let (group, month, percent) = (&warning.group, &warning.month, warning.ratio * 100.0);
+            if warning.threshold >= 1.0 {
+                tracing::warn!(group, month, "GPU budget spent ({percent:.1} %): new jobs of the group are refused, pending ones wait");
+            } else {
+                tracing::warn!(group, month, "GPU budget at {percent:.1} % (warning at {:.0} %)", BUDGET_WARN_RATIO * 100.0);
+            }
+        }
         if tick % QUOTA_EVERY_TICKS == 0 {
             quota = ctx.read(quota_gauges);
         }
@@ -234,6 +288,25 @@ mod tests {
             changed_at_index: 0,
             last_nodes: Vec::new(),
         }
+    }
+
+    #[test]
+    fn budget_warnings_are_given_once_per_threshold_and_again_after_a_raise() {
+        let key = ("vision".to_string(), "2026-12".to_string());
+        let mut warned = BTreeSet::new();
+        let mut ratios = BTreeMap::from([(key.clone(), 0.5)]);
+        assert!(budget_warnings(&ratios, &mut warned).is_empty());
+        ratios.insert(key.clone(), 0.85);
+        let first = budget_warnings(&ratios, &mut warned);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].threshold, BUDGET_WARN_RATIO);
+        assert!(budget_warnings(&ratios, &mut warned).is_empty(), "once");
+        ratios.insert(key.clone(), 1.0);
+        assert_eq!(budget_warnings(&ratios, &mut warned).iter().map(|w| w.threshold).collect::<Vec<_>>(), vec![1.0]);
+        ratios.insert(key.clone(), 0.4);
+        assert!(budget_warnings(&ratios, &mut warned).is_empty());
+        ratios.insert(key, 0.9);
+        assert_eq!(budget_warnings(&ratios, &mut warned).len(), 1, "warned again after the budget was raised");
     }
 
     #[test]

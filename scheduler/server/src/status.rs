@@ -17,6 +17,7 @@ pub fn rejection(rejection: &Rejection) -> Status {
         Rejection::Conflict { .. } => Code::FailedPrecondition,
         Rejection::Alarmed { .. } => Code::ResourceExhausted,
         Rejection::PermissionDenied { .. } => Code::PermissionDenied,
+        Rejection::BudgetExhausted { .. } => Code::FailedPrecondition,
     };
     let mut status = Status::new(code, rejection.to_string());
     let metadata = status.metadata_mut();

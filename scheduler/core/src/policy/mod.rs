@@ -59,6 +59,8 @@ pub mod reserve;
 pub mod view;
 
 #[cfg(test)]
+mod budget_tests;
+#[cfg(test)]
 mod fence_tests;
 
 use crate::state::{ClusterState, Plan};

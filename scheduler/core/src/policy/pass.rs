@@ -59,6 +59,8 @@ pub struct Pass<'a> {
     plan: Plan,
     /// Rendered reasons of this pass (many jobs share one).
     rendered: FastMap<Reason, JobReason>,
+    /// Spent budgets by interned group, for the pass.
+    budget_memo: BTreeMap<u32, Option<Reason>>,
 }
 
 impl<'a> Pass<'a> {
@@ -92,6 +94,7 @@ impl<'a> Pass<'a> {
             preempt_failed: BTreeMap::new(),
             plan: Plan { computed_at_index: state.applied_index, ..Plan::default() },
             rendered: FastMap::default(),
+            budget_memo: BTreeMap::new(),
         }
     }
 
@@ -136,6 +139,10 @@ impl<'a> Pass<'a> {
     }
 
     fn consider(&mut self, cand: &Cand<'a>) -> Outcome {
+        if let Some(spent) = self.budget_spent(cand) {
+            // Skipped: it neither places, preempts nor holds a reservation.
+            return Outcome::Pending(spent, None);
+        }
         let set = self.class_set(cand);
         let shape: ShapeKey = (set, cand.replicas, cand.per);
         if let Some(reason) = self.static_check(shape, cand) {
@@ -177,6 +184,27 @@ impl<'a> Pass<'a> {
             return Outcome::Pending(reason, None);
         }
         self.become_head(cand, shape, reason)
+    }
+
+    /// `Reason::BudgetExhausted` when the job's group has spent its budget
+    /// of the month, memoised by group for the pass.
+    fn budget_spent(&mut self, cand: &Cand<'a>) -> Option<Reason> {
+        if self.state.tenancy.budgets.is_empty() {
+            return None;
+        }
+        let (state, now_ms) = (self.state, self.now_ms);
+        let group = cand.job.spec.group.as_str();
+        self.budget_memo
+            .entry(cand.group)
+            .or_insert_with(|| {
+                state.tenancy.exhausted(group, now_ms).map(|spent| Reason::BudgetExhausted {
+                    group: group.to_string(),
+                    month: spent.month,
+                    used_gpu_ms: spent.used_gpu_ms,
+                    budget_gpu_ms: spent.budget.gpu_ms,
+                })
+            })
+            .clone()
     }
 
     /// Nomad-style feasibility against the healthy cluster, memoised by shape.

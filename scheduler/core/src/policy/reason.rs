@@ -32,6 +32,9 @@ pub enum Reason {
     /// The gang would fit but for fenced GPUs (a fault or an operator
     /// keeps them off limits until readmitted); names one fence.
     Fenced { replicas: u32, per_replica: u32, fenced_gpus: u64, node: String, fence: String },
+    /// Its group's GPU budget of the month is spent; it waits until an
+    /// operator raises the budget or the month ends.
+    BudgetExhausted { group: String, month: u32, used_gpu_ms: u64, budget_gpu_ms: u64 },
 }
 
 impl Reason {
@@ -48,6 +51,7 @@ impl Reason {
             Reason::Preempting { .. } => ReasonCode::Preempting,
             Reason::NoFreeGpus => ReasonCode::NoFreeGpus,
             Reason::Fenced { .. } => ReasonCode::Fenced,
+            Reason::BudgetExhausted { .. } => ReasonCode::BudgetExhausted,
         }
     }
 
@@ -112,6 +116,16 @@ impl fmt::Display for Detail<'_> {
             Reason::Fenced { replicas, per_replica, fenced_gpus, node, fence } => {
                 gang(f, *replicas, *per_replica)?;
                 write!(f, " would fit but {fenced_gpus} matching GPUs are fenced (node {node}: {fence}); `rota node readmit` returns them")
+            }
+            Reason::BudgetExhausted { group, month, used_gpu_ms, budget_gpu_ms } => {
+                use crate::state::tenancy::{gpu_hours, month_text};
+                write!(
+                    f,
+                    "group {group} used {:.3} of its {:.3} GPU-hours for {}; raising the budget releases it",
+                    gpu_hours(*used_gpu_ms),
+                    gpu_hours(*budget_gpu_ms),
+                    month_text(*month)
+                )
             }
         }
     }

@@ -58,7 +58,12 @@ impl ClusterState {
             | Command::RemoveUser { .. }
             | Command::CreateToken { .. }
             | Command::RevokeToken { .. }
-            | Command::Note { .. } => Err(Rejection::Invalid {
+            | Command::Note { .. }
+            | Command::SubmitTagged { .. }
+            | Command::SaveTemplate { .. }
+            | Command::DeleteTemplate { .. }
+            | Command::GrantTemplate { .. }
+            | Command::SetBudget { .. } => Err(Rejection::Invalid {
                 field: "command".into(),
                 message: "this command is applied only inside an audited command naming its sender".into(),
             }),
@@ -78,6 +83,9 @@ impl ClusterState {
             });
         }
         self.cluster_version = version;
+        if version >= super::tenancy::TENANCY_FROM_VERSION && current < super::tenancy::TENANCY_FROM_VERSION {
+            self.start_metering();
+        }
         Ok(CommandResult::Done)
     }
 
@@ -137,6 +145,38 @@ impl ClusterState {
     fn authorize(&self, actor: &Actor, command: &Command) -> Result<(), String> {
         let action = match command {
             Command::SubmitJob { spec, .. } | Command::SubmitMarked { spec, .. } => Action::Submit { group: &spec.group },
+            Command::SubmitTagged { spec, template, .. } => {
+                self.auth.permits(actor, Action::Submit { group: &spec.group })?;
+                return match template.as_ref().and_then(|t| self.tenancy.templates.get(&t.name)) {
+                    // An unknown template or version is NotFound in apply.
+                    None => Ok(()),
+                    Some(found) if found.usable_by(&spec.group) => Ok(()),
+                    Some(found) => self.auth.permits(actor, Action::Operate).map_err(|_| {
+                        format!(
+                            "{} may not use template {} of group {:?} for a job of group {:?}: not granted (its group-admin runs `rota template grant {} --to {}`)",
+                            actor.describe(),
+                            found.name,
+                            found.group,
+                            spec.group,
+                            found.name,
+                            spec.group
+                        )
+                    }),
+                };
+            }
+            Command::SaveTemplate { name, group, .. } => match self.tenancy.templates.get(name) {
+                Some(existing) if existing.group != *group => Action::Submit { group: &existing.group },
+                _ => Action::Submit { group },
+            },
+            Command::DeleteTemplate { name } => match self.tenancy.templates.get(name) {
+                Some(existing) => Action::Submit { group: &existing.group },
+                None => Action::Read,
+            },
+            Command::GrantTemplate { name, .. } => match self.tenancy.templates.get(name) {
+                Some(existing) => Action::AdministerGroup { group: &existing.group },
+                None => Action::Read,
+            },
+            Command::SetBudget { .. } => Action::Operate,
             Command::CancelJob { job_id } => match self.jobs.get(job_id) {
                 // Apply answers NotFound; nothing is revealed by it that a read would not show.
                 None => Action::Read,
@@ -183,11 +223,27 @@ impl ClusterState {
             Command::Note { .. } => Ok(CommandResult::Done),
             Command::ReadmitNode { node, gpu } => self.readmit(node, *gpu),
             Command::FenceNode { node, gpu, reason } => self.fence_by_operator(index, node, *gpu, reason),
+            Command::SubmitTagged { request_id, spec, secret_env, secret_command, labels, template } => {
+                let marks = marks(secret_env, *secret_command);
+                self.submit_tagged(index, request_id.as_deref(), spec, marks, labels, template.as_ref())
+            }
+            Command::SaveTemplate { name, group, spec, labels } => {
+                self.save_template(name, group, spec, labels, actor.user.as_deref().unwrap_or(""))
+            }
+            Command::DeleteTemplate { name } => self.delete_template(name),
+            Command::GrantTemplate { name, group, granted } => self.grant_template(name, group, *granted),
+            Command::SetBudget { group, month, gpu_ms, strict } => self.set_budget(group, *month, *gpu_ms, *strict),
             other => Ok(self.apply(index, other)),
         }
     }
 
-    fn submit_marked(&mut self, index: u64, request_id: Option<&str>, spec: &JobSpec, marks: JobMarks) -> Result<CommandResult, Rejection> {
+    pub(super) fn submit_marked(
+        &mut self,
+        index: u64,
+        request_id: Option<&str>,
+        spec: &JobSpec,
+        marks: JobMarks,
+    ) -> Result<CommandResult, Rejection> {
         for name in &marks.secret_env {
             if !spec.env.contains_key(name) {
                 return Err(Rejection::Invalid {
@@ -314,6 +370,7 @@ impl ClusterState {
         }
         validate_spec(spec, &self.queues)?;
         self.check_no_alarm()?;
+        self.check_budget(spec)?;
         if self.live_jobs >= self.limits.max_live_jobs {
             return Err(Rejection::Exhausted { what: "live jobs".into(), limit: self.limits.max_live_jobs as u64 });
         }
@@ -513,6 +570,9 @@ impl ClusterState {
         if job.state != JobState::Pending {
             return Err(conflict(format!("job {} is {}", job.id, job.state.as_str())));
         }
+        if let Some(spent) = self.tenancy.exhausted(&job.spec.group, self.now_ms) {
+            return Err(conflict(super::apply_tenancy::spent_message(&job.spec.group, &spent)));
+        }
         if placement.ranks.len() != job.spec.replicas as usize {
             return Err(conflict(format!("job {} needs {} ranks, plan has {}", job.id, job.spec.replicas, placement.ranks.len())));
         }
@@ -573,6 +633,10 @@ impl ClusterState {
         }
         let alloc =
             Allocation { id: alloc_id, job_id: placement.job_id, attempt, ranks, master_port, created_at_ms: self.now_ms, stop: None };
+        if self.cluster_version() >= super::tenancy::TENANCY_FROM_VERSION {
+            let group = &self.jobs[&placement.job_id].spec.group;
+            self.tenancy.allocation_started(group, alloc.gpu_count(), self.now_ms);
+        }
         self.allocs.insert(alloc_id, alloc);
     }
 
@@ -670,6 +734,9 @@ impl ClusterState {
         job.alloc = None;
         let key = (job.spec.group.clone(), job.spec.queue.clone());
         *self.usage.gpu_ms.entry(key).or_insert(0) += held_ms * alloc.gpu_count();
+        if self.cluster_version >= super::tenancy::TENANCY_FROM_VERSION {
+            self.tenancy.allocation_ended(&job.spec.group, alloc.gpu_count(), self.now_ms);
+        }
         let next = match alloc.stop {
             None => (JobState::Succeeded, JobReason::code(ReasonCode::Completed)),
             Some(StopReason::Cancelled) => (JobState::Cancelled, JobReason::code(ReasonCode::Cancelled)),
@@ -722,6 +789,7 @@ impl ClusterState {
             assert!(self.spec_bytes >= bytes, "spec bytes {} below a held job's {bytes}", self.spec_bytes);
             self.spec_bytes -= bytes;
             self.auth.job_marks.remove(&oldest);
+            self.tenancy.job_tags.remove(&oldest);
         }
     }
 

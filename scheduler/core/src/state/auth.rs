@@ -155,6 +155,11 @@ pub enum Action<'a> {
     Operate,
     /// Users, roles, everyone's tokens, the audit trail.
     Administer,
+    /// Administer what a group owns (grant its templates): the group's
+    /// group-admins and operators.
+    AdministerGroup {
+        group: &'a str,
+    },
     /// Create or revoke a token of `user`: its admin, or the user itself.
     ManageTokensOf {
         user: &'a str,
@@ -207,6 +212,13 @@ impl AuthState {
                     Ok(())
                 } else {
                     Err(format!("{who} may not submit to group {group:?}: not a member (groups: {})", join(&user.groups)))
+                }
+            }
+            Action::AdministerGroup { group } => {
+                if user.role >= Role::Operator || (user.role >= Role::GroupAdmin && user.groups.contains(group)) {
+                    Ok(())
+                } else {
+                    Err(format!("{who} ({}) may not administer group {group:?}: it needs the group-admin role in it", user.role.as_str()))
                 }
             }
             Action::OwnJob { owner, group } => {
@@ -332,6 +344,16 @@ mod tests {
         let bob_as_alice = Actor { user: Some("alice".into()), impersonator: Some("bob".into()), from: String::new() };
         assert!(auth.permits(&bob_as_alice, Action::Read).unwrap_err().contains("impersonate"));
         assert_eq!(portal_as_alice.describe(), "portal as alice");
+    }
+
+    #[test]
+    fn a_group_is_administered_by_its_group_admins_and_the_operators() {
+        let auth = state();
+        let vision = Action::AdministerGroup { group: "vision" };
+        assert!(auth.permits(&as_user("gina"), vision).is_ok());
+        assert!(auth.permits(&as_user("alice"), vision).unwrap_err().contains("group-admin"));
+        assert!(auth.permits(&as_user("gina"), Action::AdministerGroup { group: "nlp" }).is_err());
+        assert!(auth.permits(&as_user("otto"), vision).is_ok());
     }
 
     #[test]

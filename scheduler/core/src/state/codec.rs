@@ -31,6 +31,7 @@
 //! | 4 | `Command::NodesHeard`; then the nodes' last heard times |
 //! | 5 | `Command::Audited` and the user, token and note commands inside it, `Rejection::PermissionDenied`; then the users, tokens, job marks and audit trail |
 //! | 6 | `Command::GpuXid`, `GpuReset`, `ReadmitNode`, `FenceNode`, `ReasonCode::Fenced`; then the fences, attempt faults and drained nodes; GPU model names match by alias (`gpu_model`) |
+//! | 7 | `Command::SubmitTagged`, `SaveTemplate`, `DeleteTemplate`, `GrantTemplate`, `SetBudget`, `ReasonCode::BudgetExhausted`; then the templates, job labels, budgets and metered use (`tenancy`) |
 
 use serde::Serialize;
 
@@ -38,7 +39,7 @@ use super::command::Proposal;
 use super::ClusterState;
 
 /// The newest format this build reads (and writes, once the cluster runs it).
-pub const FORMAT_VERSION: u16 = 6;
+pub const FORMAT_VERSION: u16 = 7;
 pub use super::command::FIRST_FORMAT_VERSION;
 const MAGIC: &[u8; 4] = b"rota";
 const HEADER_BYTES: usize = 6;
@@ -132,6 +133,11 @@ pub fn encode_snapshot(state: &ClusterState) -> Vec<u8> {
     } else {
         debug_assert!(state.faults == Default::default(), "fences and drained nodes exist from format 6 on");
     }
+    if version >= 7 {
+        bincode::serialize_into(&mut bytes, &state.tenancy).expect("tenancy state encodes");
+    } else {
+        debug_assert!(state.tenancy == Default::default(), "templates, labels and budgets exist from format 7 on");
+    }
     bytes
 }
 
@@ -179,6 +185,9 @@ pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterStat
     }
     if version >= 6 {
         state.faults = read_part(what, &mut reader)?;
+    }
+    if version >= 7 {
+        state.tenancy = read_part(what, &mut reader)?;
     }
     if !reader.is_empty() {
         return Err(CodecError::Corrupt { what, detail: format!("{} bytes after the state", reader.len()) });
@@ -240,7 +249,9 @@ mod tests {
     fn a_huge_length_in_any_snapshot_part_is_refused_without_allocating_it() {
         let state = ClusterState { cluster_version: FORMAT_VERSION, ..ClusterState::default() };
         let bytes = encode_snapshot(&state);
-        let tail_len = bincode::serialize(&state.auth).unwrap().len() + bincode::serialize(&state.faults).unwrap().len();
+        let tail_len = bincode::serialize(&state.auth).unwrap().len()
+            + bincode::serialize(&state.faults).unwrap().len()
+            + bincode::serialize(&state.tenancy).unwrap().len();
         let mut hostile = bytes[..bytes.len() - tail_len].to_vec();
         hostile.extend_from_slice(&1u64.to_le_bytes());
         hostile.extend_from_slice(&((1u64 << 39) - 1).to_le_bytes());

@@ -2,11 +2,12 @@
 //! holds one `Proposal`: a batch of commands and the leader's wall-clock time,
 //! so that apply itself never reads a clock.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::auth::{Actor, Role};
+use super::tenancy::{Month, TemplateRef};
 use super::types::{AlarmKind, AllocId, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, ReasonCode, StopReason};
 
 /// The format of every entry whose commands existed in the first layout,
@@ -177,6 +178,46 @@ pub enum Command {
         gpu: Option<u32>,
         reason: String,
     },
+    /// A submit with labels, or made from a template (format 7 on, inside
+    /// `Audited`). `spec` is the whole spec (a template is expanded by the
+    /// replica that took the request); apply checks that `template` still
+    /// holds that version and that the job's group may use it.
+    SubmitTagged {
+        request_id: Option<String>,
+        spec: JobSpec,
+        secret_env: BTreeSet<String>,
+        secret_command: bool,
+        labels: BTreeMap<String, String>,
+        template: Option<TemplateRef>,
+    },
+    /// Save a new version of a template of `group` (format 7 on, inside
+    /// `Audited`, members of the group).
+    SaveTemplate {
+        name: String,
+        group: String,
+        spec: JobSpec,
+        labels: BTreeMap<String, String>,
+    },
+    /// Delete a template with every version (format 7 on, inside `Audited`,
+    /// members of its group).
+    DeleteTemplate {
+        name: String,
+    },
+    /// Let jobs of `group` use a template, or stop them (format 7 on,
+    /// inside `Audited`, the owner group's admins and operators).
+    GrantTemplate {
+        name: String,
+        group: String,
+        granted: bool,
+    },
+    /// Set (`gpu_ms: Some`) or remove a group's GPU budget of a month
+    /// (format 7 on, inside `Audited`, operators).
+    SetBudget {
+        group: String,
+        month: Month,
+        gpu_ms: Option<u64>,
+        strict: bool,
+    },
 }
 
 impl Command {
@@ -196,6 +237,15 @@ impl Command {
             | Command::Note { .. } => 5,
             Command::GpuXid { .. } | Command::GpuReset { .. } | Command::ReadmitNode { .. } | Command::FenceNode { .. } => {
                 super::faults::FAULTS_FROM_VERSION
+            }
+            Command::SubmitTagged { .. }
+            | Command::SaveTemplate { .. }
+            | Command::DeleteTemplate { .. }
+            | Command::GrantTemplate { .. }
+            | Command::SetBudget { .. } => super::tenancy::TENANCY_FROM_VERSION,
+            // A pending reason that names a spent budget exists from format 7 on.
+            Command::ApplyPlan(plan) if plan.pending.iter().any(|n| n.reason.code == ReasonCode::BudgetExhausted) => {
+                super::tenancy::TENANCY_FROM_VERSION
             }
             // A pending reason that names fenced capacity exists from format 6 on.
             Command::ApplyPlan(plan) if plan.pending.iter().any(|n| n.reason.code == ReasonCode::Fenced) => {
@@ -218,6 +268,23 @@ impl Command {
         };
         match self {
             Command::SubmitJob { spec, .. } | Command::SubmitMarked { spec, .. } => submit(spec),
+            Command::SubmitTagged { spec, template: Some(template), .. } => {
+                format!("{} from template {} version {}", submit(spec), template.name, template.version)
+            }
+            Command::SubmitTagged { spec, .. } => submit(spec),
+            Command::SaveTemplate { name, group, .. } => format!("save template {name} of group {group}"),
+            Command::DeleteTemplate { name } => format!("delete template {name}"),
+            Command::GrantTemplate { name, group, granted: true } => format!("grant template {name} to group {group}"),
+            Command::GrantTemplate { name, group, granted: false } => format!("revoke template {name} from group {group}"),
+            Command::SetBudget { group, month, gpu_ms: Some(gpu_ms), strict } => format!(
+                "set budget of group {group} for {} to {} GPU-hours{}",
+                super::tenancy::month_text(*month),
+                super::tenancy::gpu_hours(*gpu_ms),
+                if *strict { " (strict)" } else { "" }
+            ),
+            Command::SetBudget { group, month, gpu_ms: None, .. } => {
+                format!("remove budget of group {group} for {}", super::tenancy::month_text(*month))
+            }
             Command::CancelJob { job_id } => format!("cancel job {job_id}"),
             Command::DrainNode { node, drain } => format!("{} node {node}", if *drain { "drain" } else { "undrain" }),
             Command::SetQueue(queue) => format!("set queue {}", queue.name),
@@ -300,10 +367,24 @@ pub struct PendingNote {
 /// What applying one command produced, returned to its proposer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CommandResult {
-    Submitted { job_id: JobId, deduplicated: bool },
-    Cancelled { job_id: JobId, state: super::types::JobState },
-    PlanApplied { placed: u32, rejected: u32, stopped: u32 },
+    Submitted {
+        job_id: JobId,
+        deduplicated: bool,
+    },
+    Cancelled {
+        job_id: JobId,
+        state: super::types::JobState,
+    },
+    PlanApplied {
+        placed: u32,
+        rejected: u32,
+        stopped: u32,
+    },
     Done,
+    /// A template version was saved (format 7 on).
+    TemplateSaved {
+        version: u32,
+    },
     Rejected(Rejection),
 }
 
@@ -340,6 +421,11 @@ pub enum Rejection {
     PermissionDenied {
         message: String,
     },
+    /// The group's GPU budget of the month is spent, or a strict budget
+    /// cannot hold the job's worst case (format 7 on).
+    BudgetExhausted {
+        message: String,
+    },
 }
 
 impl Rejection {
@@ -353,6 +439,7 @@ impl Rejection {
             Rejection::Conflict { .. } => "conflict",
             Rejection::Alarmed { .. } => "alarm",
             Rejection::PermissionDenied { .. } => "permission_denied",
+            Rejection::BudgetExhausted { .. } => "budget_exhausted",
         }
     }
 
@@ -375,7 +462,10 @@ impl std::fmt::Display for Rejection {
             Rejection::RequestIdReused { request_id, job_id } => {
                 write!(f, "request_id {request_id:?} was used for job {job_id} with a different spec")
             }
-            Rejection::Conflict { message } | Rejection::Alarmed { message } | Rejection::PermissionDenied { message } => {
+            Rejection::Conflict { message }
+            | Rejection::Alarmed { message }
+            | Rejection::PermissionDenied { message }
+            | Rejection::BudgetExhausted { message } => {
                 write!(f, "{message}")
             }
         }

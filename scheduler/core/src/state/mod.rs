@@ -9,11 +9,13 @@ mod apply;
 pub mod auth;
 pub mod codec;
 pub use apply::gpu_matches;
+mod apply_tenancy;
 pub mod command;
 pub mod dedupe;
 pub mod events;
 pub mod faults;
 pub mod gpu_model;
+pub mod tenancy;
 pub mod types;
 pub mod validate;
 pub mod xid;
@@ -109,6 +111,10 @@ pub struct ClusterState {
     /// users.
     #[serde(skip)]
     pub faults: faults::FaultState,
+    /// Templates, job labels, budgets and metered use. Kept from format 7
+    /// on, written after the fences.
+    #[serde(skip)]
+    pub tenancy: tenancy::TenancyState,
 }
 
 impl Default for ClusterState {
@@ -141,6 +147,7 @@ impl ClusterState {
             node_heard_ms: BTreeMap::new(),
             auth: auth::AuthState::default(),
             faults: faults::FaultState::default(),
+            tenancy: tenancy::TenancyState::default(),
         }
     }
 
@@ -243,9 +250,32 @@ impl ClusterState {
         if let Some(job_id) = self.auth.job_marks.keys().find(|id| !self.jobs.contains_key(id)) {
             return Err(format!("job {job_id} has marks but is not held"));
         }
+        if let Some(job_id) = self.tenancy.job_tags.keys().find(|id| !self.jobs.contains_key(id)) {
+            return Err(format!("job {job_id} has labels but is not held"));
+        }
+        if self.cluster_version() >= tenancy::TENANCY_FROM_VERSION {
+            let mut running: BTreeMap<&str, u64> = BTreeMap::new();
+            for alloc in self.allocs.values() {
+                *running.entry(self.jobs[&alloc.job_id].spec.group.as_str()).or_insert(0) += alloc.gpu_count();
+            }
+            for (group, meter) in &self.tenancy.meters {
+                if meter.running_gpus != running.get(group.as_str()).copied().unwrap_or(0) {
+                    return Err(format!(
+                        "group {group} is metered for {} GPUs but holds {:?}",
+                        meter.running_gpus,
+                        running.get(group.as_str())
+                    ));
+                }
+            }
+            if let Some(group) = running.keys().find(|g| !self.tenancy.meters.contains_key(**g)) {
+                return Err(format!("group {group} holds GPUs but is not metered"));
+            }
+        }
         Ok(())
     }
 }
 
+#[cfg(test)]
+mod tenancy_tests;
 #[cfg(test)]
 mod tests;

@@ -371,6 +371,8 @@ pub enum ReasonCode {
     Failed,
     /// Pending: the capacity it needs is fenced (format 6 on).
     Fenced,
+    /// Pending: its group's GPU budget of the month is spent (format 7 on).
+    BudgetExhausted,
 }
 
 impl ReasonCode {
@@ -397,6 +399,7 @@ impl ReasonCode {
             ReasonCode::Retrying => "retrying",
             ReasonCode::Failed => "failed",
             ReasonCode::Fenced => "fenced",
+            ReasonCode::BudgetExhausted => "budget_exhausted",
         }
     }
 }

@@ -290,6 +290,7 @@ async fn list_jobs(State(rest): Shared, caller: Caller, RawQuery(raw): RawQuery)
         queue: filter.queue.unwrap_or_default(),
         user: filter.user.unwrap_or_default(),
         before_id,
+        ..Default::default()
     };
     let page = rest.jobs.list_jobs(caller.inbound.request(request)).await?.into_inner();
     let next_cursor = page.truncated.then(|| page.jobs.last().map(|job| job.id.to_string())).flatten();

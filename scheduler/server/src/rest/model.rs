@@ -198,6 +198,7 @@ impl SubmitRequest {
             request_id: self.request_id.clone().unwrap_or_default(),
             secret_env: self.secret_env.clone(),
             secret_command: self.secret_command,
+            ..Default::default()
         }
     }
 }
