@@ -90,6 +90,7 @@ fn commands_of_format_7() -> Vec<Command> {
         audited(Command::GrantTemplate { name: "asr".into(), group: "nlp".into(), granted: true }),
         audited(Command::SetBudget { group: "vision".into(), month: 202_612, gpu_ms: Some(3_600_000), strict: true }),
         Command::ApplyPlan(Plan { pending: vec![spent_note], ..Plan::default() }),
+        Command::Traced { request_id: "trace-7".into(), command: Box::new(audited(Command::CancelJob { job_id: 1 })) },
     ]
 }
 

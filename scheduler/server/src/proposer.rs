@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::clock::{proposal_time_ms, wall_clock_ms};
 use crate::replicated::Replicated;
-use rota_core::state::{codec, Command, CommandResult, Proposal};
+use rota_core::state::{codec, Command, CommandResult, Proposal, TRACED_FROM_VERSION};
 
 /// Commands in one Raft entry at most.
 const MAX_BATCH: usize = 4096;
@@ -65,6 +65,7 @@ impl Proposer {
 
     /// Propose one command and wait until it is committed and applied.
     pub async fn propose(&self, command: Command) -> Outcome {
+        let command = self.traced(command);
         check_format(&command, self.cluster_version())?;
         let (reply, outcome) = oneshot::channel();
         let bytes = bincode::serialized_size(&command).map_err(|e| WriteError::Unavailable(format!("unencodable command: {e}")))?;
@@ -76,6 +77,15 @@ impl Proposer {
             Err(error) => tracing::debug!(%error, "proposal not committed"),
         }
         outcome
+    }
+
+    /// The command with the id of the request it serves (see
+    /// `request_id`), once the cluster writes a format that holds it.
+    fn traced(&self, command: Command) -> Command {
+        match crate::request_id::current() {
+            Some(request_id) if self.cluster_version() >= TRACED_FROM_VERSION => Command::Traced { request_id, command: Box::new(command) },
+            _ => command,
+        }
     }
 
     fn cluster_version(&self) -> u16 {

@@ -15,7 +15,7 @@ use rota_consensus::StateMachine;
 
 use rota_core::state::codec::{self, CodecError};
 use rota_core::state::events::Event;
-use rota_core::state::{ClusterState, CommandResult, Rejection};
+use rota_core::state::{ClusterState, Command, CommandResult, Rejection};
 
 use crate::events::EventRing;
 
@@ -72,7 +72,11 @@ pub struct Replicated {
 fn apply_payload(state: &mut ClusterState, index: u64, payload: &[u8], events: Option<&mut Vec<Event>>) -> Vec<CommandResult> {
     match codec::decode_proposal_up_to(payload, readable_format()) {
         Ok(proposal) => match events {
-            Some(events) => state.apply_proposal_with_events(index, &proposal, events),
+            Some(events) => {
+                let results = state.apply_proposal_with_events(index, &proposal, events);
+                log_traced(index, &proposal.commands, &results);
+                results
+            }
             None => state.apply_proposal(index, &proposal),
         },
         Err(error @ CodecError::TooNew { .. }) => stop_for_newer_format(index, &error),
@@ -80,6 +84,16 @@ fn apply_payload(state: &mut ClusterState, index: u64, payload: &[u8], events: O
             // Every replica fails to decode the same bytes the same way.
             state.applied_index = index;
             vec![CommandResult::Rejected(Rejection::Invalid { field: "proposal".into(), message: error.to_string() })]
+        }
+    }
+}
+
+/// Name the request id of each traced command this replica applied (see
+/// `request_id`): the apply of one client action, found on every replica.
+fn log_traced(index: u64, commands: &[Command], results: &[CommandResult]) {
+    for (command, result) in commands.iter().zip(results) {
+        if let Command::Traced { request_id, .. } = command {
+            tracing::debug!(index, request_id = %request_id, ?result, "applied");
         }
     }
 }

@@ -48,6 +48,7 @@ impl ClusterState {
             Command::SetAlarm { replica, kind, raised } => Ok(self.set_alarm(*replica, *kind, *raised)),
             Command::NodesHeard { nodes } => Ok(self.nodes_heard(nodes)),
             Command::Audited { actor, command } => Ok(self.apply_audited(index, actor, command)),
+            Command::Traced { command, .. } => Ok(self.apply(index, command)),
             Command::BootstrapAdmin { name } => self.bootstrap_admin(name),
             Command::GpuXid { node, gpu, xid, at_ms } => self.gpu_xid(index, node, *gpu, *xid, *at_ms),
             Command::GpuReset { node, gpu } => self.gpu_reset(node, *gpu),

@@ -31,7 +31,7 @@
 //! | 4 | `Command::NodesHeard`; then the nodes' last heard times |
 //! | 5 | `Command::Audited` and the user, token and note commands inside it, `Rejection::PermissionDenied`; then the users, tokens, job marks and audit trail |
 //! | 6 | `Command::GpuXid`, `GpuReset`, `ReadmitNode`, `FenceNode`, `ReasonCode::Fenced`; then the fences, attempt faults and drained nodes; GPU model names match by alias (`gpu_model`) |
-//! | 7 | `Command::SubmitTagged`, `SaveTemplate`, `DeleteTemplate`, `GrantTemplate`, `SetBudget`, `ReasonCode::BudgetExhausted`; then the templates, job labels, budgets and metered use (`tenancy`) |
+//! | 7 | `Command::SubmitTagged`, `SaveTemplate`, `DeleteTemplate`, `GrantTemplate`, `SetBudget`, `Traced`, `ReasonCode::BudgetExhausted`; then the templates, job labels, budgets and metered use (`tenancy`) |
 
 use serde::Serialize;
 

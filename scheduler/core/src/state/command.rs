@@ -218,7 +218,17 @@ pub enum Command {
         gpu_ms: Option<u64>,
         strict: bool,
     },
+    /// A command with the request id of the client action that caused it
+    /// (format 7 on, outermost), so that its apply on every replica can
+    /// be found in the logs by that id. Applied as the command it holds.
+    Traced {
+        request_id: String,
+        command: Box<Command>,
+    },
 }
+
+/// The first format with `Command::Traced`.
+pub const TRACED_FROM_VERSION: u16 = 7;
 
 impl Command {
     /// The oldest encoding format that has this command.
@@ -251,7 +261,16 @@ impl Command {
             Command::ApplyPlan(plan) if plan.pending.iter().any(|n| n.reason.code == ReasonCode::Fenced) => {
                 super::faults::FAULTS_FROM_VERSION
             }
+            Command::Traced { command, .. } => command.min_format().max(TRACED_FROM_VERSION),
             _ => FIRST_FORMAT_VERSION,
+        }
+    }
+
+    /// The command itself, without the request id and sender it may carry.
+    pub fn unwrapped(&self) -> &Command {
+        match self {
+            Command::Traced { command, .. } | Command::Audited { command, .. } => command.unwrapped(),
+            other => other,
         }
     }
 }
@@ -305,7 +324,7 @@ impl Command {
             Command::ReadmitNode { node, gpu: Some(gpu) } => format!("readmit GPU {gpu} of node {node}"),
             Command::FenceNode { node, gpu: None, reason } => format!("fence node {node}: {reason}"),
             Command::FenceNode { node, gpu: Some(gpu), reason } => format!("fence GPU {gpu} of node {node}: {reason}"),
-            Command::Audited { command, .. } => command.audit_summary(),
+            Command::Audited { command, .. } | Command::Traced { command, .. } => command.audit_summary(),
             other => format!("{:?}", std::mem::discriminant(other)),
         }
     }

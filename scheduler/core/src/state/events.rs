@@ -250,10 +250,7 @@ impl ClusterState {
     fn probe(&self, command: &Command) -> Probe {
         let mut jobs = BTreeSet::new();
         let mut node = None;
-        let inner = match command {
-            Command::Audited { command, .. } => command.as_ref(),
-            other => other,
-        };
+        let inner = command.unwrapped();
         match inner {
             Command::CancelJob { job_id } => {
                 jobs.insert(*job_id);
@@ -300,10 +297,7 @@ impl ClusterState {
             time_ms: self.now_ms,
             state: None,
         };
-        let inner = match command {
-            Command::Audited { command, .. } => command.as_ref(),
-            other => other,
-        };
+        let inner = command.unwrapped();
         // Nodes first: a node going down is why its jobs stop.
         if let Some((name, before)) = &probe.node {
             self.derive_node(name, before.as_ref(), inner, &blank, events);

@@ -227,3 +227,18 @@ fn every_replica_derives_the_same_events_and_the_same_state_as_apply_proposal() 
     assert_eq!(first, again);
     assert_eq!(with_events, replayed);
 }
+
+#[test]
+fn a_traced_command_applies_and_makes_events_as_the_command_it_holds() {
+    let submit = |request_id: &str| Command::SubmitJob { request_id: Some(request_id.into()), spec: spec(1, 1) };
+    let mut plain = cluster();
+    let mut traced = cluster();
+    let plain_events = run(&mut plain, vec![operator(submit("r1"))]);
+    let wrapped = Command::Traced { request_id: "trace-1".into(), command: Box::new(operator(submit("r1"))) };
+    assert_eq!(wrapped.min_format(), crate::state::TRACED_FROM_VERSION.max(operator(submit("r1")).min_format()));
+    assert!(matches!(wrapped.unwrapped(), Command::SubmitJob { .. }), "seen through both wrappers");
+    let traced_events = run(&mut traced, vec![wrapped]);
+    assert_eq!(kinds(&traced_events), kinds(&plain_events));
+    assert_eq!(kinds(&traced_events), ["job_submitted"]);
+    assert_eq!(plain.jobs, traced.jobs, "the same job either way");
+}
