@@ -186,6 +186,14 @@ async fn roles_tokens_impersonation_audit_and_redaction() -> Result<()> {
     // A user reads its own records only.
     rota.ok(&alice, &["audit", "--user", "alice"])?;
     rota.refused(&alice, &["audit"], "permission denied")?;
+
+    // `rota jobs` filters by owner and queue.
+    let listed = rota.ok(&admin, &["jobs", "--user", "alice", "--queue", "training"])?;
+    let jobs = listed["jobs"].as_array().context("jobs")?;
+    ensure!(jobs.iter().any(|j| j["id"] == for_alice), "alice's job is listed: {listed}");
+    ensure!(jobs.iter().all(|j| j["owner"] == "alice" && j["queue"] == "training"), "only alice's training jobs: {listed}");
+    let none = rota.ok(&admin, &["jobs", "--user", "alice", "--queue", "short"])?;
+    ensure!(none["jobs"].as_array().is_some_and(Vec::is_empty), "alice has no short jobs: {none}");
     Ok(())
 }
 

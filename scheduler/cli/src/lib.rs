@@ -250,8 +250,18 @@ pub async fn why(client: &Client, job_id: u64, format: Format) -> Result<()> {
     Ok(())
 }
 
-pub async fn jobs(client: &Client, state: Option<&str>, group: Option<&str>, labels: &[String], limit: u32, format: Format) -> Result<()> {
-    let state = match state {
+/// Which jobs `rota jobs` lists: those matching every filter given.
+#[derive(Debug, Default)]
+pub struct JobFilter {
+    pub state: Option<String>,
+    pub group: Option<String>,
+    pub queue: Option<String>,
+    pub user: Option<String>,
+    pub labels: Vec<String>,
+}
+
+pub async fn jobs(client: &Client, filter: &JobFilter, limit: u32, format: Format) -> Result<()> {
+    let state = match filter.state.as_deref() {
         None => pb::JobState::Unspecified,
         Some(text) => {
             let parsed = JobState::parse(text)
@@ -262,8 +272,10 @@ pub async fn jobs(client: &Client, state: Option<&str>, group: Option<&str>, lab
     let mut request = pb::ListJobsRequest {
         state: state as i32,
         limit,
-        group: group.unwrap_or_default().to_string(),
-        labels: labels.to_vec(),
+        group: filter.group.clone().unwrap_or_default(),
+        queue: filter.queue.clone().unwrap_or_default(),
+        user: filter.user.clone().unwrap_or_default(),
+        labels: filter.labels.clone(),
         ..Default::default()
     };
     let mut response = pb::ListJobsResponse::default();

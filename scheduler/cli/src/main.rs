@@ -85,6 +85,12 @@ enum Command {
         state: Option<String>,
         #[arg(long)]
         group: Option<String>,
+        /// Only jobs of this queue.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Only jobs this user owns.
+        #[arg(long)]
+        user: Option<String>,
         /// Only jobs with this label, KEY=VALUE; repeatable (all must match).
         #[arg(long = "label", value_name = "KEY=VALUE")]
         labels: Vec<String>,
@@ -687,8 +693,9 @@ async fn main() -> Result<()> {
         Command::Why { job_id } => cli::why(&client, job_id, format).await,
         Command::Submit(submit) => cli::submit(&client, &submit, format).await,
         Command::Status { job_id } => cli::status(&client, job_id, format).await,
-        Command::Jobs { state, group, labels, limit } => {
-            cli::jobs(&client, state.as_deref(), group.as_deref(), &labels, limit, format).await
+        Command::Jobs { state, group, queue, user, labels, limit } => {
+            let filter = cli::JobFilter { state, group, queue, user, labels };
+            cli::jobs(&client, &filter, limit, format).await
         }
         Command::Template { action } => cli::tenancy::template(&client, action, format).await,
         Command::Budget { action } => cli::tenancy::budget(&client, action, format).await,
