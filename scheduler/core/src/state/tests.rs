@@ -1,6 +1,7 @@
 use super::*;
 
-fn node(name: &str, gpus: u32) -> NodeRegistration {
+/// A node of `gpus` H100s in one NVLink domain (shared by the state's unit tests).
+pub(crate) fn node(name: &str, gpus: u32) -> NodeRegistration {
     NodeRegistration {
         name: name.into(),
         address: "127.0.0.1".into(),

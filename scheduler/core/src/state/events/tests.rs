@@ -1,26 +1,8 @@
 use super::*;
 use crate::state::auth::Actor;
 use crate::state::codec;
-use crate::state::{GpuInfo, GroupQuota, JobSpec, NodeRegistration, Placement, Plan, QueueConfig, RankPlacement, Stop};
-
-fn node(name: &str, gpus: u32) -> NodeRegistration {
-    NodeRegistration {
-        name: name.into(),
-        address: "127.0.0.1".into(),
-        rack: "r1".into(),
-        leaf: "l1".into(),
-        gpus: (0..gpus)
-            .map(|i| GpuInfo {
-                index: i,
-                uuid: format!("GPU-{name}-{i}"),
-                model: "H100-80GB".into(),
-                memory_mib: 81_920,
-                healthy: true,
-                nvlink_domain: Some(0),
-            })
-            .collect(),
-    }
-}
+use crate::state::tests::node;
+use crate::state::{GroupQuota, JobSpec, Placement, Plan, QueueConfig, RankPlacement, Stop};
 
 /// Apply one entry of `commands`; its events.
 fn run(state: &mut ClusterState, commands: Vec<Command>) -> Vec<Event> {
