@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use rota_proto::v1 as pb;
 
+use crate::datafile::{read_capped, MAX_FILE_BYTES};
 use crate::shared::{GpuEventQueue, Shared, MAX_QUEUED_EVENTS};
 
 /// File of fake XIDs in the agent's data dir: lines `GPU_INDEX XID`.
@@ -32,9 +33,6 @@ pub const FAKE_XIDS_FILE: &str = "fake-xids";
 pub const GPU_RESETS_FILE: &str = "gpu-resets";
 /// Lines read from one event file at most.
 const MAX_FILE_LINES: usize = 256;
-/// Bytes read of such a file: its lines are short, and a runaway writer
-/// must not make the agent hold a file of any size in memory.
-pub const MAX_FILE_BYTES: u64 = 64 * 1024;
 /// How often the files (and the NVML thread's channel) are read.
 const POLL_MS: u64 = 250;
 /// One NVML wait at most, so the thread notices a dropped receiver.
@@ -88,15 +86,6 @@ fn take_file(path: &Path) -> Option<String> {
             None
         }
     }
-}
-
-/// The first `max_bytes` of a file as text (a line cut at the end is
-/// dropped by its parser: it does not parse).
-pub fn read_capped(path: &Path, max_bytes: u64) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)?.take(max_bytes).read_to_end(&mut bytes)?;
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// Count an XID the agent saw and queue it for the replicas.

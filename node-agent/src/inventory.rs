@@ -96,7 +96,7 @@ impl GpuSource {
             GpuSource::Fake { unhealthy_file, .. } => {
                 let unhealthy: BTreeSet<u32> = unhealthy_file
                     .as_ref()
-                    .and_then(|path| crate::gpu_events::read_capped(path, crate::gpu_events::MAX_FILE_BYTES).ok())
+                    .and_then(|path| crate::datafile::read_capped(path, crate::datafile::MAX_FILE_BYTES).ok())
                     .map(|text| text.split(',').filter_map(|i| i.trim().parse().ok()).collect())
                     .unwrap_or_default();
                 inventory

@@ -45,6 +45,7 @@
 pub mod agent;
 pub mod contain;
 pub mod control;
+pub mod datafile;
 pub mod exec;
 pub mod executor;
 pub mod fleet;
