@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+use rota_core::state::approvals::ChangeKind;
 use rota_core::state::auth::{Actor, Role};
 use rota_core::state::codec::{self, FIRST_FORMAT_VERSION, FORMAT_VERSION};
 use rota_core::state::tenancy::TemplateRef;
@@ -69,7 +70,19 @@ fn every_command(version: u16) -> Proposal {
     if version >= 7 {
         proposal.commands.extend(commands_of_format_7());
     }
+    if version >= 8 {
+        proposal.commands.extend(commands_of_format_8());
+    }
     proposal
+}
+
+fn commands_of_format_8() -> Vec<Command> {
+    let audited = |command: Command| Command::Audited { actor: admin(), command: Box::new(command) };
+    vec![
+        audited(Command::RequireApproval { kind: ChangeKind::Quota, required: true, expire_after_ms: 3_600_000 }),
+        audited(Command::ApproveChange { id: 1 }),
+        audited(Command::WithdrawChange { id: 2 }),
+    ]
 }
 
 fn commands_of_format_7() -> Vec<Command> {
@@ -251,6 +264,21 @@ fn small_cluster(version: u16) -> ClusterState {
         assert!(!results.iter().any(|r| matches!(r, rota_core::state::CommandResult::Rejected(_))), "{results:?}");
         let tenancy = &state.tenancy;
         assert_eq!((tenancy.templates.len(), tenancy.job_tags.len(), tenancy.budgets.len(), tenancy.meters.len()), (1, 1, 1, 1));
+    }
+    if version >= 8 {
+        // Quota changes need approval; one waits.
+        state.apply_proposal(10, &Proposal { now_ms: 1_700_000_010_000, commands: vec![Command::SetClusterVersion { version: 8 }] });
+        let quota = GroupQuota { group: "nlp".into(), gpus: 1, per_model: BTreeMap::new(), lend: false, lend_to: vec![], borrow_limit: None };
+        let commands = vec![
+            Command::Audited {
+                actor: admin(),
+                command: Box::new(Command::RequireApproval { kind: ChangeKind::Quota, required: true, expire_after_ms: 3_600_000 }),
+            },
+            Command::Audited { actor: admin(), command: Box::new(Command::SetQuota(quota)) },
+        ];
+        let results = state.apply_proposal(11, &Proposal { now_ms: 1_700_000_011_000, commands });
+        assert!(!results.iter().any(|r| matches!(r, rota_core::state::CommandResult::Rejected(_))), "{results:?}");
+        assert_eq!((state.approvals.rules.len(), state.approvals.pending.len()), (1, 1));
     }
     state.check_invariants().expect("a consistent fixture");
     state

@@ -41,6 +41,9 @@ impl ClusterState {
             Command::AllocStarted { alloc_id, rank } => self.alloc_started(index, *alloc_id, *rank),
             Command::AllocExited { alloc_id, rank, exit_code } => self.alloc_exited(index, *alloc_id, *rank, *exit_code),
             Command::Checkpoint { alloc_id, at_ms } => self.checkpoint(index, *alloc_id, *at_ms),
+            Command::SetQueue(_) | Command::SetQuota(_) if self.approval_needed(command).is_some() => Err(Rejection::PermissionDenied {
+                message: format!("{} needs a second person's approval, asked for by a named user", command.audit_summary()),
+            }),
             Command::SetQueue(queue) => self.set_queue(queue),
             Command::SetQuota(quota) => self.set_quota(quota),
             Command::AllocLost { alloc_id, rank } => self.alloc_lost(index, *alloc_id, *rank),
@@ -64,7 +67,10 @@ impl ClusterState {
             | Command::SaveTemplate { .. }
             | Command::DeleteTemplate { .. }
             | Command::GrantTemplate { .. }
-            | Command::SetBudget { .. } => Err(Rejection::Invalid {
+            | Command::SetBudget { .. }
+            | Command::RequireApproval { .. }
+            | Command::ApproveChange { .. }
+            | Command::WithdrawChange { .. } => Err(Rejection::Invalid {
                 field: "command".into(),
                 message: "this command is applied only inside an audited command naming its sender".into(),
             }),
@@ -127,12 +133,15 @@ impl ClusterState {
     /// Check a command against its actor's role, apply it as the actor and
     /// record both, with the outcome, in the audit trail.
     fn apply_audited(&mut self, index: u64, actor: &Actor, command: &Command) -> CommandResult {
-        let result = match self.authorize(actor, command) {
-            Err(message) => CommandResult::Rejected(Rejection::PermissionDenied { message }),
-            Ok(()) => self.apply_as(index, actor, command).unwrap_or_else(CommandResult::Rejected),
+        let result = match (self.authorize(actor, command), self.approval_needed(command)) {
+            (Err(message), _) => Err(Rejection::PermissionDenied { message }),
+            (Ok(()), Some(kind)) => self.request_change(actor, kind, command),
+            (Ok(()), None) => self.apply_as(index, actor, command),
         };
+        let result = result.unwrap_or_else(CommandResult::Rejected);
         let outcome = match &result {
             CommandResult::Rejected(rejection) => format!("refused: {rejection}"),
+            CommandResult::AwaitingApproval { change_id, .. } => format!("awaiting approval as change {change_id}"),
             CommandResult::Submitted { job_id, deduplicated: false } => format!("ok: job {job_id}"),
             CommandResult::Submitted { job_id, deduplicated: true } => format!("ok: job {job_id} (a retry)"),
             _ => "ok".into(),
@@ -143,7 +152,7 @@ impl ClusterState {
     }
 
     /// The rule of `AuthState::permits` for each command a person may send.
-    fn authorize(&self, actor: &Actor, command: &Command) -> Result<(), String> {
+    pub(super) fn authorize(&self, actor: &Actor, command: &Command) -> Result<(), String> {
         let action = match command {
             Command::SubmitJob { spec, .. } | Command::SubmitMarked { spec, .. } => Action::Submit { group: &spec.group },
             Command::SubmitTagged { spec, template, .. } => {
@@ -177,7 +186,9 @@ impl ClusterState {
                 Some(existing) => Action::AdministerGroup { group: &existing.group },
                 None => Action::Read,
             },
-            Command::SetBudget { .. } => Action::Operate,
+            Command::SetBudget { .. } | Command::RequireApproval { .. } => Action::Operate,
+            // Who may approve or withdraw depends on the change (checked in apply).
+            Command::ApproveChange { .. } | Command::WithdrawChange { .. } => Action::Read,
             Command::CancelJob { job_id } => match self.jobs.get(job_id) {
                 // Apply answers NotFound; nothing is revealed by it that a read would not show.
                 None => Action::Read,
@@ -204,7 +215,7 @@ impl ClusterState {
         self.auth.permits(actor, action)
     }
 
-    fn apply_as(&mut self, index: u64, actor: &Actor, command: &Command) -> Result<CommandResult, Rejection> {
+    pub(super) fn apply_as(&mut self, index: u64, actor: &Actor, command: &Command) -> Result<CommandResult, Rejection> {
         let marks = |secret_env: &BTreeSet<String>, secret_command: bool| JobMarks {
             owner: actor.user.clone(),
             secret_env: secret_env.clone(),
@@ -234,6 +245,11 @@ impl ClusterState {
             Command::DeleteTemplate { name } => self.delete_template(name),
             Command::GrantTemplate { name, group, granted } => self.grant_template(name, group, *granted),
             Command::SetBudget { group, month, gpu_ms, strict } => self.set_budget(group, *month, *gpu_ms, *strict),
+            Command::RequireApproval { kind, required, expire_after_ms } => {
+                self.require_approval(actor, *kind, *required, *expire_after_ms)
+            }
+            Command::ApproveChange { id } => self.approve_change(index, actor, *id),
+            Command::WithdrawChange { id } => self.withdraw_change(actor, *id),
             other => Ok(self.apply(index, other)),
         }
     }
@@ -928,7 +944,7 @@ impl ClusterState {
         Ok(CommandResult::Done)
     }
 
-    fn set_queue(&mut self, queue: &QueueConfig) -> Result<CommandResult, Rejection> {
+    pub(super) fn set_queue(&mut self, queue: &QueueConfig) -> Result<CommandResult, Rejection> {
         validate_queue(queue)?;
         self.check_no_alarm()?;
         if !self.queues.contains_key(&queue.name) && self.queues.len() >= self.limits.max_queues {
@@ -938,7 +954,7 @@ impl ClusterState {
         Ok(CommandResult::Done)
     }
 
-    fn set_quota(&mut self, quota: &GroupQuota) -> Result<CommandResult, Rejection> {
+    pub(super) fn set_quota(&mut self, quota: &GroupQuota) -> Result<CommandResult, Rejection> {
         validate_quota(quota)?;
         self.check_no_alarm()?;
         if !self.quotas.contains_key(&quota.group) && self.quotas.len() >= self.limits.max_quotas {

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::approvals::ChangeKind;
 use super::auth::{Actor, Role};
 use super::tenancy::{Month, TemplateRef};
 use super::types::{AlarmKind, AllocId, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, ReasonCode, StopReason};
@@ -30,7 +31,7 @@ impl Proposal {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     SubmitJob {
         request_id: Option<String>,
@@ -225,6 +226,24 @@ pub enum Command {
         request_id: String,
         command: Box<Command>,
     },
+    /// Make a kind of change need a second person's approval, or stop
+    /// (format 8 on, inside `Audited`, operators; stopping is itself a
+    /// change of that kind and needs approval while the rule holds).
+    RequireApproval {
+        kind: ChangeKind,
+        required: bool,
+        expire_after_ms: u64,
+    },
+    /// Approve a pending change: it is applied now, as asked for (format 8
+    /// on, inside `Audited`; by another person who may make the change).
+    ApproveChange {
+        id: u64,
+    },
+    /// Withdraw a pending change (format 8 on, inside `Audited`; its
+    /// requester or an operator).
+    WithdrawChange {
+        id: u64,
+    },
 }
 
 /// The first format with `Command::Traced`.
@@ -237,8 +256,10 @@ impl Command {
             Command::SetClusterVersion { .. } => 2,
             Command::SetAlarm { .. } => 3,
             Command::NodesHeard { .. } => 4,
-            Command::Audited { .. }
-            | Command::SubmitMarked { .. }
+            // The sender's wrapper is as new as what it holds: an older
+            // replica must refuse the entry (TooNew), never misread it.
+            Command::Audited { command, .. } => command.min_format().max(5),
+            Command::SubmitMarked { .. }
             | Command::SetUser { .. }
             | Command::RemoveUser { .. }
             | Command::CreateToken { .. }
@@ -262,6 +283,9 @@ impl Command {
                 super::faults::FAULTS_FROM_VERSION
             }
             Command::Traced { command, .. } => command.min_format().max(TRACED_FROM_VERSION),
+            Command::RequireApproval { .. } | Command::ApproveChange { .. } | Command::WithdrawChange { .. } => {
+                super::approvals::APPROVALS_FROM_VERSION
+            }
             _ => FIRST_FORMAT_VERSION,
         }
     }
@@ -324,6 +348,12 @@ impl Command {
             Command::ReadmitNode { node, gpu: Some(gpu) } => format!("readmit GPU {gpu} of node {node}"),
             Command::FenceNode { node, gpu: None, reason } => format!("fence node {node}: {reason}"),
             Command::FenceNode { node, gpu: Some(gpu), reason } => format!("fence GPU {gpu} of node {node}: {reason}"),
+            Command::RequireApproval { kind, required: true, expire_after_ms } => {
+                format!("require approval of {} changes (a request waits {expire_after_ms} ms)", kind.as_str())
+            }
+            Command::RequireApproval { kind, required: false, .. } => format!("stop requiring approval of {} changes", kind.as_str()),
+            Command::ApproveChange { id } => format!("approve change {id}"),
+            Command::WithdrawChange { id } => format!("withdraw change {id}"),
             Command::Audited { command, .. } | Command::Traced { command, .. } => command.audit_summary(),
             other => format!("{:?}", std::mem::discriminant(other)),
         }
@@ -405,6 +435,13 @@ pub enum CommandResult {
         version: u32,
     },
     Rejected(Rejection),
+    /// The change needs a second person: it was kept as pending change
+    /// `change_id`, applied only once approved before `expires_ms` (format
+    /// 8 on).
+    AwaitingApproval {
+        change_id: u64,
+        expires_ms: u64,
+    },
 }
 
 /// Why a command changed nothing. Deterministic: every replica reaches the same.

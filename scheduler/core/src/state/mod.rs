@@ -6,6 +6,8 @@
 //! placed whole or not at all.
 
 mod apply;
+mod apply_approvals;
+pub mod approvals;
 pub mod auth;
 pub mod codec;
 pub use apply::gpu_matches;
@@ -115,6 +117,10 @@ pub struct ClusterState {
     /// on, written after the fences.
     #[serde(skip)]
     pub tenancy: tenancy::TenancyState,
+    /// Rules that kinds of change need a second person, and the changes
+    /// waiting for one. Kept from format 8 on, written after the tenancy.
+    #[serde(skip)]
+    pub approvals: approvals::ApprovalState,
 }
 
 impl Default for ClusterState {
@@ -148,6 +154,7 @@ impl ClusterState {
             auth: auth::AuthState::default(),
             faults: faults::FaultState::default(),
             tenancy: tenancy::TenancyState::default(),
+            approvals: approvals::ApprovalState::default(),
         }
     }
 
@@ -275,6 +282,8 @@ impl ClusterState {
     }
 }
 
+#[cfg(test)]
+mod approvals_tests;
 #[cfg(test)]
 mod tenancy_tests;
 #[cfg(test)]
