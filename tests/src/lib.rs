@@ -2,6 +2,7 @@
 //! one answers, as a real client does through a failover.
 
 pub mod servers;
+pub mod users;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -107,6 +107,11 @@ enum Command {
         #[command(subcommand)]
         action: rota_cli::tenancy::BudgetAction,
     },
+    /// Two-person changes: `rota change require quota|budget|grant|policy`, `list`, `approve ID`, `withdraw ID`.
+    Change {
+        #[command(subcommand)]
+        action: rota_cli::change::ChangeAction,
+    },
     /// Why a job is pending (machine-readable code, detail, estimated start).
     Why { job_id: u64 },
     /// Replay a trace through the policy on a virtual clock (no cluster needed).
@@ -699,6 +704,7 @@ async fn main() -> Result<()> {
         }
         Command::Template { action } => cli::tenancy::template(&client, action, format).await,
         Command::Budget { action } => cli::tenancy::budget(&client, action, format).await,
+        Command::Change { action } => cli::change::change(&client, action, format).await,
         Command::Cancel { job_id } => cli::cancel(&client, job_id, format).await,
         Command::Logs { job_id, rank, stderr, follow } => cli::logs(&client, job_id, rank, stderr, follow).await,
         Command::Events { since, topic, max_events } => cli::events(&client, since, topic, max_events, format).await,

@@ -37,6 +37,11 @@ pub const FORWARDED_METADATA: &str = "rota-forwarded";
 pub const REASON_CODE_METADATA: &str = "rota-reason-code";
 /// Response metadata key naming the request field a refusal is about.
 pub const FIELD_METADATA: &str = "rota-field";
+/// Response metadata key of a change kept for a second person's approval
+/// (FAILED_PRECONDITION with the reason code `awaiting_approval`): its id.
+pub const CHANGE_ID_METADATA: &str = "rota-change-id";
+/// The reason code of a change that waits for approval.
+pub const AWAITING_APPROVAL_CODE: &str = "awaiting_approval";
 /// Response metadata key of a request refused by its caller's limits
 /// (RESOURCE_EXHAUSTED): milliseconds to wait before trying again.
 pub const RETRY_AFTER_METADATA: &str = "retry-after-ms";
@@ -73,6 +78,15 @@ pub fn retry_after(status: &tonic::Status) -> Option<Duration> {
 pub fn refusal_of(status: &tonic::Status) -> (Option<String>, Option<String>) {
     let get = |key: &str| status.metadata().get(key).and_then(|v| v.to_str().ok()).map(str::to_string);
     (get(REASON_CODE_METADATA), get(FIELD_METADATA))
+}
+
+/// The id of the pending change a refusal says the request became, if it
+/// became one.
+pub fn pending_change_of(status: &tonic::Status) -> Option<u64> {
+    if refusal_of(status).0.as_deref() != Some(AWAITING_APPROVAL_CODE) {
+        return None;
+    }
+    status.metadata().get(CHANGE_ID_METADATA)?.to_str().ok()?.parse().ok()
 }
 
 /// Longest host name a replica address may carry (DNS's own bound).

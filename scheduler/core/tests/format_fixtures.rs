@@ -268,7 +268,8 @@ fn small_cluster(version: u16) -> ClusterState {
     if version >= 8 {
         // Quota changes need approval; one waits.
         state.apply_proposal(10, &Proposal { now_ms: 1_700_000_010_000, commands: vec![Command::SetClusterVersion { version: 8 }] });
-        let quota = GroupQuota { group: "nlp".into(), gpus: 1, per_model: BTreeMap::new(), lend: false, lend_to: vec![], borrow_limit: None };
+        let quota =
+            GroupQuota { group: "nlp".into(), gpus: 1, per_model: BTreeMap::new(), lend: false, lend_to: vec![], borrow_limit: None };
         let commands = vec![
             Command::Audited {
                 actor: admin(),

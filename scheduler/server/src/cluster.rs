@@ -7,9 +7,10 @@ use rota_proto::v1 as pb;
 use rota_proto::v1::cluster_service_server::ClusterService;
 use tonic::{Request, Response, Status};
 
+use crate::approvals;
 use crate::clock::wall_clock_ms;
 use crate::forward::{serve_or_forward, Failure};
-use crate::status::rejection;
+use crate::status::{awaiting_approval, rejection};
 use crate::Context;
 use rota_client::convert::{node_to_pb, queue_from_pb, queue_to_pb, quota_from_pb, quota_to_pb};
 use rota_core::state::auth::{Action, Actor};
@@ -195,6 +196,7 @@ impl ClusterApi {
         match result {
             CommandResult::Done => Ok(()),
             CommandResult::Rejected(r) => Err(rejection(&r).into()),
+            CommandResult::AwaitingApproval { change_id, expires_ms } => Err(awaiting_approval(change_id, expires_ms).into()),
             other => Err(Status::internal(format!("unexpected result {other:?}")).into()),
         }
     }
@@ -324,6 +326,20 @@ impl ClusterApi {
             .ctx
             .read(|state| Self::budget_status(state, &message.group, month, now_ms.max(state.now_ms)))
             .unwrap_or_else(|| pb::BudgetStatus { group: message.group.clone(), month: month_text(month), ..Default::default() }))
+    }
+
+    async fn changes_here(&self) -> Result<pb::ListChangesResponse, Failure> {
+        self.linearizable().await?;
+        let now_ms = wall_clock_ms();
+        Ok(self.ctx.read(|state| approvals::changes_of(state, now_ms.max(state.now_ms))))
+    }
+
+    /// Commit a `rota change` command; answer the rules and changes then.
+    async fn change_command(&self, actor: &Actor, command: Command) -> Result<pb::ListChangesResponse, Failure> {
+        approvals::needs_version(self.ctx.read(|state| state.cluster_version()))?;
+        self.propose_config(self.ctx.as_actor(actor, command)).await?;
+        let now_ms = wall_clock_ms();
+        Ok(self.ctx.read(|state| approvals::changes_of(state, now_ms.max(state.now_ms))))
     }
 
     async fn budgets_here(&self, message: &pb::ListBudgetsRequest) -> Result<pb::ListBudgetsResponse, Failure> {
@@ -499,6 +515,46 @@ impl ClusterService for ClusterApi {
         let here = |message: pb::SetBudgetRequest| async move { self.set_budget_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_budget(request).await };
         serve_or_forward("set_budget", request, here, forward).await
+    }
+
+    async fn require_approval(
+        &self,
+        mut request: Request<pb::RequireApprovalRequest>,
+    ) -> Result<Response<pb::ListChangesResponse>, Status> {
+        let actor = &self.ctx.actor(&mut request).await?;
+        let here = |message: pb::RequireApprovalRequest| async move {
+            let command = approvals::require_command(&message, self.ctx.read(|state| state.cluster_version()))?;
+            self.change_command(actor, command).await
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.require_approval(request).await };
+        serve_or_forward("require_approval", request, here, forward).await
+    }
+
+    async fn list_changes(&self, mut request: Request<pb::ListChangesRequest>) -> Result<Response<pb::ListChangesResponse>, Status> {
+        self.reader(&mut request).await?;
+        let here = |_| async move { self.changes_here().await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_changes(request).await };
+        serve_or_forward("list_changes", request, here, forward).await
+    }
+
+    async fn approve_change(&self, mut request: Request<pb::ApproveChangeRequest>) -> Result<Response<pb::ListChangesResponse>, Status> {
+        let actor = &self.ctx.actor(&mut request).await?;
+        let here = |message: pb::ApproveChangeRequest| async move {
+            let id = approvals::change_id(message.id)?;
+            self.change_command(actor, Command::ApproveChange { id }).await
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.approve_change(request).await };
+        serve_or_forward("approve_change", request, here, forward).await
+    }
+
+    async fn withdraw_change(&self, mut request: Request<pb::WithdrawChangeRequest>) -> Result<Response<pb::ListChangesResponse>, Status> {
+        let actor = &self.ctx.actor(&mut request).await?;
+        let here = |message: pb::WithdrawChangeRequest| async move {
+            let id = approvals::change_id(message.id)?;
+            self.change_command(actor, Command::WithdrawChange { id }).await
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.withdraw_change(request).await };
+        serve_or_forward("withdraw_change", request, here, forward).await
     }
 
     async fn list_budgets(&self, mut request: Request<pb::ListBudgetsRequest>) -> Result<Response<pb::ListBudgetsResponse>, Status> {

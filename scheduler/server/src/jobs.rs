@@ -164,6 +164,9 @@ impl JobApi {
                 .read(|state| state.tenancy.templates.get(name).map(|t| template_to_pb(t, true)))
                 .unwrap_or_else(|| pb::Template { name: name.to_string(), ..Default::default() })),
             CommandResult::Rejected(r) => Err(rejection(&r).into()),
+            CommandResult::AwaitingApproval { change_id, expires_ms } => {
+                Err(crate::status::awaiting_approval(change_id, expires_ms).into())
+            }
             other => Err(internal("template", format!("unexpected result {other:?}")).into()),
         }
     }

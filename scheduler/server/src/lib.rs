@@ -3,6 +3,7 @@
 
 mod agents;
 pub mod alarms;
+mod approvals;
 mod auth_api;
 pub mod authz;
 pub mod backup;

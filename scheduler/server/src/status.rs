@@ -28,6 +28,19 @@ pub fn rejection(rejection: &Rejection) -> Status {
     status
 }
 
+/// A change kept for a second person's approval: not applied, so not a
+/// success; the caller learns its id and what to run.
+pub fn awaiting_approval(change_id: u64, expires_ms: u64) -> Status {
+    let mut status = Status::failed_precondition(format!(
+        "this change needs a second person's approval: it waits as change {change_id} until {} (another operator runs `rota change approve {change_id}`)",
+        rota_core::state::faults::utc_text(expires_ms)
+    ));
+    let metadata = status.metadata_mut();
+    metadata.insert(REASON_CODE_METADATA, MetadataValue::from_static(rota_client::wire::AWAITING_APPROVAL_CODE));
+    metadata.insert(rota_client::wire::CHANGE_ID_METADATA, MetadataValue::from(change_id));
+    status
+}
+
 pub fn write_error(error: &WriteError) -> Status {
     match error {
         WriteError::ForwardToLeader { leader_id, leader_addr } => {

@@ -113,7 +113,9 @@ impl ClusterState {
     pub(super) fn approve_change(&mut self, index: u64, approver: &Actor, id: u64) -> Result<CommandResult, Rejection> {
         let change = self.approvals.pending.get(&id).ok_or_else(|| Rejection::NotFound { what: format!("pending change {id}") })?;
         if change.expired(self.now_ms) {
-            return Err(Rejection::Conflict { message: format!("change {id} expired at {} ms unapproved; ask for it again", change.expires_ms) });
+            return Err(Rejection::Conflict {
+                message: format!("change {id} expired at {} ms unapproved; ask for it again", change.expires_ms),
+            });
         }
         if approver.user.is_none() || same_person(approver, &change.requested_by) {
             return Err(Rejection::PermissionDenied {

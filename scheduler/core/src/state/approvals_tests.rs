@@ -25,14 +25,7 @@ fn by(user: &str, command: Command) -> Command {
 }
 
 fn quota(group: &str, gpus: u32) -> Command {
-    Command::SetQuota(GroupQuota {
-        group: group.into(),
-        gpus,
-        per_model: BTreeMap::new(),
-        lend: true,
-        lend_to: vec![],
-        borrow_limit: None,
-    })
+    Command::SetQuota(GroupQuota { group: group.into(), gpus, per_model: BTreeMap::new(), lend: true, lend_to: vec![], borrow_limit: None })
 }
 
 fn require(kind: ChangeKind, required: bool) -> Command {
@@ -56,7 +49,8 @@ fn cluster() -> ClusterState {
     let mut state = ClusterState::default();
     assert_eq!(one(&mut state, T0, Command::SetClusterVersion { version: APPROVALS_FROM_VERSION }), CommandResult::Done);
     assert_eq!(one(&mut state, T0, Command::BootstrapAdmin { name: "ada".into() }), CommandResult::Done);
-    let users = [("otto", Role::Operator, true), ("olga", Role::Operator, false), ("portal", Role::Operator, true), ("uma", Role::User, false)];
+    let users =
+        [("otto", Role::Operator, true), ("olga", Role::Operator, false), ("portal", Role::Operator, true), ("uma", Role::User, false)];
     for (name, role, impersonate) in users {
         let set = Command::SetUser { name: name.into(), role, groups: BTreeSet::from(["vision".to_string()]), impersonate };
         assert_eq!(one(&mut state, T0, by("ada", set)), CommandResult::Done);
