@@ -13,15 +13,14 @@
 //!   job that was pending says `budget_exhausted` and stays pending after
 //!   the GPUs free up, and raising the budget releases it.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use rota_chaos::agents::{AgentOptions, LocalAgent};
-use rota_chaos::cluster::{rota_bin, ClusterOptions, LocalCluster};
+use rota_chaos::cluster::{ClusterOptions, LocalCluster};
+use rota_e2e::users::UserCli;
 use rota_e2e::{wait_nodes_ready, wait_until};
-use rota_tls::IdentityKind;
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -29,48 +28,21 @@ const WAIT: Duration = Duration::from_secs(60);
 const SMALL_BUDGET_GPU_HOURS: &str = "0.004";
 const MS_PER_GPU_HOUR: f64 = 3_600_000.0;
 
-/// The CLI as each user, against every replica.
+/// The CLI as each user, with the job and budget reads this test makes.
 struct Rota {
-    endpoints: String,
-    credentials: BTreeMap<&'static str, Vec<String>>,
+    cli: UserCli,
+}
+
+impl std::ops::Deref for Rota {
+    type Target = UserCli;
+    fn deref(&self) -> &UserCli {
+        &self.cli
+    }
 }
 
 impl Rota {
     fn new(cluster: &LocalCluster) -> Result<Rota> {
-        let mut credentials = BTreeMap::new();
-        for user in ["harness", "alice", "bob", "gina", "otto"] {
-            credentials.insert(user, cluster.pki.flags(IdentityKind::User, user)?);
-        }
-        Ok(Rota { endpoints: cluster.endpoints_csv(), credentials })
-    }
-
-    fn run(&self, user: &str, args: &[&str]) -> Result<std::process::Output> {
-        std::process::Command::new(rota_bin()?)
-            .args(self.credentials.get(user).with_context(|| format!("no certificate for {user}"))?)
-            .args(["--endpoints", &self.endpoints, "--output", "json", "--timeout-s", "30"])
-            .args(args)
-            .env_remove("ROTA_TOKEN")
-            .env_remove("ROTA_AS")
-            .output()
-            .context("running rota")
-    }
-
-    fn ok(&self, user: &str, args: &[&str]) -> Result<Value> {
-        let output = self.run(user, args)?;
-        ensure!(output.status.success(), "rota {args:?} as {user} failed: {}", String::from_utf8_lossy(&output.stderr));
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        Ok(serde_json::from_str(&stdout).unwrap_or(Value::String(stdout.trim().to_string())))
-    }
-
-    /// It must fail, saying each of `why`.
-    fn refused(&self, user: &str, args: &[&str], why: &[&str]) -> Result<String> {
-        let output = self.run(user, args)?;
-        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
-        ensure!(!output.status.success(), "rota {args:?} as {user} was allowed: {}", String::from_utf8_lossy(&output.stdout));
-        for part in why {
-            ensure!(stderr.contains(part), "rota {args:?} as {user} failed without saying {part:?}: {stderr}");
-        }
-        Ok(stderr)
+        Ok(Rota { cli: UserCli::new(cluster, &["alice", "bob", "gina", "otto"])? })
     }
 
     fn submit(&self, user: &str, args: &[&str]) -> Result<u64> {
@@ -110,8 +82,8 @@ async fn templates_labels_and_budgets_through_a_leader_kill() -> Result<()> {
     cluster.wait_leader(WAIT).await?;
     rota_e2e::wait_access_control(&cluster, WAIT).await?;
     let rota = Rota::new(&cluster)?;
-    wait_until("cluster version 7", WAIT, || async {
-        Ok(rota.ok("harness", &["cluster"]).ok().filter(|c| c["cluster_version"] == 7).map(|_| ()))
+    wait_until("cluster version 7 or later", WAIT, || async {
+        Ok(rota.ok("harness", &["cluster"]).ok().filter(|c| c["cluster_version"].as_u64() >= Some(7)).map(|_| ()))
     })
     .await?;
     for (name, role, groups) in
@@ -169,6 +141,16 @@ async fn templates_labels_and_budgets_through_a_leader_kill() -> Result<()> {
     })
     .await?;
     ensure!(why["state"] == "pending", "{why}");
+    // The event stream says when the budget was set, reached 80 % and ran out.
+    let output = rota.run("harness", &["events", "--topic", "budgets", "--max-events", "3"])?;
+    ensure!(output.status.success(), "rota events: {}", String::from_utf8_lossy(&output.stderr));
+    let kinds: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|event| event["group"] == "speech")
+        .filter_map(|event| event["kind"].as_str().map(str::to_string))
+        .collect();
+    ensure!(kinds == ["budget_changed", "budget_warning", "budget_exhausted"], "budget events: {kinds:?}");
     ensure!(rota.job(running)?["state"] == "running", "a spent budget does not stop running jobs");
 
     // The running job ends; its use is exactly its committed start to end on 4 GPUs.

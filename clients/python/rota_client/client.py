@@ -453,7 +453,7 @@ class Client:
         """Every committed change after log index `since_index` (0: from the
         oldest a replica keeps), in log order, for as long as it is iterated.
 
-        `topics`: any of "jobs", "nodes", "quotas", "queues" (default all).
+        `topics`: any of "jobs", "nodes", "quotas", "queues", "budgets" (default all).
         Any replica serves the stream from what it has applied. When the one
         serving fails, the stream is opened again on another, from the last
         index received: an entry's events always arrive together, so nothing

@@ -345,7 +345,7 @@ class WhoAmI:
 
 
 #: The topics of the event stream.
-EVENT_TOPICS = ("jobs", "nodes", "quotas", "queues")
+EVENT_TOPICS = ("jobs", "nodes", "quotas", "queues", "budgets")
 
 
 @dataclass(frozen=True)

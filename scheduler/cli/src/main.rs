@@ -137,7 +137,7 @@ enum Command {
         /// Events of log entries after this index; 0 = from the oldest kept.
         #[arg(long, default_value_t = 0)]
         since: u64,
-        /// Topics, comma-separated: jobs, nodes, quotas, queues; default all.
+        /// Topics, comma-separated: jobs, nodes, quotas, queues, budgets; default all.
         #[arg(long, value_delimiter = ',')]
         topic: Vec<String>,
         /// Stop after this many events (default: follow until stopped).

@@ -27,10 +27,11 @@ pub enum Topic {
     Nodes,
     Quotas,
     Queues,
+    Budgets,
 }
 
 impl Topic {
-    pub const ALL: [Topic; 4] = [Topic::Jobs, Topic::Nodes, Topic::Quotas, Topic::Queues];
+    pub const ALL: [Topic; 5] = [Topic::Jobs, Topic::Nodes, Topic::Quotas, Topic::Queues, Topic::Budgets];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -38,6 +39,7 @@ impl Topic {
             Topic::Nodes => "nodes",
             Topic::Quotas => "quotas",
             Topic::Queues => "queues",
+            Topic::Budgets => "budgets",
         }
     }
 
@@ -78,6 +80,12 @@ pub enum EventKind {
     NodeReadmitted,
     QuotaChanged,
     QueueChanged,
+    /// A group's budget of a month was set, changed or removed.
+    BudgetChanged,
+    /// A group used the warning share (80 %) of its budget of the month.
+    BudgetWarning,
+    /// A group used all of its budget of the month: its new jobs wait.
+    BudgetExhausted,
 }
 
 impl EventKind {
@@ -101,6 +109,9 @@ impl EventKind {
             EventKind::NodeReadmitted => "node_readmitted",
             EventKind::QuotaChanged => "quota_changed",
             EventKind::QueueChanged => "queue_changed",
+            EventKind::BudgetChanged => "budget_changed",
+            EventKind::BudgetWarning => "budget_warning",
+            EventKind::BudgetExhausted => "budget_exhausted",
         }
     }
 
@@ -124,6 +135,7 @@ impl EventKind {
             | EventKind::NodeReadmitted => Topic::Nodes,
             EventKind::QuotaChanged => Topic::Quotas,
             EventKind::QueueChanged => Topic::Queues,
+            EventKind::BudgetChanged | EventKind::BudgetWarning | EventKind::BudgetExhausted => Topic::Budgets,
         }
     }
 }
@@ -155,6 +167,22 @@ impl Event {
         self.kind.topic()
     }
 
+    /// An event with nothing but its kind's defaults, to fill in.
+    fn blank() -> Event {
+        Event {
+            index: 0,
+            seq: 0,
+            kind: EventKind::JobSubmitted,
+            job_id: 0,
+            node: String::new(),
+            group: String::new(),
+            queue: String::new(),
+            reason: String::new(),
+            time_ms: 0,
+            state: None,
+        }
+    }
+
     /// About what an event costs in memory, for bounded buffers.
     pub fn approx_bytes(&self) -> usize {
         std::mem::size_of::<Event>() + self.node.len() + self.group.len() + self.queue.len() + self.reason.len()
@@ -184,6 +212,8 @@ struct NodeImage {
 struct Probe {
     jobs: Vec<(JobId, Option<JobImage>)>,
     node: Option<(String, Option<NodeImage>)>,
+    /// The change an approval applies (it leaves the pending table).
+    approved: Option<Command>,
 }
 
 impl ClusterState {
@@ -192,8 +222,9 @@ impl ClusterState {
     pub fn apply_proposal_with_events(&mut self, index: u64, proposal: &Proposal, events: &mut Vec<Event>) -> Vec<CommandResult> {
         assert!(index > self.applied_index, "entries are applied in order: {index} after {}", self.applied_index);
         self.applied_index = index;
-        self.now_ms = self.now_ms.max(proposal.now_ms);
         let first = events.len();
+        let budgets = self.probe_budgets(proposal);
+        self.now_ms = self.now_ms.max(proposal.now_ms);
         let mut results = Vec::with_capacity(proposal.commands.len());
         for command in &proposal.commands {
             let probe = self.probe(command);
@@ -201,6 +232,7 @@ impl ClusterState {
             self.derive(index, command, &result, probe, events);
             results.push(result);
         }
+        self.derive_budgets(index, budgets, events);
         for (seq, event) in events[first..].iter_mut().enumerate() {
             event.seq = u32::try_from(seq).unwrap_or(u32::MAX);
         }
@@ -275,9 +307,14 @@ impl ClusterState {
         if let Some(name) = node {
             jobs.extend(self.jobs_on_node(name));
         }
+        let approved = match inner {
+            Command::ApproveChange { id } => self.approvals.pending.get(id).map(|change| change.command.clone()),
+            _ => None,
+        };
         Probe {
             jobs: jobs.into_iter().map(|id| (id, self.jobs.get(&id).map(|job| self.job_image(job)))).collect(),
             node: node.map(|name| (name.to_string(), self.node_image(name))),
+            approved,
         }
     }
 
@@ -312,9 +349,14 @@ impl ClusterState {
                 self.derive_job(before, job, &blank, events);
             }
         }
-        match inner {
+        match probe.approved.as_ref().unwrap_or(inner) {
             Command::SetQueue(queue) => events.push(Event { queue: queue.name.clone(), ..blank(EventKind::QueueChanged) }),
             Command::SetQuota(quota) => events.push(Event { group: quota.group.clone(), ..blank(EventKind::QuotaChanged) }),
+            Command::SetBudget { group, month, .. } => events.push(Event {
+                group: group.clone(),
+                reason: crate::state::tenancy::month_text(*month),
+                ..blank(EventKind::BudgetChanged)
+            }),
             _ => {}
         }
     }
@@ -406,5 +448,6 @@ impl ClusterState {
     }
 }
 
+mod budgets;
 #[cfg(test)]
 mod tests;

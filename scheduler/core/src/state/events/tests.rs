@@ -224,3 +224,33 @@ fn a_traced_command_applies_and_makes_events_as_the_command_it_holds() {
     assert_eq!(kinds(&traced_events), ["job_submitted"]);
     assert_eq!(plain.jobs, traced.jobs, "the same job either way");
 }
+
+#[test]
+fn a_budget_warns_once_at_its_share_and_once_when_spent() {
+    let mut state = cluster();
+    // 8 GPUs held: each entry (1 s later) adds 8,000 GPU-ms; warn at 64,000, spent at 80,000.
+    let set = |gpu_ms| operator(Command::SetBudget { group: "vision".into(), month: 197_001, gpu_ms: Some(gpu_ms), strict: false });
+    let changed = run(&mut state, vec![set(80_000)]);
+    assert_eq!(kinds(&changed), ["budget_changed"]);
+    assert_eq!((changed[0].topic(), changed[0].group.as_str(), changed[0].reason.as_str()), (Topic::Budgets, "vision", "1970-01"));
+    let job_id = submit(&mut state, spec(1, 8));
+    place(&mut state, job_id, &[("a", &[0, 1, 2, 3, 4, 5, 6, 7])]);
+    let mut crossed = Vec::new();
+    for _ in 0..12 {
+        let used_before = state.tenancy.used_gpu_ms("vision", 197_001, state.now_ms);
+        for event in run(&mut state, vec![]) {
+            crossed.push((event.kind, used_before, state.tenancy.used_gpu_ms("vision", 197_001, state.now_ms)));
+        }
+    }
+    assert_eq!(crossed.len(), 2, "{crossed:?}");
+    let (warned, spent) = (crossed[0], crossed[1]);
+    assert_eq!(warned.0, EventKind::BudgetWarning);
+    assert!(warned.1 < 64_000 && warned.2 >= 64_000, "{warned:?}");
+    assert_eq!(spent.0, EventKind::BudgetExhausted);
+    assert!(spent.1 < 80_000 && spent.2 >= 80_000, "{spent:?}");
+    // Raised: no event but the change, until the new share is reached.
+    assert_eq!(kinds(&run(&mut state, vec![set(10_000_000)])), ["budget_changed"]);
+    assert!(run(&mut state, vec![]).is_empty());
+    // Lowered under the use: spent at once (the warning share is passed too).
+    assert_eq!(kinds(&run(&mut state, vec![set(1_000)])), ["budget_changed", "budget_warning", "budget_exhausted"]);
+}
