@@ -14,6 +14,10 @@ use super::types::JobSpec;
 use super::validate::validate_spec;
 use super::ClusterState;
 
+/// The first cluster version whose replicas keep one version for a save
+/// that changes nothing.
+const SAME_SAVE_KEEPS_VERSION_FROM: u16 = super::approvals::APPROVALS_FROM_VERSION;
+
 fn invalid((field, message): (String, String)) -> Rejection {
     Rejection::Invalid { field, message }
 }
@@ -127,6 +131,13 @@ impl ClusterState {
         if let Some(existing) = existing {
             if existing.group != group {
                 return Err(Rejection::Conflict { message: format!("template {name} belongs to group {}", existing.group) });
+            }
+            // Saving what the latest version holds (a client's retry of a
+            // save that committed) makes no new version. From format 8 on
+            // only: every replica must apply an entry the same way.
+            let latest = existing.versions.get(&existing.latest);
+            if self.cluster_version() >= SAME_SAVE_KEEPS_VERSION_FROM && latest.is_some_and(|l| l.spec == *spec && l.labels == *labels) {
+                return Ok(CommandResult::TemplateSaved { version: existing.latest });
             }
         } else if self.tenancy.templates.len() >= MAX_TEMPLATES {
             return Err(Rejection::Exhausted { what: "templates".into(), limit: MAX_TEMPLATES as u64 });

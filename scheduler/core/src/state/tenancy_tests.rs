@@ -172,6 +172,23 @@ fn save(name: &str, group: &str, command: &str) -> Command {
     Command::SaveTemplate { name: name.into(), group: group.into(), spec, labels: BTreeMap::new() }
 }
 
+/// A client retrying a save that committed (its answer lost) once made a
+/// second, identical version. From format 8 on the same content keeps the
+/// latest version; a format 7 cluster still applies such an entry as its
+/// older replicas do.
+#[test]
+fn saving_what_the_latest_version_holds_makes_no_new_version_from_format_8() {
+    let mut state = cluster();
+    let t = DEC_2026;
+    assert_eq!(one(&mut state, t, by("alice", save("asr", "vision", "v1"))), CommandResult::TemplateSaved { version: 1 });
+    assert_eq!(one(&mut state, t, by("alice", save("asr", "vision", "v1"))), CommandResult::TemplateSaved { version: 2 }, "format 7");
+    assert_eq!(one(&mut state, t, Command::SetClusterVersion { version: 8 }), CommandResult::Done);
+    assert_eq!(one(&mut state, t, by("alice", save("asr", "vision", "v1"))), CommandResult::TemplateSaved { version: 2 });
+    assert_eq!(state.tenancy.templates["asr"].versions.len(), 2);
+    assert_eq!(one(&mut state, t, by("alice", save("asr", "vision", "v2"))), CommandResult::TemplateSaved { version: 3 });
+    assert_eq!(one(&mut state, t, by("alice", save("asr", "vision", "v1"))), CommandResult::TemplateSaved { version: 4 }, "not the latest");
+}
+
 #[test]
 fn templates_are_versioned_bounded_and_owned_by_their_group() {
     let mut state = cluster();
