@@ -18,8 +18,10 @@
   const TABLES_REFETCH_MS = 500; // quota/queue events likewise
   const LOG_TAIL_BYTES = 64 * 1024; // the log shown is its last 64 KiB
   const RECONNECT_MS = 2000; // after the stream closes
-  const CELL = 8; // GPU cell, CSS pixels
-  const GAP = 1;
+  const GAP = 1; // between GPU cells, CSS pixels
+  // GPU cell size, CSS pixels: larger while few GPUs are shown.
+  const cellSize = (gpus) => (gpus <= 1024 ? 14 : 8);
+  let CELL = 8;
   const KINDS = [
     "job_submitted", "job_placed", "job_started", "job_stopping", "job_preempted", "job_requeued",
     "job_finished", "job_failed", "job_cancelled", "node_registered", "node_up", "node_down",
@@ -289,7 +291,7 @@
   async function refetchNodes() {
     try {
       board.nodes = await fetchNodes();
-      drawGrid();
+      requestDraw();
     } catch (error) {
       reportError(error);
     }
@@ -310,10 +312,12 @@
     }
     const waiting = board.pendingJobFetch.get(event.job_id);
     if (waiting) {
+      // A fetch is out: it may predate this event, so fetch once more after it.
       waiting.kinds.push(event.kind);
+      Object.assign(waiting, { at, time_ms: event.time_ms, stale: true });
       return;
     }
-    board.pendingJobFetch.set(event.job_id, { kinds: [event.kind], at, time_ms: event.time_ms });
+    board.pendingJobFetch.set(event.job_id, { kinds: [event.kind], at, time_ms: event.time_ms, stale: false });
     fetchJob(event.job_id);
   }
 
@@ -325,16 +329,22 @@
       reportError(error);
     }
     const waiting = board.pendingJobFetch.get(id);
+    if (waiting && waiting.stale && job) {
+      waiting.stale = false;
+      fetchJob(id);
+      return;
+    }
     board.pendingJobFetch.delete(id);
     if (job) {
       board.jobs.set(id, job);
       if (job.state === "running" || job.state === "stopping") claimGpus(job);
       else releaseGpus(id);
-      drawGrid();
-      const drawnAt = performance.now();
-      if (waiting) {
-        recordLatency(id, waiting.kinds, { grid_ms: drawnAt - waiting.at, grid_since_commit_ms: Date.now() - waiting.time_ms });
-      }
+      requestDraw((drawnAt) => {
+        if (waiting) {
+          // From the arrival of the last event this fetch answers.
+          recordLatency(id, waiting.kinds, { grid_ms: drawnAt - waiting.at, grid_since_commit_ms: Date.now() - waiting.time_ms });
+        }
+      });
     }
     later("queues", 50, renderQueues);
     if (currentJobId() === id && job) showJob(job);
@@ -357,7 +367,24 @@
         if (gpu.job_id === id) { gpu.job_id = 0; changed = true; }
       }
     }
-    if (changed) drawGrid();
+    if (changed) requestDraw();
+  }
+
+  // Grid changes are drawn once per frame, however many came.
+  let drawCallbacks = null;
+  function requestDraw(then) {
+    if (drawCallbacks) {
+      if (then) drawCallbacks.push(then);
+      return;
+    }
+    drawCallbacks = then ? [then] : [];
+    requestAnimationFrame(() => {
+      const callbacks = drawCallbacks;
+      drawCallbacks = null;
+      drawGrid();
+      const drawnAt = performance.now();
+      for (const callback of callbacks) callback(drawnAt);
+    });
   }
 
   function recordLatency(jobId, kinds, figures) {
@@ -448,13 +475,14 @@
       const found = hit(e);
       if (found && found.gpu && found.gpu.job_id) location.hash = `#job/${found.gpu.job_id}`;
     });
-    window.addEventListener("resize", () => later("resize", 100, drawGrid));
+    window.addEventListener("resize", () => later("resize", 100, () => requestDraw()));
   }
 
   // One pass: lay out racks -> leaves -> nodes -> GPUs, paint each cell.
   function drawGrid() {
     const canvas = $("grid");
     const width = Math.max(320, canvas.parentElement.clientWidth || 1000);
+    CELL = cellSize(board.nodes.reduce((n, node) => n + node.gpus.length, 0));
     const nodes = board.nodes.slice().sort((a, b) =>
       a.rack.localeCompare(b.rack) || a.leaf.localeCompare(b.leaf) || a.name.localeCompare(b.name));
     // Layout first (heights), then paint.
@@ -469,7 +497,7 @@
       const nodeWidth = Math.max(1, node.gpus.length) * (CELL + GAP) + 4;
       if (node.rack !== rack) {
         if (rack !== null) y += lineHeight + 6;
-        labels.push({ x: 0, y: y + 10, text: `rack ${node.rack || "?"}`, bold: true });
+        labels.push({ x: 0, y: y + 10, text: node.rack ? `rack ${node.rack}` : "(no rack)", bold: true });
         y += 14;
         x = 0;
         rack = node.rack;
@@ -477,11 +505,11 @@
       }
       if (node.leaf !== leaf) {
         if (leaf !== null) { y += lineHeight + 2; }
-        labels.push({ x: 0, y: y + CELL, text: node.leaf || "?", bold: false });
-        x = 56;
+        labels.push({ x: 0, y: y + CELL, text: node.leaf || "(no leaf)", bold: false });
+        x = 64;
         leaf = node.leaf;
       }
-      if (x + nodeWidth > width) { x = 56; y += lineHeight; }
+      if (x + nodeWidth > width) { x = 64; y += lineHeight; }
       boxes.push({ x, y, w: nodeWidth, h: CELL, node });
       x += nodeWidth + 3;
     }
@@ -670,6 +698,13 @@
       cell(row, String(q.lendable), "num");
       cell(row, String(q.gpus), "num");
     }
+    if (!(board.quotas || []).length) {
+      const none = document.createElement("p");
+      none.className = "muted";
+      none.textContent = "No quotas set.";
+      $("quotas").replaceChildren(none);
+      return;
+    }
     $("quotas").replaceChildren(t);
   }
 
@@ -799,5 +834,6 @@
     }
   }
 
+  board.drawGrid = drawGrid;
   document.addEventListener("DOMContentLoaded", () => { start().catch(reportError); });
 })();

@@ -245,6 +245,7 @@ pub async fn authenticate(State(sessions): State<Arc<Sessions>>, mut request: Re
                 }
                 Refusal::Expired => "the session has expired; sign in again",
             };
+            drain(request).await;
             let mut response = Problem::from(tonic::Status::unauthenticated(detail)).into_response();
             response.headers_mut().insert(header::SET_COOKIE, clearing_cookie());
             return response;
@@ -262,11 +263,20 @@ pub async fn authenticate(State(sessions): State<Arc<Sessions>>, mut request: Re
                     format!("X-CSRF-Token {what}: a change made with the session cookie needs the session's CSRF token in the X-CSRF-Token header"),
                 )
             };
+            drain(request).await;
             return problem.into_response();
         }
     }
     request.extensions_mut().insert(SessionCaller(session.caller));
     next.run(request).await
+}
+
+/// Read a refused request's body (at most the API's largest) before
+/// answering: a client still sending one that is answered early gets its
+/// HTTP/2 stream reset, and some report that instead of the answer.
+async fn drain(request: Request) {
+    let body = http_body_util::Limited::new(request.into_body(), super::MAX_BODY_BYTES);
+    let _ = http_body_util::BodyExt::collect(body).await;
 }
 
 /// The `Set-Cookie` value of a new session.
@@ -313,9 +323,10 @@ async fn session_info(rest: &Rest, inbound: &Inbound, session: &Session) -> Resu
 
 /// Refuse a sign-in posted from another site's page (login CSRF): a
 /// browser names the page's origin in `Origin`; it must be this host.
-fn check_same_origin(headers: &HeaderMap) -> Result<(), Problem> {
+/// The host is `Host` over HTTP/1.1, the URI's authority over HTTP/2.
+fn check_same_origin(uri: &http::Uri, headers: &HeaderMap) -> Result<(), Problem> {
     let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else { return Ok(()) };
-    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).or_else(|| uri.authority().map(|a| a.as_str())).unwrap_or("");
     let origin_host = origin.split_once("://").map(|(_, rest)| rest).unwrap_or("");
     if host.is_empty() || origin_host != host {
         return Err(Problem {
@@ -333,7 +344,7 @@ pub async fn sign_in(State(rest): State<Arc<Rest>>, parts: Parts, body: Body) ->
         Ok(collected) => collected.to_bytes(),
         Err(_) => return Err(Problem::too_large(MAX_SIGN_IN_BYTES)),
     };
-    check_same_origin(&parts.headers)?;
+    check_same_origin(&parts.uri, &parts.headers)?;
     let conn = parts.extensions.get::<ConnInfo>().ok_or_else(|| Problem::from(tonic::Status::unauthenticated("no connection")))?;
     let token = form_urlencoded::parse(&bytes).find(|(name, _)| name == "token").map(|(_, value)| value.trim().to_string());
     let inbound = match token.filter(|t| !t.is_empty()) {
@@ -540,12 +551,20 @@ mod tests {
 
     #[test]
     fn a_sign_in_from_another_origin_is_refused() {
+        let path: http::Uri = "/ui/session".parse().unwrap();
         let mut headers = HeaderMap::new();
         headers.insert(header::HOST, "127.0.0.1:8443".parse().unwrap());
-        assert!(check_same_origin(&headers).is_ok(), "no Origin: not a browser's cross-site post");
+        assert!(check_same_origin(&path, &headers).is_ok(), "no Origin: not a browser's cross-site post");
         headers.insert(header::ORIGIN, "https://127.0.0.1:8443".parse().unwrap());
-        assert!(check_same_origin(&headers).is_ok());
+        assert!(check_same_origin(&path, &headers).is_ok());
         headers.insert(header::ORIGIN, "https://evil.example".parse().unwrap());
-        assert_eq!(check_same_origin(&headers).unwrap_err().status, 403);
+        assert_eq!(check_same_origin(&path, &headers).unwrap_err().status, 403);
+        // HTTP/2: no Host header, the authority is in the URI.
+        let h2: http::Uri = "https://127.0.0.1:8443/ui/session".parse().unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ORIGIN, "https://127.0.0.1:8443".parse().unwrap());
+        assert!(check_same_origin(&h2, &headers).is_ok());
+        headers.insert(header::ORIGIN, "https://evil.example".parse().unwrap());
+        assert!(check_same_origin(&h2, &headers).is_err());
     }
 }
