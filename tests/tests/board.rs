@@ -186,9 +186,9 @@ async fn the_board_guards_its_sessions_and_shows_the_cluster_live() -> Result<()
 /// The session checks, each shown failing without its guard (see the unit
 /// tests in `rest::session` for the CSRF and expiry checks one by one).
 ///
-/// A board session of bob never shows alice's env values: shown to fail
-/// with the session's caller replaced by the replica's own in
-/// `Inbound::for_session` (`Caller::Unchecked`): bob's session read alice's
+/// A board session of bob never shows alice's env values: it reads as
+/// bob. Shown to fail with the session table answering its oldest session
+/// (alice's) for any known cookie: bob's session read alice's
 /// `SECRET_TOKEN` value ("bob's board session saw alice's env").
 async fn sessions_are_guarded(cluster: &LocalCluster, replica: u64, other: u64, alice: &str, bob: &str) -> Result<()> {
     // The page and its files: served without credentials, with the policy.

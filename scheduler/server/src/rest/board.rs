@@ -75,6 +75,8 @@ mod tests {
         assert!(INDEX_HTML.contains(r#"<script src="/ui/board.js""#));
     }
 
+    /// Shown to fail with the policy header left out of [`security_headers`]
+    /// (no `content-security-policy` header: the lookup panicked).
     #[test]
     fn board_files_carry_the_policy() {
         let response = file(INDEX_HTML, "text/html; charset=utf-8");

@@ -538,6 +538,8 @@ mod tests {
         assert_eq!((status, body.as_str()), (StatusCode::OK, "none"));
     }
 
+    /// Shown to fail with `HttpOnly` and `Secure` left out of the cookie
+    /// ("HttpOnly in rota_session=abc; SameSite=Strict; ...").
     #[test]
     fn the_cookie_is_http_only_same_site_strict_and_secure_over_tls() {
         let tls = session_cookie("abc", true);
