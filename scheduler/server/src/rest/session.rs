@@ -220,10 +220,11 @@ fn changes_state(method: &Method) -> bool {
 }
 
 /// Paths a session cookie is looked at on: the API and the session itself.
-/// The board's page and files are served to anyone (they hold no data), so
-/// a stale cookie never keeps a browser from the sign-in form.
+/// The board's page and files and the OpenAPI document are served to
+/// anyone (they hold no data), so a stale cookie never keeps a browser
+/// from the sign-in form.
 fn cookie_applies(path: &str) -> bool {
-    path.starts_with("/v1/") || path == "/ui/session"
+    (path.starts_with("/v1/") && path != "/v1/openapi.json") || path == "/ui/session"
 }
 
 /// Middleware: a request with a session cookie (and no `Authorization`) is
@@ -529,6 +530,7 @@ mod tests {
         let (status, _, body) = call(&app(aged.clone()), Method::GET, "/v1/jobs", &[("cookie", &format!("rota_session={id}"))]).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
         assert!(body.contains("expired"), "{body}");
+        assert!(!cookie_applies("/v1/openapi.json") && !cookie_applies("/ui/board.js") && cookie_applies("/v1/events"));
         // The page itself is served whatever the cookie (it asks to sign in).
         let (status, _, body) = call(&board, Method::GET, "/ui", &[("cookie", "rota_session=00")]).await;
         assert_eq!((status, body.as_str()), (StatusCode::OK, "none"));
