@@ -2,8 +2,9 @@
 # Installs what building rota needs on Debian/Ubuntu: protoc (for the gRPC
 # code), libclang itself (bindgen in librocksdb-sys loads it at build time)
 # and a C++ compiler; and what its tests need: systemd (systemd-analyze
-# verifies the units) and prometheus (promtool checks the alert rules; the
-# end-to-end alert test runs a Prometheus server of its own). Rust itself comes from rustup (https://rustup.rs) and
+# verifies the units), prometheus (promtool checks the alert rules; the
+# end-to-end alert test runs a Prometheus server of its own) and chromium
+# (the board's test opens the board in a headless browser). Rust itself comes from rustup (https://rustup.rs) and
 # must be on PATH.
 #
 #   deploy/setup-debian.sh            install what is missing
@@ -54,6 +55,8 @@ have_command kubectl || need+=(kubernetes-client)
 { have_command promtool && have_command prometheus; } || need+=(prometheus)
 # Tests: the REST tests drive the API with curl.
 have_command curl || need+=(curl)
+# Tests: the board's test drives a headless Chromium over its DevTools port.
+have_command chromium || need+=(chromium)
 
 if [ "${1:-}" = "--check" ]; then
   echo "${need[*]:-}"

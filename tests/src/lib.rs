@@ -1,6 +1,8 @@
 //! Helpers of the end-to-end tests: a client that tries every replica until
 //! one answers, as a real client does through a failover.
 
+pub mod browser;
+pub mod fleet;
 pub mod servers;
 pub mod users;
 

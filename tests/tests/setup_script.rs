@@ -40,7 +40,7 @@ fn missing_packages(root: &Path) -> Result<Vec<String>> {
     Ok(String::from_utf8(output.stdout)?.split_whitespace().map(str::to_string).collect())
 }
 
-const TOOLS: [&str; 7] = [
+const TOOLS: [&str; 8] = [
     "usr/bin/protoc",
     "usr/bin/c++",
     "usr/bin/systemd-analyze",
@@ -48,6 +48,7 @@ const TOOLS: [&str; 7] = [
     "usr/bin/promtool",
     "usr/bin/prometheus",
     "usr/bin/curl",
+    "usr/bin/chromium",
 ];
 
 #[test]
@@ -60,6 +61,7 @@ fn only_libclang_cpp_still_needs_libclang_dev() -> Result<()> {
         TOOLS[4],
         TOOLS[5],
         TOOLS[6],
+        TOOLS[7],
         "usr/lib/llvm-14/lib/libclang-cpp.so.14",
         "usr/lib/x86_64-linux-gnu/libclang-cpp.so.14",
         "usr/lib/llvm-14/lib/libclangBasic.a",
@@ -86,7 +88,7 @@ fn the_real_libclang_is_enough() -> Result<()> {
 fn a_bare_machine_needs_every_package() -> Result<()> {
     let root = fake_root(&[])?;
     let missing = missing_packages(root.path())?;
-    let expected = ["protobuf-compiler", "g++", "libclang-dev", "systemd", "kubernetes-client", "prometheus", "curl"];
+    let expected = ["protobuf-compiler", "g++", "libclang-dev", "systemd", "kubernetes-client", "prometheus", "curl", "chromium"];
     ensure!(missing == expected, "{missing:?}");
     Ok(())
 }

@@ -51,6 +51,13 @@ impl Inbound {
         Ok(Inbound { metadata, caller, remote: conn.remote })
     }
 
+    /// The caller a board session was issued for (see `session`): no
+    /// request header is handed on, so neither `rota-as` nor a token other
+    /// than the session's reaches the services.
+    pub fn for_session(caller: Caller, remote: Option<SocketAddr>) -> Inbound {
+        Inbound { metadata: MetadataMap::new(), caller, remote }
+    }
+
     /// `message` as a gRPC request of this caller.
     pub fn request<T>(&self, message: T) -> Request<T> {
         let mut extensions = Extensions::new();

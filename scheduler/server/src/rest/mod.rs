@@ -10,9 +10,11 @@
 // answer with: its size costs nothing worth a box.
 #![allow(clippy::result_large_err)]
 
+pub mod board;
 pub mod inbound;
 pub mod model;
 pub mod problem;
+pub mod session;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +49,9 @@ pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// Jobs per page by default, and at most.
 const DEFAULT_PAGE_SIZE: u32 = 50;
 const MAX_PAGE_SIZE: u32 = 500;
+/// Nodes per page by default, and at most.
+const DEFAULT_NODE_PAGE: u32 = 2_000;
+const MAX_NODE_PAGE: u32 = 10_000;
 /// Audit records per answer by default, and at most.
 const DEFAULT_AUDIT_LIMIT: u32 = 100;
 const MAX_AUDIT_LIMIT: u32 = 1_000;
@@ -65,6 +70,15 @@ pub struct Rest {
     cluster: crate::cluster::ClusterApi,
     auth: crate::auth_api::AuthApi,
     limiter: Arc<Limiter>,
+    /// The board's browser sessions (this replica's own).
+    sessions: Arc<session::Sessions>,
+    replica_id: u64,
+}
+
+impl Rest {
+    fn replica_id(&self) -> u64 {
+        self.replica_id
+    }
 }
 
 type Shared = State<Arc<Rest>>;
@@ -100,7 +114,10 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 }
 
 pub fn router(ctx: Arc<Context>, limiter: Arc<Limiter>) -> Router {
+    let sessions = Arc::new(session::Sessions::default());
     let rest = Arc::new(Rest {
+        replica_id: ctx.replica.node_id(),
+        sessions: sessions.clone(),
         jobs: crate::jobs::JobApi::new(ctx.clone()),
         events: crate::events::EventApi::new(ctx.clone()),
         cluster: crate::cluster::ClusterApi::new(ctx.clone()),
@@ -122,11 +139,13 @@ pub fn router(ctx: Arc<Context>, limiter: Arc<Limiter>) -> Router {
         .route("/v1/cluster", get(get_cluster))
         .route("/v1/audit", get(list_audit))
         .route("/v1/events", get(watch_events))
+        .merge(board::routes())
         .fallback(|| async { Problem::not_found("no such resource; the API is under /v1 (see /v1/openapi.json)") })
         .method_not_allowed_fallback(|| async {
             Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this resource does not take that method")
         })
         .with_state(rest)
+        .layer(axum::middleware::from_fn_with_state(sessions, session::authenticate))
 }
 
 /// Serve the REST API on `listener` until the process ends: TLS with the
@@ -160,7 +179,10 @@ pub async fn serve(router: Router, security: Security, listener: tokio::net::Tcp
 /// Authenticate a request and take its place in its caller's limits.
 fn admit(rest: &Rest, parts: &Parts, stream: bool) -> Result<(Inbound, Option<Permit>), Problem> {
     let conn = parts.extensions.get::<ConnInfo>().ok_or_else(|| Problem::from(tonic::Status::unauthenticated("no connection")))?;
-    let inbound = Inbound::authenticate(conn, &parts.headers)?;
+    let inbound = match parts.extensions.get::<session::SessionCaller>() {
+        Some(session::SessionCaller(caller)) => Inbound::for_session(caller.clone(), conn.remote),
+        None => Inbound::authenticate(conn, &parts.headers)?,
+    };
     let permit = match limited_caller(&inbound.caller, inbound.remote.map(|a| a.ip()), false, Class::User) {
         None => None,
         Some((key, class)) => Some(rest.limiter.admit(&key, class, stream)?),
@@ -404,16 +426,34 @@ async fn job_logs(State(rest): Shared, parts: Parts, Path(raw_id): Path<String>,
 
 #[utoipa::path(
     get, path = "/v1/nodes", tag = "cluster",
+    params(NodesQuery),
     responses(
         (status = 200, body = Nodes),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 403, body = Problem, content_type = "application/problem+json"),
         (status = 429, body = Problem, content_type = "application/problem+json"),
         (status = 503, body = Problem, content_type = "application/problem+json"),
     )
 )]
-async fn list_nodes(State(rest): Shared, caller: Caller) -> Result<Json<Nodes>, Problem> {
-    Ok(Json(rest.cluster.list_nodes(caller.inbound.request(pb::ListNodesRequest {})).await?.into_inner().into()))
+async fn list_nodes(State(rest): Shared, caller: Caller, RawQuery(raw): RawQuery) -> Result<Json<Nodes>, Problem> {
+    let paging: NodesQuery = query(raw)?;
+    let limit = paging.limit.unwrap_or(DEFAULT_NODE_PAGE);
+    if !(1..=MAX_NODE_PAGE).contains(&limit) {
+        return Err(Problem::invalid("limit", format!("limit: must be 1..={MAX_NODE_PAGE}")));
+    }
+    let all: Nodes = rest.cluster.list_nodes(caller.inbound.request(pb::ListNodesRequest {})).await?.into_inner().into();
+    Ok(Json(node_page(all.nodes, paging.cursor.as_deref().unwrap_or(""), limit as usize)))
+}
+
+/// The page of at most `limit` nodes named after `cursor` ("": from the first).
+fn node_page(mut nodes: Vec<Node>, cursor: &str, limit: usize) -> Nodes {
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let start = nodes.partition_point(|n| n.name.as_str() <= cursor);
+    let more = nodes.len() - start > limit;
+    let page: Vec<Node> = nodes.drain(start..).take(limit).collect();
+    let next_cursor = if more { page.last().map(|n| n.name.clone()) } else { None };
+    Nodes { nodes: page, next_cursor }
 }
 
 #[utoipa::path(
@@ -617,6 +657,26 @@ mod tests {
         assert!(submit["responses"]["400"]["content"]["application/problem+json"].is_object(), "{submit}");
         assert!(document["components"]["schemas"]["Problem"].is_object());
         assert!(document["components"]["securitySchemes"]["bearer"].is_object());
+    }
+
+    #[test]
+    fn nodes_page_by_name() {
+        let node = |name: &str| Node {
+            name: name.into(),
+            address: String::new(),
+            rack: String::new(),
+            leaf: String::new(),
+            state: "ready".into(),
+            gpus: vec![],
+            registered_at_ms: 0,
+        };
+        let names = |page: &Nodes| page.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>();
+        let all = vec![node("c"), node("a"), node("b")];
+        let first = node_page(all.clone(), "", 2);
+        assert_eq!((names(&first), first.next_cursor.as_deref()), (vec!["a".to_string(), "b".into()], Some("b")));
+        let second = node_page(all.clone(), "b", 2);
+        assert_eq!((names(&second), second.next_cursor), (vec!["c".to_string()], None));
+        assert_eq!(node_page(all, "", 3).next_cursor, None, "exactly a page: no next");
     }
 
     #[test]

@@ -392,6 +392,9 @@ pub struct Gpu {
     pub healthy: bool,
     /// Job holding the GPU; 0 = free.
     pub job_id: u64,
+    /// Why the GPU is fenced (its own, its NVLink domain's or its node's
+    /// fence); empty = not fenced.
+    pub fence: String,
 }
 
 /// A GPU host.
@@ -407,9 +410,25 @@ pub struct Node {
     pub registered_at_ms: u64,
 }
 
+/// One page of nodes, by name.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Nodes {
     pub nodes: Vec<Node>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// Paging of the node list.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct NodesQuery {
+    /// Nodes per page, 1..=10000; default 2000.
+    #[param(minimum = 1, maximum = 10000)]
+    pub limit: Option<u32>,
+    /// Where the page starts: the `next_cursor` of the page before (nodes after this name).
+    pub cursor: Option<String>,
 }
 
 impl From<pb::ListNodesResponse> for Nodes {
@@ -433,12 +452,13 @@ impl From<pb::ListNodesResponse> for Nodes {
                         memory_mib: g.memory_mib,
                         healthy: g.healthy,
                         job_id: g.job_id,
+                        fence: g.fence,
                     })
                     .collect(),
                 registered_at_ms: n.registered_at_ms,
             })
             .collect();
-        Nodes { nodes }
+        Nodes { nodes, next_cursor: None }
     }
 }
 
