@@ -358,13 +358,12 @@ pub async fn sign_in(State(rest): State<Arc<Rest>>, parts: Parts, body: Body) ->
         }
         None => Inbound::authenticate(conn, &parts.headers)?,
     };
-    if let Caller::Bearer(token) = &inbound.caller {
-        if token.len() > 256 {
-            return Err(Problem::invalid("token", "token: too long"));
-        }
-    }
     // Check the credentials now (a wrong token is refused here, not on the first read).
     rest.auth.who_am_i(inbound.request(pb::WhoAmIRequest {})).await?;
+    // Signing in again replaces this browser's session.
+    if let Some(old) = cookie_session_id(&parts.headers) {
+        rest.sessions.remove(&old);
+    }
     let (id, session) = rest.sessions.create(inbound.caller.clone())?;
     let info = session_info(&rest, &Inbound::for_session(session.caller.clone(), inbound.remote), &session).await?;
     let secure = !matches!(conn.peer, Peer::Plaintext);
@@ -377,8 +376,7 @@ pub async fn sign_in(State(rest): State<Arc<Rest>>, parts: Parts, body: Body) ->
 /// `GET /ui/session`: the signed-in user and the session's CSRF token
 /// (a reloaded page has lost it; only a same-origin page can read it).
 pub async fn current(State(rest): State<Arc<Rest>>, parts: Parts) -> Result<Response, Problem> {
-    let (id, session) = session_of(&rest, &parts)?;
-    let _ = id;
+    let (_, session) = session_of(&rest, &parts)?;
     let conn = parts.extensions.get::<ConnInfo>();
     let inbound = Inbound::for_session(session.caller.clone(), conn.and_then(|c| c.remote));
     let mut response = Json(session_info(&rest, &inbound, &session).await?).into_response();
