@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::auth::{Actor, Role};
+use super::idle::IdlePolicy;
 use super::tenancy::{Month, TemplateRef};
 use super::types::{AlarmKind, AllocId, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, ReasonCode, StopReason};
 
@@ -225,6 +226,27 @@ pub enum Command {
         request_id: String,
         command: Box<Command>,
     },
+    /// A rank turned idle (`idle_for_ms: Some`: every GPU of it under the
+    /// agent's utilization threshold for that long, at least the agent's
+    /// window) or busy (format 8 on). Proposed by the leader from
+    /// heartbeats, only on a change of the committed record; apply makes
+    /// the duration a committed time and keeps the first one (see `idle`).
+    AllocIdle {
+        alloc_id: AllocId,
+        rank: u32,
+        idle_for_ms: Option<u64>,
+    },
+    /// The policy found these allocations idle past their queue's time
+    /// (format 8 on); apply checks again and flags those still idle.
+    IdleFlagged {
+        alloc_ids: Vec<AllocId>,
+    },
+    /// `SetQueue` with the queue's idle rule (format 8 on, inside
+    /// `Audited`, operators).
+    SetQueueIdle {
+        queue: QueueConfig,
+        idle: IdlePolicy,
+    },
 }
 
 /// The first format with `Command::Traced`.
@@ -232,6 +254,13 @@ pub const TRACED_FROM_VERSION: u16 = 7;
 
 impl Command {
     /// The oldest encoding format that has this command.
+    ///
+    /// Never inlined: with this match inlined into a caller that knows the
+    /// variant, the release build of rustc 1.95 folded comparisons of the
+    /// result wrongly (`GpuReset`'s 6 compared unequal to 6), which would
+    /// let a command past the cluster-version check or refuse one. The
+    /// format tests (`fault_commands_need_format_6...`, the fixtures) catch it.
+    #[inline(never)]
     pub fn min_format(&self) -> u16 {
         match self {
             Command::SetClusterVersion { .. } => 2,
@@ -253,14 +282,8 @@ impl Command {
             | Command::DeleteTemplate { .. }
             | Command::GrantTemplate { .. }
             | Command::SetBudget { .. } => super::tenancy::TENANCY_FROM_VERSION,
-            // A pending reason that names a spent budget exists from format 7 on.
-            Command::ApplyPlan(plan) if plan.pending.iter().any(|n| n.reason.code == ReasonCode::BudgetExhausted) => {
-                super::tenancy::TENANCY_FROM_VERSION
-            }
-            // A pending reason that names fenced capacity exists from format 6 on.
-            Command::ApplyPlan(plan) if plan.pending.iter().any(|n| n.reason.code == ReasonCode::Fenced) => {
-                super::faults::FAULTS_FROM_VERSION
-            }
+            Command::AllocIdle { .. } | Command::IdleFlagged { .. } | Command::SetQueueIdle { .. } => super::idle::IDLE_FROM_VERSION,
+            Command::ApplyPlan(plan) => plan.min_format(),
             Command::Traced { command, .. } => command.min_format().max(TRACED_FROM_VERSION),
             _ => FIRST_FORMAT_VERSION,
         }
@@ -307,6 +330,9 @@ impl Command {
             Command::CancelJob { job_id } => format!("cancel job {job_id}"),
             Command::DrainNode { node, drain } => format!("{} node {node}", if *drain { "drain" } else { "undrain" }),
             Command::SetQueue(queue) => format!("set queue {}", queue.name),
+            Command::SetQueueIdle { queue, idle } => {
+                format!("set queue {} (idle after {} ms: {})", queue.name, idle.idle_after_ms, idle.action.as_str())
+            }
             Command::SetQuota(quota) => format!("set quota of group {}", quota.group),
             Command::SetAlarm { replica, kind, raised } => {
                 format!("{} alarm {} of replica {replica}", if *raised { "raise" } else { "disarm" }, kind.as_str())
@@ -351,6 +377,24 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The oldest format that has every stop reason and pending reason of
+    /// the plan.
+    pub fn min_format(&self) -> u16 {
+        // A stop that reclaims idle GPUs exists from format 8 on.
+        if self.stops.iter().any(|s| s.reason == StopReason::IdleReclaimed) {
+            return super::idle::IDLE_FROM_VERSION;
+        }
+        // A pending reason that names a spent budget exists from format 7 on.
+        if self.pending.iter().any(|n| n.reason.code == ReasonCode::BudgetExhausted) {
+            return super::tenancy::TENANCY_FROM_VERSION;
+        }
+        // A pending reason that names fenced capacity exists from format 6 on.
+        if self.pending.iter().any(|n| n.reason.code == ReasonCode::Fenced) {
+            return super::faults::FAULTS_FROM_VERSION;
+        }
+        FIRST_FORMAT_VERSION
+    }
+
     pub fn is_empty(&self) -> bool {
         self.placements.is_empty() && self.stops.is_empty() && self.pending.is_empty()
     }

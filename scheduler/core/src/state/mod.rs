@@ -15,6 +15,7 @@ pub mod dedupe;
 pub mod events;
 pub mod faults;
 pub mod gpu_model;
+pub mod idle;
 pub mod tenancy;
 pub mod types;
 pub mod validate;
@@ -115,6 +116,10 @@ pub struct ClusterState {
     /// on, written after the fences.
     #[serde(skip)]
     pub tenancy: tenancy::TenancyState,
+    /// Idle records, per-job idle GPU-time and queue idle rules. Kept from
+    /// format 8 on, written after the tenancy section.
+    #[serde(skip)]
+    pub idle: idle::IdleState,
 }
 
 impl Default for ClusterState {
@@ -148,6 +153,7 @@ impl ClusterState {
             auth: auth::AuthState::default(),
             faults: faults::FaultState::default(),
             tenancy: tenancy::TenancyState::default(),
+            idle: idle::IdleState::default(),
         }
     }
 
@@ -252,6 +258,12 @@ impl ClusterState {
         }
         if let Some(job_id) = self.tenancy.job_tags.keys().find(|id| !self.jobs.contains_key(id)) {
             return Err(format!("job {job_id} has labels but is not held"));
+        }
+        if let Some(alloc_id) = self.idle.allocs.keys().find(|id| !self.allocs.contains_key(id)) {
+            return Err(format!("allocation {alloc_id} has an idle record but is not live"));
+        }
+        if let Some(job_id) = self.idle.job_idle_gpu_ms.keys().find(|id| !self.jobs.contains_key(id)) {
+            return Err(format!("job {job_id} has idle time but is not held"));
         }
         if self.cluster_version() >= tenancy::TENANCY_FROM_VERSION {
             let mut running: BTreeMap<&str, u64> = BTreeMap::new();
