@@ -19,13 +19,19 @@ use rota_tls::auth::caller;
 use crate::forward::{serve_or_forward, Failure};
 use crate::status::{internal, rejection, write_error};
 use crate::Context;
+use crate::leader::GpuSample;
 use rota_core::state::faults::FAULTS_FROM_VERSION;
-use rota_core::state::{ClusterState, Command, CommandResult, GpuInfo, NodeRegistration, NodeState, Rejection};
+use rota_core::state::idle::IDLE_FROM_VERSION;
+use rota_core::state::{ClusterState, Command, CommandResult, GpuInfo, NodeRegistration, NodeState, RankState, Rejection};
 
 /// Events in one report at most.
 const MAX_EVENTS: usize = 1_024;
 /// GPU events in one report at most.
 const MAX_GPU_EVENTS: usize = 256;
+/// GPUs of one heartbeat's telemetry kept at most (a node has at most 64).
+const MAX_TELEMETRY_GPUS: usize = 64;
+/// Rank idle states in one heartbeat at most.
+const MAX_RANK_IDLE: usize = 256;
 /// Assignment messages buffered per watch before the sender waits.
 const WATCH_BUFFER: usize = 4;
 /// A watch re-reads the state at most this often.
@@ -99,18 +105,37 @@ impl AgentApi {
         // hear nothing and declare every node down. Refusing sends the agent
         // on to the next replica, and so to the new leader.
         self.ctx.leader_in_contact()?;
+        if message.rank_idle.len() > MAX_RANK_IDLE {
+            return Err(Status::invalid_argument(format!("rank_idle: at most {MAX_RANK_IDLE}")));
+        }
         let unhealthy: BTreeSet<u32> = message.unhealthy_gpus.iter().copied().collect();
-        let (known, changed, index) = self.ctx.read(|state| {
+        let (known, changed, index, idle_changes) = self.ctx.read(|state| {
             let node = state.nodes.get(&message.node).filter(|n| n.state != NodeState::Down);
             let current: Option<BTreeSet<u32>> = node.map(|n| n.gpus.iter().filter(|g| !g.healthy).map(|g| g.index).collect());
-            (node.is_some(), current.is_some_and(|c| c != unhealthy), state.applied_index)
+            let idle_changes = idle_changes(state, &message.node, &message.rank_idle);
+            (node.is_some(), current.is_some_and(|c| c != unhealthy), state.applied_index, idle_changes)
         });
         let ttl_ms = self.ctx.leader.node_ttl_ms;
         if !known {
             return Ok(pb::HeartbeatResponse { must_register: true, index, ttl_ms });
         }
         self.ctx.leader.record_heartbeat(&message.node);
+        let samples = message
+            .gpus
+            .iter()
+            .take(MAX_TELEMETRY_GPUS)
+            .map(|g| GpuSample { index: g.index, utilization_percent: g.utilization_percent.min(100), memory_used_mib: g.memory_used_mib })
+            .collect();
+        self.ctx.leader.record_telemetry(&message.node, samples);
         metrics::counter!("rota_heartbeats_total").increment(1);
+        if !idle_changes.is_empty() {
+            // Only changes of the committed record; a repeat in flight is a
+            // no-op in apply, which keeps the first idle time.
+            let outcomes = futures::future::join_all(idle_changes.into_iter().map(|c| self.ctx.proposer.propose(c))).await;
+            if let Some(error) = outcomes.into_iter().find_map(Result::err) {
+                tracing::warn!(node = %message.node, %error, "idle state change not committed; the next heartbeat retries");
+            }
+        }
         if changed {
             tracing::warn!(node = %message.node, unhealthy = ?unhealthy, "GPU health changed");
             let command = Command::NodeHealth { node: message.node.clone(), unhealthy_gpus: unhealthy.into_iter().collect() };
@@ -141,6 +166,30 @@ fn registration_from_pb(message: &pb::RegisterNodeRequest) -> NodeRegistration {
             })
             .collect(),
     }
+}
+
+/// The rank idle states of a heartbeat that differ from the committed
+/// records, as commands. Ranks of other nodes and of ended allocations are
+/// skipped; nothing is proposed before the cluster holds idle records.
+fn idle_changes(state: &ClusterState, node: &str, reports: &[pb::RankIdle]) -> Vec<Command> {
+    if state.cluster_version() < IDLE_FROM_VERSION {
+        return Vec::new();
+    }
+    let mut commands = Vec::new();
+    for report in reports {
+        let Some(alloc) = state.allocs.get(&report.alloc_id) else { continue };
+        let ours = alloc.ranks.get(report.rank as usize).is_some_and(|r| r.node == node && r.state != RankState::Exited);
+        if !ours {
+            continue;
+        }
+        let committed = state.idle.allocs.get(&alloc.id).is_some_and(|record| record.ranks.contains_key(&report.rank));
+        let idle = report.idle_for_ms > 0;
+        if idle != committed {
+            let idle_for_ms = idle.then_some(report.idle_for_ms);
+            commands.push(Command::AllocIdle { alloc_id: alloc.id, rank: report.rank, idle_for_ms });
+        }
+    }
+    commands
 }
 
 /// Turn reported events into commands. Events about ranks placed on another
