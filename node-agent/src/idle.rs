@@ -118,11 +118,7 @@ impl IdleTracker {
 
 /// The utilization to judge by: the samples, with the fake rule for fake
 /// GPUs (`listed`: the fake file's percents; `None` for real GPUs).
-pub fn utilization_of(
-    samples: &[(u32, u32)],
-    listed: Option<&BTreeMap<u32, u32>>,
-    allocated: &BTreeSet<u32>,
-) -> BTreeMap<u32, u32> {
+pub fn utilization_of(samples: &[(u32, u32)], listed: Option<&BTreeMap<u32, u32>>, allocated: &BTreeSet<u32>) -> BTreeMap<u32, u32> {
     samples
         .iter()
         .map(|&(gpu, sampled)| {

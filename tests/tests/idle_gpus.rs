@@ -100,10 +100,8 @@ async fn an_idle_job_is_flagged_keeps_its_idle_clock_through_a_leader_kill_and_i
     // Kill the leader while the job is idle: the new leader hears the same
     // reports, and the committed idle and flag times stay.
     cluster.kill(leader)?;
-    let new_leader = wait_until("a new leader", WAIT, || async {
-        Ok(cluster.wait_leader(WAIT).await.ok().filter(|id| *id != leader))
-    })
-    .await?;
+    let new_leader =
+        wait_until("a new leader", WAIT, || async { Ok(cluster.wait_leader(WAIT).await.ok().filter(|id| *id != leader)) }).await?;
     wait_until("the agent heard by the new leader", WAIT, || async {
         let nodes = list_nodes(&cluster, new_leader).await?;
         Ok(nodes.iter().flat_map(|n| &n.gpus).any(|g| g.utilization_percent.is_some()).then_some(()))

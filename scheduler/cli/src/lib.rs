@@ -313,7 +313,6 @@ pub async fn jobs(client: &Client, filter: &JobFilter, limit: u32, format: Forma
     Ok(())
 }
 
-
 pub async fn cancel(client: &Client, job_id: u64, format: Format) -> Result<()> {
     let response = client.cancel_job(job_id).await?;
     let state = output::state_name(response.state);

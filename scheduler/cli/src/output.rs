@@ -1,8 +1,8 @@
 //! How the CLI shows things: a readable table, or JSON for scripts.
 
-use rota_proto::v1 as pb;
 use rota_core::state::faults::utc_text;
 use rota_core::state::idle::duration_text;
+use rota_proto::v1 as pb;
 use serde_json::{json, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -132,7 +132,10 @@ pub fn print_jobs(jobs: &[pb::Job], total: u64) {
 /// Jobs flagged idle: since when, for how long (to `now_ms`, this
 /// machine's clock) and their idle GPU-time.
 pub fn print_idle_jobs(jobs: &[pb::Job], total: u64, now_ms: u64) {
-    println!("{:>8}  {:<12} {:<10} {:>5}  {:<20}  {:>9}  {:>12}", "ID", "GROUP", "QUEUE", "GPUS", "IDLE SINCE", "IDLE FOR", "IDLE GPU TIME");
+    println!(
+        "{:>8}  {:<12} {:<10} {:>5}  {:<20}  {:>9}  {:>12}",
+        "ID", "GROUP", "QUEUE", "GPUS", "IDLE SINCE", "IDLE FOR", "IDLE GPU TIME"
+    );
     for job in jobs {
         let spec = job.spec.clone().unwrap_or_default();
         let gpus = u64::from(spec.replicas) * u64::from(spec.gpus_per_replica);

@@ -287,7 +287,8 @@ fn small_cluster(version: u16) -> ClusterState {
         ];
         let results = state.apply_proposal(11, &Proposal { now_ms: 1_700_000_011_000, commands });
         assert!(!results.iter().any(|r| matches!(r, rota_core::state::CommandResult::Rejected(_))), "{results:?}");
-        let commands = vec![Command::AllocIdle { alloc_id: 2, rank: 0, idle_for_ms: Some(5_000) }, Command::IdleFlagged { alloc_ids: vec![2] }];
+        let commands =
+            vec![Command::AllocIdle { alloc_id: 2, rank: 0, idle_for_ms: Some(5_000) }, Command::IdleFlagged { alloc_ids: vec![2] }];
         state.apply_proposal(12, &Proposal { now_ms: 1_700_000_012_000, commands });
         let idle = &state.idle;
         assert_eq!((idle.allocs.len(), idle.job_idle_gpu_ms.len(), idle.queue_policies.len()), (1, 1, 1));

@@ -872,7 +872,9 @@ impl Scenario {
             for arg in line.args(&[])? {
                 let parsed = match arg.key {
                     "after" if kind == "queue" => args::millis(&arg).map(|v| after = Some(v)),
-                    "action" if kind == "queue" => IdleAction::parse(arg.value.unwrap_or("")).map(|a| action = Some(a)).ok_or_else(|| format!("action: {:?} is not flag or reclaim", arg.value)),
+                    "action" if kind == "queue" => IdleAction::parse(arg.value.unwrap_or(""))
+                        .map(|a| action = Some(a))
+                        .ok_or_else(|| format!("action: {:?} is not flag or reclaim", arg.value)),
                     "since" if kind == "report" => args::millis(&arg).map(|v| since = Some(v)),
                     "at" if kind == "report" => args::millis(&arg).map(|v| at = Some(v)),
                     "rank" if kind == "report" => args::number(&arg).map(|v: f64| rank = v as u32),

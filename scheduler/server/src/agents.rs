@@ -17,9 +17,9 @@ use tonic::{Request, Response, Status};
 use rota_tls::auth::caller;
 
 use crate::forward::{serve_or_forward, Failure};
+use crate::leader::GpuSample;
 use crate::status::{internal, rejection, write_error};
 use crate::Context;
-use crate::leader::GpuSample;
 use rota_core::state::faults::FAULTS_FROM_VERSION;
 use rota_core::state::idle::IDLE_FROM_VERSION;
 use rota_core::state::{ClusterState, Command, CommandResult, GpuInfo, NodeRegistration, NodeState, RankState, Rejection};

@@ -12,8 +12,8 @@ use crate::forward::{serve_or_forward, Failure};
 use crate::status::rejection;
 use crate::Context;
 use rota_client::convert::{node_to_pb, queue_from_pb, queue_to_pb, queue_with_idle_to_pb, quota_from_pb, quota_to_pb};
-use rota_core::state::idle::{IdleAction, IdlePolicy, IDLE_FROM_VERSION};
 use rota_core::state::auth::{Action, Actor};
+use rota_core::state::idle::{IdleAction, IdlePolicy, IDLE_FROM_VERSION};
 use rota_core::state::tenancy::{
     gpu_hours, month_of, month_start_ms, month_text, next_month, parse_month, Month, MS_PER_GPU_HOUR, TENANCY_FROM_VERSION,
 };
@@ -206,8 +206,9 @@ impl ClusterApi {
         }
         let action = match message.idle_action.as_str() {
             "" => current.action,
-            text => IdleAction::parse(text)
-                .ok_or_else(|| Status::invalid_argument(format!("idle_action: {text:?} is not flag or reclaim")))?,
+            text => {
+                IdleAction::parse(text).ok_or_else(|| Status::invalid_argument(format!("idle_action: {text:?} is not flag or reclaim")))?
+            }
         };
         let idle = IdlePolicy { idle_after_ms: message.idle_after_ms.unwrap_or(current.idle_after_ms), action };
         Ok(Command::SetQueueIdle { queue, idle })

@@ -23,7 +23,14 @@ fn at(state: &mut ClusterState, now_ms: u64, command: Command) -> (CommandResult
 
 fn node(name: &str) -> Command {
     let gpus = (0..4)
-        .map(|index| GpuInfo { index, uuid: format!("{name}-{index}"), model: "H100-80GB".into(), memory_mib: 81_920, healthy: true, nvlink_domain: None })
+        .map(|index| GpuInfo {
+            index,
+            uuid: format!("{name}-{index}"),
+            model: "H100-80GB".into(),
+            memory_mib: 81_920,
+            healthy: true,
+            nvlink_domain: None,
+        })
         .collect();
     Command::RegisterNode(NodeRegistration { name: name.into(), address: "127.0.0.1:1".into(), rack: "r".into(), leaf: "l".into(), gpus })
 }
@@ -146,7 +153,10 @@ fn the_flag_and_the_reclaim_fall_at_the_queues_idle_time_inclusive() {
     at(&mut state, reclaim_at + MIN_MS, Command::AllocExited { alloc_id: 1, rank: 0, exit_code: 143 });
     at(&mut state, reclaim_at + MIN_MS, Command::AllocExited { alloc_id: 1, rank: 1, exit_code: 143 });
     let job = &state.jobs[&1];
-    assert_eq!((job.state, job.stop_reason, job.reason.code), (JobState::Failed, Some(StopReason::IdleReclaimed), ReasonCode::IdleReclaimed));
+    assert_eq!(
+        (job.state, job.stop_reason, job.reason.code),
+        (JobState::Failed, Some(StopReason::IdleReclaimed), ReasonCode::IdleReclaimed)
+    );
     assert_eq!(idle_gpu_ms(&state, 1), 4 * 41 * MIN_MS);
 }
 
@@ -175,10 +185,11 @@ fn a_leader_change_does_not_reset_the_idle_clock() {
 fn a_queue_idle_rule_needs_format_8_and_a_sane_time() {
     let mut state = cluster();
     let (result, _) = at(&mut state, T0, training_queue(0, IdleAction::Reclaim));
-    assert!(matches!(result, CommandResult::Rejected(crate::state::Rejection::Invalid { ref field, .. }) if field == "queue.idle_after_ms"));
+    assert!(
+        matches!(result, CommandResult::Rejected(crate::state::Rejection::Invalid { ref field, .. }) if field == "queue.idle_after_ms")
+    );
     state.cluster_version = 7;
     let (result, _) = at(&mut state, T0, training_queue(MIN_MS, IdleAction::Reclaim));
     assert!(matches!(result, CommandResult::Rejected(_)), "{result:?}");
     assert_eq!(state.idle.policy("training"), IdlePolicy::default());
 }
-
