@@ -62,6 +62,10 @@ fn idle(rank: u32, idle_for_ms: Option<u64>) -> Command {
     Command::AllocIdle { alloc_id: 1, rank, idle_for_ms }
 }
 
+/// A repeated idle report keeps the first committed time. Prevents a
+/// clock reset by any repeat; with apply overwriting the time (`insert`
+/// for `or_insert`) it failed on commit 91782d7 with `left: 1796084040000,
+/// right: 1796083800000`.
 #[test]
 fn reports_become_committed_times_and_repeats_keep_the_first() {
     let mut state = cluster();
@@ -115,6 +119,10 @@ fn reports_before_format_8_change_nothing() {
     assert_eq!(Command::IdleFlagged { alloc_ids: vec![] }.min_format(), IDLE_FROM_VERSION);
 }
 
+/// Flag and reclaim at the boundary, and apply's own check of a reclaim:
+/// a plan computed before a rank turned busy must not stop it. Without
+/// the check in `apply_plan` it failed on commit 91782d7 with `left:
+/// PlanApplied { .., stopped: 1 }, right: PlanApplied { .., stopped: 0 }`.
 #[test]
 fn the_flag_and_the_reclaim_fall_at_the_queues_idle_time_inclusive() {
     let mut state = cluster();
@@ -162,6 +170,8 @@ fn the_flag_and_the_reclaim_fall_at_the_queues_idle_time_inclusive() {
 
 /// A new leader starts from the replicated state: a snapshot restored and
 /// the reports of the same idle span again. The committed time stays.
+/// With apply overwriting the time it failed on commit 91782d7 with
+/// `left: Some(1796084340000), right: Some(1796083200000)`.
 #[test]
 fn a_leader_change_does_not_reset_the_idle_clock() {
     let mut state = cluster();
