@@ -124,6 +124,8 @@ async fn an_idle_job_is_flagged_keeps_its_idle_clock_through_a_leader_kill_and_i
     ensure!(ended.idle_gpu_ms >= 2 * 2_000, "its idle GPU-time is kept: {ended:?}");
     let (_, status, _) = rota_cli(&cluster, &["--endpoints", &cluster.endpoints_csv(), "status", &job_id.to_string()])?;
     ensure!(status.contains("stop reason idle_reclaimed") && status.contains("reason: idle_reclaimed"), "rota status:\n{status}");
+    let why = rota_json(&cluster, &["why", &job_id.to_string()])?;
+    ensure!(why["code"] == "idle_reclaimed", "rota why: {why}");
     ensure!(listed_idle(&cluster, job_id)?.is_none(), "an ended job is no longer idle");
     drop(agent);
     Ok(())

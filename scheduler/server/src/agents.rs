@@ -411,6 +411,51 @@ mod tests {
         assert!(gpu_events_to_commands(&state, "n1", &flood).unwrap_err().message().contains("gpu_events: at most"));
     }
 
+    /// Heartbeats become idle commands only where they differ from the
+    /// committed record, for the node's own live ranks, from format 8 on.
+    #[test]
+    fn idle_reports_become_commands_only_on_a_change() {
+        use rota_core::state::idle::IDLE_FROM_VERSION;
+        use rota_core::state::{GpuInfo, JobSpec, NodeRegistration, Placement, Plan, Proposal, RankPlacement};
+        let gpus = (0..2)
+            .map(|index| GpuInfo {
+                index,
+                uuid: format!("u{index}"),
+                model: "H100".into(),
+                memory_mib: 1,
+                healthy: true,
+                nvlink_domain: None,
+            })
+            .collect();
+        let mut state = ClusterState::default();
+        let ranks = vec![RankPlacement { node: "n1".into(), gpus: vec![0] }, RankPlacement { node: "n2".into(), gpus: vec![0] }];
+        let commands = vec![
+            Command::RegisterNode(NodeRegistration { name: "n1".into(), address: "a:1".into(), rack: "".into(), leaf: "".into(), gpus }),
+            Command::RegisterNode(NodeRegistration {
+                name: "n2".into(),
+                address: "b:1".into(),
+                rack: "".into(),
+                leaf: "".into(),
+                gpus: vec![GpuInfo { index: 0, uuid: "v".into(), model: "H100".into(), memory_mib: 1, healthy: true, nvlink_domain: None }],
+            }),
+            Command::SubmitJob { request_id: None, spec: JobSpec { replicas: 2, ..JobSpec::simple(&["x"]) } },
+            Command::ApplyPlan(Plan { placements: vec![Placement { job_id: 1, ranks }], ..Plan::default() }),
+        ];
+        state.apply_proposal(1, &Proposal { now_ms: 1_000, commands });
+        let report = |rank, idle_for_ms| pb::RankIdle { alloc_id: 1, rank, idle_for_ms };
+        let reports = vec![report(0, 500), report(1, 500), pb::RankIdle { alloc_id: 9, rank: 0, idle_for_ms: 5 }];
+        assert!(super::idle_changes(&state, "n1", &reports).is_empty(), "nothing before format 8");
+        state.cluster_version = IDLE_FROM_VERSION;
+        let changes = super::idle_changes(&state, "n1", &reports);
+        assert_eq!(changes, vec![Command::AllocIdle { alloc_id: 1, rank: 0, idle_for_ms: Some(500) }], "n1's own rank only");
+        state.apply_proposal(2, &Proposal { now_ms: 2_000, commands: changes });
+        assert!(super::idle_changes(&state, "n1", &[report(0, 900)]).is_empty(), "still idle: no change to commit");
+        assert_eq!(
+            super::idle_changes(&state, "n1", &[report(0, 0)]),
+            vec![Command::AllocIdle { alloc_id: 1, rank: 0, idle_for_ms: None }]
+        );
+    }
+
     #[test]
     fn host_of_strips_the_port() {
         assert_eq!(host_of("127.0.0.1:7000"), "127.0.0.1");
