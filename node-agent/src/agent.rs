@@ -103,6 +103,8 @@ impl Reconciler {
         self.shared.running_ranks.store(running, Ordering::Relaxed);
         let allocated = crate::metrics::allocated_gpus(self.desired.as_ref());
         *self.shared.allocated_gpus.lock().expect("allocated gpus lock") = allocated;
+        let live = crate::metrics::live_ranks(self.desired.as_ref());
+        *self.shared.live_ranks.lock().expect("live ranks lock") = live;
     }
 
     fn execute(&mut self, action: Action) {

@@ -54,6 +54,8 @@ pub enum GpuSource {
     Fake {
         gpus: Vec<Gpu>,
         unhealthy_file: Option<std::path::PathBuf>,
+        /// `fake-utilization` (see `idle`).
+        utilization_file: Option<std::path::PathBuf>,
     },
     Nvml(Box<Nvml>),
 }
@@ -62,7 +64,7 @@ impl GpuSource {
     /// `--fake-gpus` when given, else NVML; no NVML and no fake GPUs is an error.
     pub fn open(fake: Option<&str>) -> Result<GpuSource, InventoryError> {
         match fake {
-            Some(spec) => Ok(GpuSource::Fake { gpus: parse_fake(spec)?, unhealthy_file: None }),
+            Some(spec) => Ok(GpuSource::Fake { gpus: parse_fake(spec)?, unhealthy_file: None, utilization_file: None }),
             None => Nvml::init().map(|n| GpuSource::Nvml(Box::new(n))).map_err(|e| InventoryError::NoNvml(e.to_string())),
         }
     }
@@ -73,6 +75,29 @@ impl GpuSource {
             *unhealthy_file = Some(path);
         }
         self
+    }
+
+    /// Fake GPUs read their utilization from `path` (see `idle`).
+    pub fn with_fake_utilization_file(mut self, path: std::path::PathBuf) -> GpuSource {
+        if let GpuSource::Fake { utilization_file, .. } = &mut self {
+            *utilization_file = Some(path);
+        }
+        self
+    }
+
+    /// The fake GPUs' listed utilization (`None` for NVML, whose samples
+    /// are real; empty when no file is set or readable).
+    pub fn fake_utilization(&self) -> Option<std::collections::BTreeMap<u32, u32>> {
+        match self {
+            GpuSource::Fake { utilization_file, .. } => Some(
+                utilization_file
+                    .as_ref()
+                    .and_then(|path| crate::datafile::read_capped(path, crate::datafile::MAX_FILE_BYTES).ok())
+                    .map(|text| crate::idle::parse_fake_utilization(&text))
+                    .unwrap_or_default(),
+            ),
+            GpuSource::Nvml(_) => None,
+        }
     }
 
     pub fn is_fake(&self) -> bool {

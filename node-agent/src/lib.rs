@@ -21,6 +21,9 @@
 //! - `outbox`: the reporter that commits rank events found on disk.
 //! - `control`: the leader-following client of the replicas (AgentService).
 //! - `inventory`: GPUs from NVML, or declared with `--fake-gpus 8xH100-80GB`.
+//! - `idle`: the one definition of an idle rank (every GPU under
+//!   `--idle-below-percent` for `--idle-after-ms`), reported in heartbeats;
+//!   fake GPUs read `fake-utilization`.
 //! - `gpu_events`: XID errors (NVML's event set, or `fake-xids` for fake
 //!   GPUs) and completed resets, reported with the rank events.
 //! - `shim`: each rank runs under `rota-agent shim`, in its own session,
@@ -51,6 +54,7 @@ pub mod executor;
 pub mod fleet;
 pub mod freshness;
 pub mod gpu_events;
+pub mod idle;
 pub mod inventory;
 pub mod local;
 pub mod logs;

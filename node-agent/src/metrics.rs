@@ -60,6 +60,12 @@ pub fn allocated_gpus(desired: Option<&Desired>) -> BTreeMap<u32, u64> {
         .collect()
 }
 
+/// Each rank of `desired` that is to run, with its GPUs.
+pub fn live_ranks(desired: Option<&Desired>) -> BTreeMap<crate::reconcile::RankKey, Vec<u32>> {
+    let Some(desired) = desired else { return BTreeMap::new() };
+    desired.ranks.iter().filter(|(_, rank)| rank.stop_reason.is_none()).map(|(key, rank)| (*key, rank.gpus.clone())).collect()
+}
+
 /// Refresh the gauges for the life of the agent.
 pub async fn run(shared: Arc<Shared>) {
     let started_ms = shared.now_ms();

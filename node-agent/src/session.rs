@@ -3,6 +3,7 @@
 //! the agent runs. A leader that does not know the node asks it to register
 //! again.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -91,13 +92,21 @@ fn registration(shared: &Shared) -> pb::RegisterNodeRequest {
 }
 
 fn heartbeat_request(shared: &Shared) -> pb::HeartbeatRequest {
-    let samples = shared.gpus.lock().expect("gpu source lock").sample(&shared.inventory);
+    let (samples, listed) = {
+        let source = shared.gpus.lock().expect("gpu source lock");
+        (source.sample(&shared.inventory), source.fake_utilization())
+    };
     let unhealthy_gpus = samples.iter().filter(|s| !s.healthy).map(|s| s.index).collect();
+    let live = shared.live_ranks.lock().expect("live ranks lock").clone();
+    let held: BTreeSet<u32> = live.values().flatten().copied().collect();
+    let sampled: Vec<(u32, u32)> = samples.iter().map(|s| (s.index, s.utilization_percent)).collect();
+    let utilization = crate::idle::utilization_of(&sampled, listed.as_ref(), &held);
+    let rank_idle = shared.idle.lock().expect("idle tracker lock").observe(shared.config.idle_rule, shared.now_ms(), &live, &utilization);
     let gpus = samples
         .into_iter()
         .map(|s| pb::GpuTelemetry {
             index: s.index,
-            utilization_percent: s.utilization_percent,
+            utilization_percent: utilization.get(&s.index).copied().unwrap_or(s.utilization_percent),
             memory_used_mib: s.memory_used_mib,
             healthy: s.healthy,
             ecc_uncorrected: s.ecc_uncorrected,
@@ -109,5 +118,6 @@ fn heartbeat_request(shared: &Shared) -> pb::HeartbeatRequest {
         gpus,
         unhealthy_gpus,
         running_ranks: shared.running_ranks.load(Ordering::Relaxed),
+        rank_idle,
     }
 }

@@ -58,6 +58,8 @@ pub struct AgentConfig {
     pub containment: Containment,
     /// Which local user a rank runs as.
     pub job_users: crate::users::JobUsers,
+    /// When a rank counts as idle (`--idle-below-percent`, `--idle-after-ms`).
+    pub idle_rule: crate::idle::IdleRule,
 }
 
 /// What the agent's tasks share.
@@ -73,6 +75,10 @@ pub struct Shared {
     /// GPU index -> the job its current assignment runs there (for the
     /// metrics; decides nothing).
     pub(crate) allocated_gpus: Mutex<BTreeMap<u32, u64>>,
+    /// The GPUs of each rank to run (what idleness is judged on).
+    pub(crate) live_ranks: Mutex<BTreeMap<crate::reconcile::RankKey, Vec<u32>>>,
+    /// Idle state of the live ranks (see `idle`).
+    pub(crate) idle: Mutex<crate::idle::IdleTracker>,
     pub(crate) gpus: Mutex<GpuSource>,
     pub(crate) inventory: Vec<Gpu>,
     /// The leader's applied index from each heartbeat answer, to tell
@@ -131,6 +137,8 @@ impl Shared {
             highest_index: AtomicU64::new(highest),
             running_ranks: AtomicU32::new(0),
             allocated_gpus: Mutex::new(BTreeMap::new()),
+            live_ranks: Mutex::new(BTreeMap::new()),
+            idle: Mutex::new(Default::default()),
             gpus: Mutex::new(source),
             inventory,
             leader_indexes: Mutex::new(LeaderIndexes::default()),

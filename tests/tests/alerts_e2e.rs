@@ -27,10 +27,9 @@ use rota_proto::v1 as pb;
 
 const WAIT: Duration = Duration::from_secs(90);
 const TTL_MS: u64 = 3_000;
-/// Metrics the rules read that nothing emits yet: allocated-but-idle GPUs
-/// (idle tracking is to come) and XID errors (counted by the GPU fencing
-/// work, under this name).
-const RESERVED_METRICS: &[&str] = &["rota_gpus_idle", "rota_agent_gpu_xid_errors_total"];
+/// Metrics the rules read that nothing emits yet: XID errors (counted by
+/// the GPU fencing work, under this name).
+const RESERVED_METRICS: &[&str] = &["rota_agent_gpu_xid_errors_total"];
 
 /// A Prometheus server started for the test, stopped by PID when dropped.
 struct Prometheus {
@@ -172,8 +171,15 @@ async fn alerts_fire_on_a_real_prometheus() -> Result<()> {
     let options = ClusterOptions { node_ttl_ms: TTL_MS, ..ClusterOptions::default() };
     let mut cluster = LocalCluster::start(dir.path(), 3, options)?;
     cluster.wait_leader(WAIT).await?;
-    let a = LocalAgent::start(dir.path(), "node-a", &cluster.endpoints_csv(), AgentOptions::default())?;
-    let mut b = LocalAgent::start(dir.path(), "node-b", &cluster.endpoints_csv(), AgentOptions::default())?;
+    // Every fake GPU reads 0 % and a rank is idle after 500 ms: the running
+    // job below is idle at once (RotaGpusAllocatedIdle).
+    let idle_agent = || AgentOptions { extra_args: vec!["--idle-after-ms".into(), "500".into()], ..AgentOptions::default() };
+    let a = LocalAgent::start(dir.path(), "node-a", &cluster.endpoints_csv(), idle_agent())?;
+    let mut b = LocalAgent::start(dir.path(), "node-b", &cluster.endpoints_csv(), idle_agent())?;
+    let quiet: String = (0..8).map(|gpu| format!("{gpu} 0\n")).collect();
+    for agent in [&a, &b] {
+        std::fs::write(agent.data_dir.join("fake-utilization"), &quiet)?;
+    }
     wait_nodes_ready(&cluster, 2, WAIT).await?;
 
     // A job that runs (wait histogram, running and allocated GPUs), and one
@@ -231,6 +237,8 @@ async fn alerts_fire_on_a_real_prometheus() -> Result<()> {
     lint_scrape(&cluster.replicas[&leader].metrics_addr)?;
     lint_scrape(&a.metrics_addr)?;
     ensure!(!prometheus.firing("RotaLeaderFlapping")?, "no leader changed since Prometheus started");
+    // The running job's GPU idle (its agent's report, committed): the group's alert.
+    prometheus.wait_firing("RotaGpusAllocatedIdle", &[("group", "e2e")]).await?;
 
     // A follower stops, an agent stops, a job waits: three alerts.
     let follower = *cluster.replicas.keys().find(|id| **id != leader).expect("a follower");

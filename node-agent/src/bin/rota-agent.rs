@@ -41,6 +41,12 @@ struct Args {
     /// Declare GPUs instead of asking NVML: COUNTxMODEL[,COUNTxMODEL...], e.g. 8xH100-80GB.
     #[arg(long)]
     fake_gpus: Option<String>,
+    /// A GPU under this utilization (percent) is idle.
+    #[arg(long, default_value_t = rota_agent::idle::DEFAULT_IDLE_BELOW_PERCENT)]
+    idle_below_percent: u32,
+    /// A rank whose every GPU stayed idle this long is reported idle (ms).
+    #[arg(long, default_value_t = rota_agent::idle::DEFAULT_IDLE_AFTER_MS)]
+    idle_after_ms: u64,
     /// Heartbeat period (never longer than a quarter of the leader's TTL).
     #[arg(long, default_value_t = 2_000)]
     heartbeat_ms: u64,
@@ -182,7 +188,8 @@ async fn run_agent(args: Args) -> Result<()> {
         rota_agent::metrics::install(addr)?;
     }
     let source = GpuSource::open(args.fake_gpus.as_deref())?
-        .with_fake_unhealthy_file(args.data_dir.join(rota_agent::inventory::FAKE_UNHEALTHY_FILE));
+        .with_fake_unhealthy_file(args.data_dir.join(rota_agent::inventory::FAKE_UNHEALTHY_FILE))
+        .with_fake_utilization_file(args.data_dir.join(rota_agent::idle::FAKE_UTILIZATION_FILE));
     let inventory = source.inventory()?;
     let containment = Containment::init(&args.cgroup_parent, args.no_cgroups)?;
     match &containment {
@@ -219,6 +226,7 @@ async fn run_agent(args: Args) -> Result<()> {
         keep_finished_ranks: args.keep_finished_ranks,
         containment,
         job_users,
+        idle_rule: rota_agent::idle::IdleRule { below_percent: args.idle_below_percent.min(100), after_ms: args.idle_after_ms },
     };
     let shared = Shared::new(config, &security, source, inventory, std::sync::Arc::new(rota_agent::exec::Processes))?;
     let logs = InterceptedService::new(

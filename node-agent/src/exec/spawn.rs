@@ -166,6 +166,7 @@ mod tests {
             keep_finished_ranks: 1,
             containment: Containment::Cgroups { subtree: "/cg/rota".into() },
             job_users: crate::users::JobUsers::Agent,
+            idle_rule: crate::idle::IdleRule::default(),
         }
     }
 

@@ -194,6 +194,7 @@ pub async fn run(config: FleetConfig) -> anyhow::Result<()> {
             containment: Containment::ProcScan,
             // Simulated ranks run nothing: no local user to become.
             job_users: crate::users::JobUsers::Agent,
+            idle_rule: crate::idle::IdleRule::default(),
         };
         let executor = Arc::new(SimExecutor::new(runtime.clone(), counters.clone()));
         let shared = Shared::new(agent_config, &security, source, inventory, executor.clone())?;

@@ -25,6 +25,12 @@ pub struct QueueSetArgs {
     pub preemptible: Option<bool>,
     #[arg(long)]
     pub protected_runtime_s: Option<u64>,
+    /// Flag a job whose GPUs stay idle this long: 2h, 30m, 90s, 500ms (cluster version 8).
+    #[arg(long)]
+    pub idle_after: Option<String>,
+    /// What then: flag (listed by `rota jobs --idle`) or reclaim (the job is stopped, idle_reclaimed).
+    #[arg(long)]
+    pub idle_action: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -72,6 +78,19 @@ pub async fn queue_set(client: &Client, args: &QueueSetArgs, format: Format) -> 
         max_runtime_s: args.max_runtime_s.unwrap_or(base.max_runtime_s),
         preemptible: args.preemptible.unwrap_or(base.preemptible),
         protected_runtime_s: args.protected_runtime_s.unwrap_or(base.protected_runtime_s),
+        idle_after_ms: args
+            .idle_after
+            .as_deref()
+            .map(rota_core::state::idle::parse_duration_ms)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--idle-after: {e}"))?,
+        idle_action: match args.idle_action.as_deref() {
+            None => String::new(),
+            Some(text) => rota_core::state::idle::IdleAction::parse(text)
+                .with_context(|| format!("--idle-action {text:?}: expected flag or reclaim"))?
+                .as_str()
+                .to_string(),
+        },
     };
     client
         .retrying(|i| {
@@ -85,7 +104,8 @@ pub async fn queue_set(client: &Client, args: &QueueSetArgs, format: Format) -> 
 
 fn queue_json(q: &pb::Queue) -> serde_json::Value {
     json!({"name": q.name, "weight": q.weight, "max_gpus_per_job": q.max_gpus_per_job, "default_runtime_s": q.default_runtime_s,
-           "max_runtime_s": q.max_runtime_s, "preemptible": q.preemptible, "protected_runtime_s": q.protected_runtime_s})
+           "max_runtime_s": q.max_runtime_s, "preemptible": q.preemptible, "protected_runtime_s": q.protected_runtime_s,
+           "idle_after_ms": q.idle_after_ms, "idle_action": q.idle_action})
 }
 
 pub async fn queue_show(client: &Client, format: Format) -> Result<()> {
@@ -94,13 +114,23 @@ pub async fn queue_show(client: &Client, format: Format) -> Result<()> {
         Format::Json => println!("{}", serde_json::to_string_pretty(&queues.iter().map(queue_json).collect::<Vec<_>>())?),
         Format::Table => {
             println!(
-                "{:<12} {:>6} {:>8} {:>12} {:>12} {:>11} {:>12}",
-                "QUEUE", "WEIGHT", "MAXGPUS", "DEFAULT_S", "MAX_S", "PREEMPTIBLE", "PROTECTED_S"
+                "{:<12} {:>6} {:>8} {:>12} {:>12} {:>11} {:>12} {:>10} {:<8}",
+                "QUEUE", "WEIGHT", "MAXGPUS", "DEFAULT_S", "MAX_S", "PREEMPTIBLE", "PROTECTED_S", "IDLE_AFTER", "IDLE"
             );
             for q in &queues {
+                let idle_after = q.idle_after_ms.map_or("-".to_string(), rota_core::state::idle::duration_text);
+                let idle_action = if q.idle_action.is_empty() { "-" } else { q.idle_action.as_str() };
                 println!(
-                    "{:<12} {:>6} {:>8} {:>12} {:>12} {:>11} {:>12}",
-                    q.name, q.weight, q.max_gpus_per_job, q.default_runtime_s, q.max_runtime_s, q.preemptible, q.protected_runtime_s
+                    "{:<12} {:>6} {:>8} {:>12} {:>12} {:>11} {:>12} {:>10} {:<8}",
+                    q.name,
+                    q.weight,
+                    q.max_gpus_per_job,
+                    q.default_runtime_s,
+                    q.max_runtime_s,
+                    q.preemptible,
+                    q.protected_runtime_s,
+                    idle_after,
+                    idle_action
                 );
             }
         }

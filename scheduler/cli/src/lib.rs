@@ -259,6 +259,8 @@ pub struct JobFilter {
     pub queue: Option<String>,
     pub user: Option<String>,
     pub labels: Vec<String>,
+    /// Only jobs flagged idle past their queue's idle time.
+    pub idle: bool,
 }
 
 pub async fn jobs(client: &Client, filter: &JobFilter, limit: u32, format: Format) -> Result<()> {
@@ -277,6 +279,7 @@ pub async fn jobs(client: &Client, filter: &JobFilter, limit: u32, format: Forma
         queue: filter.queue.clone().unwrap_or_default(),
         user: filter.user.clone().unwrap_or_default(),
         labels: filter.labels.clone(),
+        idle: filter.idle,
         ..Default::default()
     };
     let mut response = pb::ListJobsResponse::default();
@@ -305,6 +308,7 @@ pub async fn jobs(client: &Client, filter: &JobFilter, limit: u32, format: Forma
             let jobs: Vec<_> = response.jobs.iter().map(job_json).collect();
             println!("{}", serde_json::to_string_pretty(&serde_json::json!({"total": response.total, "jobs": jobs}))?)
         }
+        Format::Table if filter.idle => output::print_idle_jobs(&response.jobs, response.total, wall_clock_ms()),
         Format::Table => print_jobs(&response.jobs, response.total),
     }
     Ok(())

@@ -94,6 +94,9 @@ enum Command {
         /// Only jobs with this label, KEY=VALUE; repeatable (all must match).
         #[arg(long = "label", value_name = "KEY=VALUE")]
         labels: Vec<String>,
+        /// Only jobs whose GPUs are flagged idle past their queue's idle time (idle since, for how long).
+        #[arg(long)]
+        idle: bool,
         #[arg(long, default_value_t = 1000)]
         limit: u32,
     },
@@ -698,8 +701,8 @@ async fn main() -> Result<()> {
         Command::Why { job_id } => cli::why(&client, job_id, format).await,
         Command::Submit(submit) => cli::submit(&client, &submit, format).await,
         Command::Status { job_id } => cli::status(&client, job_id, format).await,
-        Command::Jobs { state, group, queue, user, labels, limit } => {
-            let filter = cli::JobFilter { state, group, queue, user, labels };
+        Command::Jobs { state, group, queue, user, labels, idle, limit } => {
+            let filter = cli::JobFilter { state, group, queue, user, labels, idle };
             cli::jobs(&client, &filter, limit, format).await
         }
         Command::Template { action } => cli::tenancy::template(&client, action, format).await,

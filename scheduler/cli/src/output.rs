@@ -1,5 +1,7 @@
 //! How the CLI shows things: a readable table, or JSON for scripts.
 
+use rota_core::state::faults::utc_text;
+use rota_core::state::idle::duration_text;
 use rota_proto::v1 as pb;
 use serde_json::{json, Value};
 
@@ -60,6 +62,10 @@ pub fn job_json(job: &pb::Job) -> Value {
         "labels": job.labels,
         "template": job.template,
         "template_version": job.template_version,
+        "stop_reason": job.stop_reason,
+        "idle_since_ms": job.idle_since_ms,
+        "idle_flagged_ms": job.idle_flagged_ms,
+        "idle_gpu_ms": job.idle_gpu_ms,
     })
 }
 
@@ -86,6 +92,16 @@ pub fn print_job(job: &pb::Job) {
     if !job.reason.is_empty() {
         println!("  reason: {}", job.reason);
     }
+    if !job.stop_reason.is_empty() {
+        println!("  stop reason {}", job.stop_reason);
+    }
+    if job.idle_since_ms != 0 {
+        let flagged = if job.idle_flagged_ms != 0 { format!(", flagged at {}", utc_text(job.idle_flagged_ms)) } else { String::new() };
+        println!("  idle since {}{flagged}", utc_text(job.idle_since_ms));
+    }
+    if job.idle_gpu_ms != 0 {
+        println!("  idle GPU time {}", duration_text(job.idle_gpu_ms));
+    }
     if job.master_port != 0 {
         println!("  master {}:{}", job.master_addr, job.master_port);
     }
@@ -107,6 +123,32 @@ pub fn print_jobs(jobs: &[pb::Job], total: u64) {
         let spec = job.spec.clone().unwrap_or_default();
         let gpus = u64::from(spec.replicas) * u64::from(spec.gpus_per_replica);
         println!("{:>8}  {:<10} {:<12} {:<10} {:>8}  {}", job.id, state_name(job.state), spec.group, spec.queue, gpus, job.reason);
+    }
+    if total as usize > jobs.len() {
+        println!("({} of {} jobs shown)", jobs.len(), total);
+    }
+}
+
+/// Jobs flagged idle: since when, for how long (to `now_ms`, this
+/// machine's clock) and their idle GPU-time.
+pub fn print_idle_jobs(jobs: &[pb::Job], total: u64, now_ms: u64) {
+    println!(
+        "{:>8}  {:<12} {:<10} {:>5}  {:<20}  {:>9}  {:>12}",
+        "ID", "GROUP", "QUEUE", "GPUS", "IDLE SINCE", "IDLE FOR", "IDLE GPU TIME"
+    );
+    for job in jobs {
+        let spec = job.spec.clone().unwrap_or_default();
+        let gpus = u64::from(spec.replicas) * u64::from(spec.gpus_per_replica);
+        println!(
+            "{:>8}  {:<12} {:<10} {:>5}  {:<20}  {:>9}  {:>12}",
+            job.id,
+            spec.group,
+            spec.queue,
+            gpus,
+            utc_text(job.idle_since_ms),
+            duration_text(now_ms.saturating_sub(job.idle_since_ms)),
+            duration_text(job.idle_gpu_ms)
+        );
     }
     if total as usize > jobs.len() {
         println!("({} of {} jobs shown)", jobs.len(), total);
@@ -159,7 +201,8 @@ pub fn node_json(node: &pb::Node) -> Value {
         .iter()
         .map(|g| {
             json!({"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib, "healthy": g.healthy,
-                "job_id": g.job_id, "fence": g.fence, "nvlink_domain": g.nvlink_domain})
+                "job_id": g.job_id, "fence": g.fence, "nvlink_domain": g.nvlink_domain,
+                "utilization_percent": g.utilization_percent, "memory_used_mib": g.memory_used_mib})
         })
         .collect();
     let fences: Vec<Value> = node
@@ -196,7 +239,12 @@ pub fn print_nodes(nodes: &[pb::Node]) {
                 (_, false) => "FENCED",
                 (false, true) => "UNHEALTHY",
             };
-            println!("    gpu {:>2}  {:<12} {:>6} MiB  {:<9}  {}", g.index, g.model, g.memory_mib, health, holder);
+            let utilization = g.utilization_percent.map_or("-".to_string(), |u| format!("{u}%"));
+            let used = g.memory_used_mib.map_or("-".to_string(), |m| format!("{m}"));
+            println!(
+                "    gpu {:>2}  {:<12} {:>6} MiB  {:<9}  util {:>4}  used {:>6} MiB  {}",
+                g.index, g.model, g.memory_mib, health, utilization, used, holder
+            );
         }
     }
 }

@@ -139,6 +139,10 @@ pub fn job_to_pb(state: &ClusterState, job: &Job) -> pb::Job {
         labels: tags.map(|t| t.labels.clone().into_iter().collect()).unwrap_or_default(),
         template: tags.and_then(|t| t.template.as_ref()).map(|t| t.name.clone()).unwrap_or_default(),
         template_version: tags.and_then(|t| t.template.as_ref()).map_or(0, |t| t.version),
+        idle_since_ms: alloc.and_then(|a| state.alloc_idle_since_ms(a.id)).unwrap_or(0),
+        idle_flagged_ms: alloc.and_then(|a| state.idle.allocs.get(&a.id)).and_then(|r| r.flagged_ms).unwrap_or(0),
+        idle_gpu_ms: rota_core::state::idle::idle_gpu_ms(state, job.id),
+        stop_reason: job.stop_reason.map(|r| r.as_str().to_string()).unwrap_or_default(),
     }
 }
 
@@ -265,6 +269,9 @@ pub fn node_to_pb(state: &ClusterState, node: &Node) -> pb::Node {
                 job_id: holder.and_then(|a| state.allocs.get(a)).map_or(0, |a| a.job_id),
                 fence: state.faults.fence_of(&node.name, g).map(|f| f.reason.clone()).unwrap_or_default(),
                 nvlink_domain: g.nvlink_domain,
+                // Telemetry is not in the replicated state: the server adds it.
+                utilization_percent: None,
+                memory_used_mib: None,
             }
         })
         .collect();
@@ -311,7 +318,14 @@ pub fn queue_to_pb(queue: &QueueConfig) -> pb::Queue {
         max_runtime_s: queue.max_runtime_s,
         preemptible: queue.preemptible,
         protected_runtime_s: queue.protected_runtime_s,
+        idle_after_ms: None,
+        idle_action: String::new(),
     }
+}
+
+/// A queue with its idle rule, as the replicas list it.
+pub fn queue_with_idle_to_pb(queue: &QueueConfig, idle: &rota_core::state::idle::IdlePolicy) -> pb::Queue {
+    pb::Queue { idle_after_ms: Some(idle.idle_after_ms), idle_action: idle.action.as_str().into(), ..queue_to_pb(queue) }
 }
 
 pub fn queue_from_pb(queue: pb::Queue) -> QueueConfig {

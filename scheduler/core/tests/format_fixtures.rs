@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use rota_core::state::approvals::ChangeKind;
 use rota_core::state::auth::{Actor, Role};
 use rota_core::state::codec::{self, FIRST_FORMAT_VERSION, FORMAT_VERSION};
+use rota_core::state::idle::{IdleAction, IdlePolicy};
 use rota_core::state::tenancy::TemplateRef;
 use rota_core::state::{
     AlarmKind, ClusterState, Command, GpuInfo, GroupQuota, JobReason, JobSpec, NodeRegistration, PendingNote, Placement, Plan, Priority,
@@ -78,10 +79,17 @@ fn every_command(version: u16) -> Proposal {
 
 fn commands_of_format_8() -> Vec<Command> {
     let audited = |command: Command| Command::Audited { actor: admin(), command: Box::new(command) };
+    let idle = IdlePolicy { idle_after_ms: 7_200_000, action: IdleAction::Reclaim };
+    let queue = QueueConfig::defaults()[1].clone();
     vec![
         audited(Command::RequireApproval { kind: ChangeKind::Quota, required: true, expire_after_ms: 3_600_000 }),
         audited(Command::ApproveChange { id: 1 }),
         audited(Command::WithdrawChange { id: 2 }),
+        Command::AllocIdle { alloc_id: 1, rank: 0, idle_for_ms: Some(1_800_000) },
+        Command::AllocIdle { alloc_id: 1, rank: 0, idle_for_ms: None },
+        Command::IdleFlagged { alloc_ids: vec![1, 2] },
+        Command::Audited { actor: admin(), command: Box::new(Command::SetQueueIdle { queue, idle }) },
+        Command::ApplyPlan(Plan { stops: vec![Stop { alloc_id: 1, reason: StopReason::IdleReclaimed }], ..Plan::default() }),
     ]
 }
 
@@ -266,8 +274,31 @@ fn small_cluster(version: u16) -> ClusterState {
         assert_eq!((tenancy.templates.len(), tenancy.job_tags.len(), tenancy.budgets.len(), tenancy.meters.len()), (1, 1, 1, 1));
     }
     if version >= 8 {
-        // Quota changes need approval; one waits.
         state.apply_proposal(10, &Proposal { now_ms: 1_700_000_010_000, commands: vec![Command::SetClusterVersion { version: 8 }] });
+        // The stopping attempt of job 1 was idle before its rank exited
+        // (its idle time stays with the job); job 3 runs on GPU 0, idle and
+        // flagged under a reclaiming training queue.
+        let queue = QueueConfig::defaults()[1].clone();
+        let placement = Placement { job_id: 3, ranks: vec![RankPlacement { node: "n1".into(), gpus: vec![0] }] };
+        let commands = vec![
+            Command::AllocIdle { alloc_id: 1, rank: 0, idle_for_ms: Some(4_000) },
+            Command::AllocExited { alloc_id: 1, rank: 0, exit_code: 1 },
+            Command::DrainNode { node: "n1".into(), drain: false },
+            Command::ApplyPlan(Plan { placements: vec![placement], ..Plan::default() }),
+            Command::Audited {
+                actor: admin(),
+                command: Box::new(Command::SetQueueIdle { queue, idle: IdlePolicy { idle_after_ms: 1_000, action: IdleAction::Reclaim } }),
+            },
+        ];
+        let results = state.apply_proposal(11, &Proposal { now_ms: 1_700_000_011_000, commands });
+        assert!(!results.iter().any(|r| matches!(r, rota_core::state::CommandResult::Rejected(_))), "{results:?}");
+        let commands =
+            vec![Command::AllocIdle { alloc_id: 2, rank: 0, idle_for_ms: Some(5_000) }, Command::IdleFlagged { alloc_ids: vec![2] }];
+        state.apply_proposal(12, &Proposal { now_ms: 1_700_000_012_000, commands });
+        let idle = &state.idle;
+        assert_eq!((idle.allocs.len(), idle.job_idle_gpu_ms.len(), idle.queue_policies.len()), (1, 1, 1));
+        assert!(idle.allocs[&2].flagged_ms.is_some());
+        // Quota changes need approval; one waits.
         let quota =
             GroupQuota { group: "nlp".into(), gpus: 1, per_model: BTreeMap::new(), lend: false, lend_to: vec![], borrow_limit: None };
         let commands = vec![
@@ -277,7 +308,7 @@ fn small_cluster(version: u16) -> ClusterState {
             },
             Command::Audited { actor: admin(), command: Box::new(Command::SetQuota(quota)) },
         ];
-        let results = state.apply_proposal(11, &Proposal { now_ms: 1_700_000_011_000, commands });
+        let results = state.apply_proposal(13, &Proposal { now_ms: 1_700_000_013_000, commands });
         assert!(!results.iter().any(|r| matches!(r, rota_core::state::CommandResult::Rejected(_))), "{results:?}");
         assert_eq!((state.approvals.rules.len(), state.approvals.pending.len()), (1, 1));
     }

@@ -49,6 +49,12 @@
 //!   `running since=T on=NODE:GPUS [on=NODE:GPUS ..] [checkpoint=T]` (one
 //!   `on` per rank). The submits, starts and checkpoints are applied in time
 //!   order. Prints each job's id (reasons name jobs by id) and state.
+//! - `idle`: `queue NAME after=T action=flag|reclaim` sets a queue's idle
+//!   rule; `report JOB since=T at=T [rank=0]` is the agent's report, at
+//!   `at`, that the job's rank has been idle since `since` (`busy` instead
+//!   of `since=T`: it turned busy). The first raises the cluster version to
+//!   the one with idle records. Prints each running job's committed idle
+//!   time (`JOB idle since T`, `JOB busy`).
 //! - `plan now=T`: one pass of the policy; prints the placements
 //!   (`place JOB NODE:GPUS ..`), the stops (`stop JOB REASON`) and the notes
 //!   of the jobs left pending (`pending JOB [start=T] CODE: DETAIL`), each in
@@ -70,6 +76,7 @@ use std::path::PathBuf;
 
 use rota_core::policy::{self, PolicyConfig};
 use rota_core::state::auth::Actor;
+use rota_core::state::idle::{IdleAction, IdlePolicy, IDLE_FROM_VERSION};
 use rota_core::state::tenancy::{month_of, MS_PER_GPU_HOUR, TENANCY_FROM_VERSION};
 use rota_core::state::{
     ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobId, JobSpec, NodeRegistration, Placement, Plan, Priority, Proposal,
@@ -99,6 +106,7 @@ scenarios! {
     enforce_runtime_limit,
     feasibility_model_and_memory,
     gang_all_or_nothing,
+    idle_reclaim_at_the_queues_time,
     order_priority_expiry,
     order_priority_then_submit,
     order_quota_does_not_reorder,
@@ -759,10 +767,11 @@ impl Scenario {
             "tune" => no_args(case).and_then(|()| self.tune(case)),
             "jobs" => no_args(case).and_then(|()| self.jobs(&case.input)),
             "budgets" => no_args(case).and_then(|()| self.budgets(&case.input)),
+            "idle" => no_args(case).and_then(|()| self.idle(&case.input)),
             "plan" => self.plan(case),
             other => Err(LineError::new(
                 case.line,
-                format!("unknown command {other:?} (known: cluster, queues, quotas, tune, jobs, budgets, plan)"),
+                format!("unknown command {other:?} (known: cluster, queues, quotas, tune, jobs, budgets, idle, plan)"),
             )),
         }
     }
@@ -846,6 +855,69 @@ impl Scenario {
             self.apply_ok(self.clock_ms, audited, &line)?;
         }
         Ok("ok".into())
+    }
+
+    /// Queue idle rules and agents' idle reports (see the module docs).
+    fn idle(&mut self, input: &[(usize, &str)]) -> Result<String, LineError> {
+        for &(number, text) in input {
+            let kind = InputLine::unnamed(number, text)?.kind;
+            if kind != "queue" && kind != "report" {
+                return Err(LineError::new(number, format!("idle: expected `queue NAME ..` or `report JOB ..`, got {kind:?}")));
+            }
+            let line = InputLine::named(number, text, kind)?;
+            if self.state.cluster_version() < IDLE_FROM_VERSION {
+                self.apply_ok(self.clock_ms, Command::SetClusterVersion { version: IDLE_FROM_VERSION }, &line)?;
+            }
+            let (mut after, mut action, mut since, mut at, mut rank, mut busy) = (None, None, None, None, 0u32, false);
+            for arg in line.args(&[])? {
+                let parsed = match arg.key {
+                    "after" if kind == "queue" => args::millis(&arg).map(|v| after = Some(v)),
+                    "action" if kind == "queue" => IdleAction::parse(arg.value.unwrap_or(""))
+                        .map(|a| action = Some(a))
+                        .ok_or_else(|| format!("action: {:?} is not flag or reclaim", arg.value)),
+                    "since" if kind == "report" => args::millis(&arg).map(|v| since = Some(v)),
+                    "at" if kind == "report" => args::millis(&arg).map(|v| at = Some(v)),
+                    "rank" if kind == "report" => args::number(&arg).map(|v: f64| rank = v as u32),
+                    "busy" if kind == "report" => args::flag(&arg).map(|b| busy = b),
+                    _ => Err(args::unknown(&arg, &["after", "action", "since", "at", "rank", "busy"])),
+                };
+                parsed.map_err(|e| line.error(e))?;
+            }
+            let command = match kind {
+                "queue" => {
+                    let queue = self.state.queues.get(line.name).cloned().ok_or_else(|| line.error(format!("no queue {}", line.name)))?;
+                    let idle_after_ms = after.ok_or_else(|| line.error("after=T is required"))?;
+                    let idle = IdlePolicy { idle_after_ms, action: action.ok_or_else(|| line.error("action= is required"))? };
+                    Command::Audited { actor: Actor::unchecked("golden"), command: Box::new(Command::SetQueueIdle { queue, idle }) }
+                }
+                "report" => {
+                    let job_id = *self.ids.get(line.name).ok_or_else(|| line.error(format!("no job {}", line.name)))?;
+                    let alloc_id = self.state.jobs[&job_id].alloc.ok_or_else(|| line.error(format!("job {} is not running", line.name)))?;
+                    let at = at.ok_or_else(|| line.error("at=T is required"))?;
+                    if at < self.clock_ms {
+                        return Err(line.error(format!("at: is before the cluster's time {}", args::render_millis(self.clock_ms))));
+                    }
+                    self.clock_ms = at;
+                    let idle_for_ms = match (busy, since) {
+                        (true, None) => None,
+                        (false, Some(since)) if since <= at => Some(at - since),
+                        _ => return Err(line.error("one of since=T (not after at) or busy=true")),
+                    };
+                    Command::AllocIdle { alloc_id, rank, idle_for_ms }
+                }
+                _ => unreachable!("checked above"),
+            };
+            self.apply_ok(self.clock_ms, command, &line)?;
+        }
+        let mut lines = Vec::new();
+        for alloc in self.state.allocs.values() {
+            let name = self.job_name(alloc.job_id);
+            match self.state.alloc_idle_since_ms(alloc.id) {
+                Some(since) => lines.push(format!("{name} idle since {}", args::render_millis(since))),
+                None => lines.push(format!("{name} busy")),
+            }
+        }
+        Ok(if lines.is_empty() { "ok".into() } else { lines.join("\n") })
     }
 
     fn tune(&mut self, case: &datadriven::Case) -> Result<String, LineError> {

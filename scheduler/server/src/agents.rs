@@ -17,15 +17,21 @@ use tonic::{Request, Response, Status};
 use rota_tls::auth::caller;
 
 use crate::forward::{serve_or_forward, Failure};
+use crate::leader::GpuSample;
 use crate::status::{internal, rejection, write_error};
 use crate::Context;
 use rota_core::state::faults::FAULTS_FROM_VERSION;
-use rota_core::state::{ClusterState, Command, CommandResult, GpuInfo, NodeRegistration, NodeState, Rejection};
+use rota_core::state::idle::IDLE_FROM_VERSION;
+use rota_core::state::{ClusterState, Command, CommandResult, GpuInfo, NodeRegistration, NodeState, RankState, Rejection};
 
 /// Events in one report at most.
 const MAX_EVENTS: usize = 1_024;
 /// GPU events in one report at most.
 const MAX_GPU_EVENTS: usize = 256;
+/// GPUs of one heartbeat's telemetry kept at most (a node has at most 64).
+const MAX_TELEMETRY_GPUS: usize = 64;
+/// Rank idle states in one heartbeat at most.
+const MAX_RANK_IDLE: usize = 256;
 /// Assignment messages buffered per watch before the sender waits.
 const WATCH_BUFFER: usize = 4;
 /// A watch re-reads the state at most this often.
@@ -99,18 +105,37 @@ impl AgentApi {
         // hear nothing and declare every node down. Refusing sends the agent
         // on to the next replica, and so to the new leader.
         self.ctx.leader_in_contact()?;
+        if message.rank_idle.len() > MAX_RANK_IDLE {
+            return Err(Status::invalid_argument(format!("rank_idle: at most {MAX_RANK_IDLE}")));
+        }
         let unhealthy: BTreeSet<u32> = message.unhealthy_gpus.iter().copied().collect();
-        let (known, changed, index) = self.ctx.read(|state| {
+        let (known, changed, index, idle_changes) = self.ctx.read(|state| {
             let node = state.nodes.get(&message.node).filter(|n| n.state != NodeState::Down);
             let current: Option<BTreeSet<u32>> = node.map(|n| n.gpus.iter().filter(|g| !g.healthy).map(|g| g.index).collect());
-            (node.is_some(), current.is_some_and(|c| c != unhealthy), state.applied_index)
+            let idle_changes = idle_changes(state, &message.node, &message.rank_idle);
+            (node.is_some(), current.is_some_and(|c| c != unhealthy), state.applied_index, idle_changes)
         });
         let ttl_ms = self.ctx.leader.node_ttl_ms;
         if !known {
             return Ok(pb::HeartbeatResponse { must_register: true, index, ttl_ms });
         }
         self.ctx.leader.record_heartbeat(&message.node);
+        let samples = message
+            .gpus
+            .iter()
+            .take(MAX_TELEMETRY_GPUS)
+            .map(|g| GpuSample { index: g.index, utilization_percent: g.utilization_percent.min(100), memory_used_mib: g.memory_used_mib })
+            .collect();
+        self.ctx.leader.record_telemetry(&message.node, samples);
         metrics::counter!("rota_heartbeats_total").increment(1);
+        if !idle_changes.is_empty() {
+            // Only changes of the committed record; a repeat in flight is a
+            // no-op in apply, which keeps the first idle time.
+            let outcomes = futures::future::join_all(idle_changes.into_iter().map(|c| self.ctx.proposer.propose(c))).await;
+            if let Some(error) = outcomes.into_iter().find_map(Result::err) {
+                tracing::warn!(node = %message.node, %error, "idle state change not committed; the next heartbeat retries");
+            }
+        }
         if changed {
             tracing::warn!(node = %message.node, unhealthy = ?unhealthy, "GPU health changed");
             let command = Command::NodeHealth { node: message.node.clone(), unhealthy_gpus: unhealthy.into_iter().collect() };
@@ -141,6 +166,30 @@ fn registration_from_pb(message: &pb::RegisterNodeRequest) -> NodeRegistration {
             })
             .collect(),
     }
+}
+
+/// The rank idle states of a heartbeat that differ from the committed
+/// records, as commands. Ranks of other nodes and of ended allocations are
+/// skipped; nothing is proposed before the cluster holds idle records.
+fn idle_changes(state: &ClusterState, node: &str, reports: &[pb::RankIdle]) -> Vec<Command> {
+    if state.cluster_version() < IDLE_FROM_VERSION {
+        return Vec::new();
+    }
+    let mut commands = Vec::new();
+    for report in reports {
+        let Some(alloc) = state.allocs.get(&report.alloc_id) else { continue };
+        let ours = alloc.ranks.get(report.rank as usize).is_some_and(|r| r.node == node && r.state != RankState::Exited);
+        if !ours {
+            continue;
+        }
+        let committed = state.idle.allocs.get(&alloc.id).is_some_and(|record| record.ranks.contains_key(&report.rank));
+        let idle = report.idle_for_ms > 0;
+        if idle != committed {
+            let idle_for_ms = idle.then_some(report.idle_for_ms);
+            commands.push(Command::AllocIdle { alloc_id: alloc.id, rank: report.rank, idle_for_ms });
+        }
+    }
+    commands
 }
 
 /// Turn reported events into commands. Events about ranks placed on another
@@ -360,6 +409,51 @@ mod tests {
         assert!(gpu_events_to_commands(&state, "n1", &kindless).unwrap_err().message().contains("gpu_events[0].kind"));
         let flood = vec![events[0]; MAX_GPU_EVENTS + 1];
         assert!(gpu_events_to_commands(&state, "n1", &flood).unwrap_err().message().contains("gpu_events: at most"));
+    }
+
+    /// Heartbeats become idle commands only where they differ from the
+    /// committed record, for the node's own live ranks, from format 8 on.
+    #[test]
+    fn idle_reports_become_commands_only_on_a_change() {
+        use rota_core::state::idle::IDLE_FROM_VERSION;
+        use rota_core::state::{GpuInfo, JobSpec, NodeRegistration, Placement, Plan, Proposal, RankPlacement};
+        let gpus = (0..2)
+            .map(|index| GpuInfo {
+                index,
+                uuid: format!("u{index}"),
+                model: "H100".into(),
+                memory_mib: 1,
+                healthy: true,
+                nvlink_domain: None,
+            })
+            .collect();
+        let mut state = ClusterState::default();
+        let ranks = vec![RankPlacement { node: "n1".into(), gpus: vec![0] }, RankPlacement { node: "n2".into(), gpus: vec![0] }];
+        let commands = vec![
+            Command::RegisterNode(NodeRegistration { name: "n1".into(), address: "a:1".into(), rack: "".into(), leaf: "".into(), gpus }),
+            Command::RegisterNode(NodeRegistration {
+                name: "n2".into(),
+                address: "b:1".into(),
+                rack: "".into(),
+                leaf: "".into(),
+                gpus: vec![GpuInfo { index: 0, uuid: "v".into(), model: "H100".into(), memory_mib: 1, healthy: true, nvlink_domain: None }],
+            }),
+            Command::SubmitJob { request_id: None, spec: JobSpec { replicas: 2, ..JobSpec::simple(&["x"]) } },
+            Command::ApplyPlan(Plan { placements: vec![Placement { job_id: 1, ranks }], ..Plan::default() }),
+        ];
+        state.apply_proposal(1, &Proposal { now_ms: 1_000, commands });
+        let report = |rank, idle_for_ms| pb::RankIdle { alloc_id: 1, rank, idle_for_ms };
+        let reports = vec![report(0, 500), report(1, 500), pb::RankIdle { alloc_id: 9, rank: 0, idle_for_ms: 5 }];
+        assert!(super::idle_changes(&state, "n1", &reports).is_empty(), "nothing before format 8");
+        state.cluster_version = IDLE_FROM_VERSION;
+        let changes = super::idle_changes(&state, "n1", &reports);
+        assert_eq!(changes, vec![Command::AllocIdle { alloc_id: 1, rank: 0, idle_for_ms: Some(500) }], "n1's own rank only");
+        state.apply_proposal(2, &Proposal { now_ms: 2_000, commands: changes });
+        assert!(super::idle_changes(&state, "n1", &[report(0, 900)]).is_empty(), "still idle: no change to commit");
+        assert_eq!(
+            super::idle_changes(&state, "n1", &[report(0, 0)]),
+            vec![Command::AllocIdle { alloc_id: 1, rank: 0, idle_for_ms: None }]
+        );
     }
 
     #[test]

@@ -12,8 +12,9 @@ use crate::clock::wall_clock_ms;
 use crate::forward::{serve_or_forward, Failure};
 use crate::status::{awaiting_approval, rejection};
 use crate::Context;
-use rota_client::convert::{node_to_pb, queue_from_pb, queue_to_pb, quota_from_pb, quota_to_pb};
+use rota_client::convert::{node_to_pb, queue_from_pb, queue_to_pb, queue_with_idle_to_pb, quota_from_pb, quota_to_pb};
 use rota_core::state::auth::{Action, Actor};
+use rota_core::state::idle::{IdleAction, IdlePolicy, IDLE_FROM_VERSION};
 use rota_core::state::tenancy::{
     gpu_hours, month_of, month_start_ms, month_text, next_month, parse_month, Month, MS_PER_GPU_HOUR, TENANCY_FROM_VERSION,
 };
@@ -190,6 +191,30 @@ impl ClusterApi {
             .ok_or_else(|| Status::not_found(format!("node {node} not found")).into())
     }
 
+    /// `SetQueue`, or with an idle rule given `SetQueueIdle` (format 8 on):
+    /// an unset idle field keeps the queue's.
+    fn queue_command(&self, message: &pb::Queue) -> Result<Command, Failure> {
+        let queue = queue_from_pb(message.clone());
+        if message.idle_after_ms.is_none() && message.idle_action.is_empty() {
+            return Ok(Command::SetQueue(queue));
+        }
+        let (version, current) = self.ctx.read(|state| (state.cluster_version(), state.idle.policy(&message.name)));
+        if version < IDLE_FROM_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "queue idle rules need cluster version {IDLE_FROM_VERSION}: every replica must run a build that reads it"
+            ))
+            .into());
+        }
+        let action = match message.idle_action.as_str() {
+            "" => current.action,
+            text => {
+                IdleAction::parse(text).ok_or_else(|| Status::invalid_argument(format!("idle_action: {text:?} is not flag or reclaim")))?
+            }
+        };
+        let idle = IdlePolicy { idle_after_ms: message.idle_after_ms.unwrap_or(current.idle_after_ms), action };
+        Ok(Command::SetQueueIdle { queue, idle })
+    }
+
     async fn propose_config(&self, command: Command) -> Result<(), Failure> {
         self.ctx.leader_in_contact()?;
         let (_, result) = self.ctx.proposer.propose(command).await?;
@@ -216,7 +241,14 @@ impl ClusterApi {
 
     async fn queues_here(&self) -> Result<pb::ListQueuesResponse, Failure> {
         self.linearizable().await?;
-        let queues = self.ctx.read(|state| state.queues.values().map(queue_to_pb).collect());
+        let queues = self.ctx.read(|state| {
+            let with_idle = state.cluster_version() >= IDLE_FROM_VERSION;
+            state
+                .queues
+                .values()
+                .map(|q| if with_idle { queue_with_idle_to_pb(q, &state.idle.policy(&q.name)) } else { queue_to_pb(q) })
+                .collect()
+        });
         Ok(pb::ListQueuesResponse { queues })
     }
 
@@ -391,7 +423,16 @@ impl ClusterService for ClusterApi {
 
     async fn list_nodes(&self, mut request: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
         self.reader(&mut request).await?;
-        let nodes = self.ctx.read(|state| state.nodes.values().map(|n| node_to_pb(state, n)).collect());
+        let mut nodes: Vec<pb::Node> = self.ctx.read(|state| state.nodes.values().map(|n| node_to_pb(state, n)).collect());
+        for node in &mut nodes {
+            let Some(samples) = self.ctx.leader.telemetry_of(&node.name) else { continue };
+            for gpu in &mut node.gpus {
+                if let Some(sample) = samples.iter().find(|s| s.index == gpu.index) {
+                    gpu.utilization_percent = Some(sample.utilization_percent);
+                    gpu.memory_used_mib = Some(sample.memory_used_mib);
+                }
+            }
+        }
         Ok(Response::new(pb::ListNodesResponse { nodes }))
     }
 
@@ -430,7 +471,8 @@ impl ClusterService for ClusterApi {
     async fn set_queue(&self, mut request: Request<pb::Queue>) -> Result<Response<pb::Queue>, Status> {
         let actor = &self.ctx.actor(&mut request).await?;
         let here = |message: pb::Queue| async move {
-            self.propose_config(self.ctx.as_actor(actor, Command::SetQueue(queue_from_pb(message.clone())))).await.map(|()| message)
+            let command = self.queue_command(&message)?;
+            self.propose_config(self.ctx.as_actor(actor, command)).await.map(|()| message)
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_queue(request).await };
         serve_or_forward("set_queue", request, here, forward).await

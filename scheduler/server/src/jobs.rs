@@ -147,7 +147,14 @@ impl JobApi {
         for text in message.labels.iter().take(rota_core::state::tenancy::MAX_LABELS + 1) {
             labels.push(parse_label(text).map_err(invalid_input)?);
         }
-        let filter = ListFilter { state: wanted, group: &message.group, queue: &message.queue, user: &message.user, labels: &labels };
+        let filter = ListFilter {
+            state: wanted,
+            group: &message.group,
+            queue: &message.queue,
+            user: &message.user,
+            labels: &labels,
+            idle: message.idle,
+        };
         Ok(self.ctx.read(|state| list_jobs(state, actor, &filter, message.before_id, limit as usize)))
     }
 
@@ -219,6 +226,8 @@ struct ListFilter<'a> {
     user: &'a str,
     /// Every one of these (key, value) labels.
     labels: &'a [(String, String)],
+    /// Only jobs whose attempt is flagged idle.
+    idle: bool,
 }
 
 impl ListFilter<'_> {
@@ -228,6 +237,7 @@ impl ListFilter<'_> {
             && (self.group.is_empty() || job.spec.group == self.group)
             && (self.queue.is_empty() || job.spec.queue == self.queue)
             && (self.user.is_empty() || owner() == self.user)
+            && (!self.idle || job.alloc.and_then(|a| state.idle.allocs.get(&a)).is_some_and(|r| r.flagged_ms.is_some()))
             && (self.labels.is_empty() || {
                 let tags = state.tenancy.job_tags.get(&job.id);
                 self.labels.iter().all(|(key, value)| tags.and_then(|t| t.labels.get(key)) == Some(value))

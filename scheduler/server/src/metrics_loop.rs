@@ -124,6 +124,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ("rota_gpus_pending", "GPUs asked for by pending jobs, by queue and group"),
     ("rota_job_oldest_pending_seconds", "Age of the oldest pending job, by queue"),
     ("rota_gpus_running", "GPUs held by live allocations, by group and model"),
+    ("rota_gpus_idle", "GPUs of ranks their agents report idle, by group"),
     ("rota_gpus", "GPUs by state: free, allocated, unhealthy (or fenced), down (on nodes not ready)"),
     ("rota_gpus_fenced", "GPUs not placeable for health: reported unhealthy or fenced"),
     ("rota_nodes", "Nodes by state"),

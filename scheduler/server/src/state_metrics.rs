@@ -45,6 +45,9 @@ pub struct StateGauges {
     /// (group, month `YYYY-MM`) -> used / budget, for the budgets of the
     /// month holding `now_ms` (bounded by the budgets set).
     pub budget_used_ratio: BTreeMap<(String, String), f64>,
+    /// group -> GPUs of its ranks that their agents report idle (committed
+    /// idle records); every group holding GPUs is present, 0 when none.
+    pub idle: BTreeMap<String, u64>,
 }
 
 /// GPU states, in the order they are judged.
@@ -78,7 +81,9 @@ pub fn state_gauges(state: &ClusterState, now_ms: u64) -> StateGauges {
                 *gauges.running.entry((job.spec.group.clone(), model.to_string())).or_default() += 1;
             }
         }
+        gauges.idle.entry(job.spec.group.clone()).or_insert(0);
     }
+    gauges.idle.extend(state.idle_gpus_by_group());
     for name in GPU_STATES {
         gauges.gpus.insert(name, 0);
     }
@@ -194,6 +199,9 @@ fn publish(gauges: &StateGauges) {
     metrics::gauge!("rota_node_heartbeat_age_max_seconds").set(gauges.heartbeat_age_max_s);
     for ((group, month), ratio) in &gauges.budget_used_ratio {
         metrics::gauge!("rota_budget_used_ratio", "group" => group.clone(), "month" => month.clone()).set(*ratio);
+    }
+    for (group, gpus) in &gauges.idle {
+        metrics::gauge!("rota_gpus_idle", "group" => group.clone()).set(*gpus as f64);
     }
 }
 

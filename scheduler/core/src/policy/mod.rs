@@ -7,7 +7,9 @@
 //! One pass runs these actions in order (the shape of Volcano's actions, with
 //! Nomad-style feasibility that records why each job was rejected):
 //!
-//! 1. **enforce**: allocations past their runtime limit are stopped.
+//! 1. **enforce**: allocations past their runtime limit are stopped, and so
+//!    are allocations idle past their queue's idle time where the queue's
+//!    idle action is `reclaim` ([`idle`]).
 //! 2. **order**: the oldest job that has waited 36 h first (it gets the
 //!    reservation), then by standing (queue weight + priority + shortness of
 //!    the runtime limit + a bounded aging bonus), then submit time, then id
@@ -47,6 +49,7 @@
 
 pub mod config;
 mod fasthash;
+pub mod idle;
 pub mod order;
 pub mod pass;
 pub mod pool;
@@ -62,6 +65,8 @@ pub mod view;
 mod budget_tests;
 #[cfg(test)]
 mod fence_tests;
+#[cfg(test)]
+mod idle_tests;
 
 use crate::state::{ClusterState, Plan};
 

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::state::idle::IdleAction;
 use crate::state::{ClusterState, JobId, JobReason, PendingNote, Placement, Plan, Priority, RankPlacement, Stop, StopReason};
 
 use super::config::{Mode, PolicyConfig};
@@ -117,6 +118,23 @@ impl<'a> Pass<'a> {
             self.plan.stops.push(Stop { alloc_id: run.alloc_id, reason: StopReason::RuntimeLimit });
             run.stopping = true;
             run.end_ms = self.now_ms;
+        }
+        self.reclaim_idle();
+    }
+
+    /// Action 1, idle GPUs: stop allocations idle past their queue's idle
+    /// time whose queue reclaims them (the committed idle record decides).
+    fn reclaim_idle(&mut self) {
+        if self.state.idle.allocs.is_empty() {
+            return;
+        }
+        for run in self.running.iter_mut().filter(|r| !r.stopping) {
+            let policy = self.state.idle_past_policy(run.alloc_id, self.now_ms);
+            if policy.is_some_and(|p| p.action == IdleAction::Reclaim) {
+                self.plan.stops.push(Stop { alloc_id: run.alloc_id, reason: StopReason::IdleReclaimed });
+                run.stopping = true;
+                run.end_ms = self.now_ms;
+            }
         }
     }
 

@@ -55,6 +55,11 @@ impl ClusterState {
             Command::BootstrapAdmin { name } => self.bootstrap_admin(name),
             Command::GpuXid { node, gpu, xid, at_ms } => self.gpu_xid(index, node, *gpu, *xid, *at_ms),
             Command::GpuReset { node, gpu } => self.gpu_reset(node, *gpu),
+            Command::AllocIdle { alloc_id, rank, idle_for_ms } => {
+                self.alloc_idle(*alloc_id, *rank, *idle_for_ms);
+                Ok(CommandResult::Done)
+            }
+            Command::IdleFlagged { alloc_ids } => self.idle_flagged(alloc_ids).map(|()| CommandResult::Done),
             Command::SubmitMarked { .. }
             | Command::ReadmitNode { .. }
             | Command::FenceNode { .. }
@@ -70,7 +75,8 @@ impl ClusterState {
             | Command::SetBudget { .. }
             | Command::RequireApproval { .. }
             | Command::ApproveChange { .. }
-            | Command::WithdrawChange { .. } => Err(Rejection::Invalid {
+            | Command::WithdrawChange { .. }
+            | Command::SetQueueIdle { .. } => Err(Rejection::Invalid {
                 field: "command".into(),
                 message: "this command is applied only inside an audited command naming its sender".into(),
             }),
@@ -199,6 +205,7 @@ impl ClusterState {
             },
             Command::DrainNode { .. }
             | Command::SetQueue(_)
+            | Command::SetQueueIdle { .. }
             | Command::SetQuota(_)
             | Command::SetAlarm { .. }
             | Command::Note { .. }
@@ -250,6 +257,7 @@ impl ClusterState {
             }
             Command::ApproveChange { id } => self.approve_change(index, actor, *id),
             Command::WithdrawChange { id } => self.withdraw_change(actor, *id),
+            Command::SetQueueIdle { queue, idle } => self.set_queue_idle(queue, *idle),
             other => Ok(self.apply(index, other)),
         }
     }
@@ -563,7 +571,11 @@ impl ClusterState {
         let mut stopped = 0;
         for stop in &plan.stops {
             let live = self.allocs.get(&stop.alloc_id).is_some_and(|a| a.stop.is_none());
-            if live {
+            // Checked again as placements are: the allocation may have
+            // turned busy, or its queue's rule changed, since the plan.
+            let reclaimable = stop.reason != StopReason::IdleReclaimed
+                || self.idle_past_policy(stop.alloc_id, self.now_ms).is_some_and(|p| p.action == super::idle::IdleAction::Reclaim);
+            if live && reclaimable {
                 self.request_stop(index, stop.alloc_id, stop.reason);
                 stopped += 1;
             }
@@ -741,6 +753,7 @@ impl ClusterState {
                 assert_eq!(owner, Some(alloc_id), "GPU {}:{gpu} was not held by allocation {alloc_id}", rank.node);
             }
         }
+        self.idle_allocation_ended(&alloc);
         let held_ms = self.now_ms.saturating_sub(alloc.created_at_ms);
         if alloc.stop != Some(StopReason::Failed) {
             // A cancel that overtook a fault ends as a cancel.
@@ -759,6 +772,10 @@ impl ClusterState {
             Some(StopReason::Cancelled) => (JobState::Cancelled, JobReason::code(ReasonCode::Cancelled)),
             Some(StopReason::RuntimeLimit) => (JobState::Failed, JobReason::new(ReasonCode::RuntimeLimit, "runtime limit exceeded")),
             Some(StopReason::Preempted) => (JobState::Pending, JobReason::new(ReasonCode::Preempted, "requeued after preemption")),
+            Some(StopReason::IdleReclaimed) => (
+                JobState::Failed,
+                JobReason::new(ReasonCode::IdleReclaimed, "its GPUs stayed idle past its queue's idle time and were reclaimed"),
+            ),
             Some(StopReason::NodeLost) => {
                 (JobState::Pending, JobReason::new(ReasonCode::NodeLost, "requeued: a node of the gang was lost"))
             }
@@ -807,6 +824,7 @@ impl ClusterState {
             self.spec_bytes -= bytes;
             self.auth.job_marks.remove(&oldest);
             self.tenancy.job_tags.remove(&oldest);
+            self.idle.job_idle_gpu_ms.remove(&oldest);
         }
     }
 
@@ -951,6 +969,23 @@ impl ClusterState {
             return Err(Rejection::Exhausted { what: "queues".into(), limit: self.limits.max_queues as u64 });
         }
         self.queues.insert(queue.name.clone(), queue.clone());
+        Ok(CommandResult::Done)
+    }
+
+    /// A queue and its idle rule (format 8 on).
+    fn set_queue_idle(&mut self, queue: &QueueConfig, idle: super::idle::IdlePolicy) -> Result<CommandResult, Rejection> {
+        use super::idle::{IDLE_FROM_VERSION, MAX_IDLE_AFTER_MS, MIN_IDLE_AFTER_MS};
+        if self.cluster_version() < IDLE_FROM_VERSION {
+            return Err(Rejection::Invalid { field: "idle".into(), message: format!("needs cluster version {IDLE_FROM_VERSION}") });
+        }
+        if !(MIN_IDLE_AFTER_MS..=MAX_IDLE_AFTER_MS).contains(&idle.idle_after_ms) {
+            return Err(Rejection::Invalid {
+                field: "queue.idle_after_ms".into(),
+                message: format!("must be {MIN_IDLE_AFTER_MS}..={MAX_IDLE_AFTER_MS}, got {}", idle.idle_after_ms),
+            });
+        }
+        self.set_queue(queue)?;
+        self.idle.queue_policies.insert(queue.name.clone(), idle);
         Ok(CommandResult::Done)
     }
 

@@ -25,7 +25,7 @@ impl ClusterState {
         let kind = match command {
             Command::SetQuota(_) => ChangeKind::Quota,
             Command::SetBudget { .. } => ChangeKind::Budget,
-            Command::SetQueue(_) => ChangeKind::Policy,
+            Command::SetQueue(_) | Command::SetQueueIdle { .. } => ChangeKind::Policy,
             Command::GrantTemplate { name, group, granted: true } => match self.tenancy.templates.get(name) {
                 Some(template) if template.group != *group => ChangeKind::Grant,
                 _ => return None,
@@ -46,7 +46,10 @@ impl ClusterState {
                 format!("budget of group {group} for {}", month_text(*month)),
                 encoded(&self.tenancy.budgets.get(&(group.clone(), *month))),
             ),
-            Command::SetQueue(queue) => (format!("queue {}", queue.name), encoded(&self.queues.get(&queue.name))),
+            Command::SetQueue(queue) | Command::SetQueueIdle { queue, .. } => {
+                let now = (self.queues.get(&queue.name), self.idle.queue_policies.get(&queue.name));
+                (format!("queue {}", queue.name), encoded(&now))
+            }
             Command::GrantTemplate { name, group, .. } => {
                 let template = self.tenancy.templates.get(name).map(|t| (&t.group, t.grants.contains(group)));
                 (format!("use of template {name} by group {group}"), encoded(&template))
@@ -63,7 +66,7 @@ impl ClusterState {
     fn check_change_input(&self, command: &Command) -> Result<(), Rejection> {
         match command {
             Command::SetQuota(quota) => validate_quota(quota),
-            Command::SetQueue(queue) => validate_queue(queue),
+            Command::SetQueue(queue) | Command::SetQueueIdle { queue, .. } => validate_queue(queue),
             Command::SetBudget { month, .. } if !(1..=12).contains(&(month % 100)) => {
                 Err(Rejection::Invalid { field: "month".into(), message: format!("{month} is not a month as yyyymm") })
             }

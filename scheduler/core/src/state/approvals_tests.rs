@@ -181,3 +181,17 @@ fn a_wrapped_command_needs_the_format_of_what_it_holds() {
     let entry = codec::encode_proposal(&Proposal { now_ms: 1, commands: vec![budget] });
     assert_eq!(codec::version_of("entry", &entry).unwrap().0, tenancy::TENANCY_FROM_VERSION);
 }
+
+/// A queue's idle rule is queue policy: with policy changes ruled, an
+/// idle-reclaim switch waits for approval like any queue setting.
+#[test]
+fn a_queue_idle_rule_is_a_policy_change() {
+    let mut state = cluster();
+    assert_eq!(one(&mut state, T0, by("otto", require(ChangeKind::Policy, true))), CommandResult::Done);
+    let queue = QueueConfig::defaults().remove(1);
+    let idle = super::idle::IdlePolicy { idle_after_ms: 60_000, action: super::idle::IdleAction::Reclaim };
+    let id = pending_id(one(&mut state, T0, by("otto", Command::SetQueueIdle { queue: queue.clone(), idle })));
+    assert!(!state.idle.queue_policies.contains_key(&queue.name));
+    assert_eq!(one(&mut state, T0 + 1, by("olga", Command::ApproveChange { id })), CommandResult::Done);
+    assert_eq!(state.idle.queue_policies[&queue.name], idle);
+}

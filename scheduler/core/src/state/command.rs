@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::approvals::ChangeKind;
 use super::auth::{Actor, Role};
+use super::idle::IdlePolicy;
 use super::tenancy::{Month, TemplateRef};
 use super::types::{AlarmKind, AllocId, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, ReasonCode, StopReason};
 
@@ -244,6 +245,27 @@ pub enum Command {
     WithdrawChange {
         id: u64,
     },
+    /// A rank turned idle (`idle_for_ms: Some`: every GPU of it under the
+    /// agent's utilization threshold for that long, at least the agent's
+    /// window) or busy (format 8 on). Proposed by the leader from
+    /// heartbeats, only on a change of the committed record; apply makes
+    /// the duration a committed time and keeps the first one (see `idle`).
+    AllocIdle {
+        alloc_id: AllocId,
+        rank: u32,
+        idle_for_ms: Option<u64>,
+    },
+    /// The policy found these allocations idle past their queue's time
+    /// (format 8 on); apply checks again and flags those still idle.
+    IdleFlagged {
+        alloc_ids: Vec<AllocId>,
+    },
+    /// `SetQueue` with the queue's idle rule (format 8 on, inside
+    /// `Audited`, operators).
+    SetQueueIdle {
+        queue: QueueConfig,
+        idle: IdlePolicy,
+    },
 }
 
 /// The first format with `Command::Traced`.
@@ -251,6 +273,14 @@ pub const TRACED_FROM_VERSION: u16 = 7;
 
 impl Command {
     /// The oldest encoding format that has this command.
+    ///
+    /// Never inlined: one incremental release build compiled a caller that
+    /// had this match inlined so that `GpuReset`'s 6 compared unequal to 6
+    /// (`fault_commands_need_format_6_and_round_trip_in_the_snapshot`
+    /// failed with `left: 6, right: 6`). It did not come back in a fresh
+    /// build, and the cause was not found; the cluster-version check must
+    /// not depend on it, so the function keeps one body.
+    #[inline(never)]
     pub fn min_format(&self) -> u16 {
         match self {
             Command::SetClusterVersion { .. } => 2,
@@ -274,14 +304,8 @@ impl Command {
             | Command::DeleteTemplate { .. }
             | Command::GrantTemplate { .. }
             | Command::SetBudget { .. } => super::tenancy::TENANCY_FROM_VERSION,
-            // A pending reason that names a spent budget exists from format 7 on.
-            Command::ApplyPlan(plan) if plan.pending.iter().any(|n| n.reason.code == ReasonCode::BudgetExhausted) => {
-                super::tenancy::TENANCY_FROM_VERSION
-            }
-            // A pending reason that names fenced capacity exists from format 6 on.
-            Command::ApplyPlan(plan) if plan.pending.iter().any(|n| n.reason.code == ReasonCode::Fenced) => {
-                super::faults::FAULTS_FROM_VERSION
-            }
+            Command::AllocIdle { .. } | Command::IdleFlagged { .. } | Command::SetQueueIdle { .. } => super::idle::IDLE_FROM_VERSION,
+            Command::ApplyPlan(plan) => plan.min_format(),
             Command::Traced { command, .. } => command.min_format().max(TRACED_FROM_VERSION),
             Command::RequireApproval { .. } | Command::ApproveChange { .. } | Command::WithdrawChange { .. } => {
                 super::approvals::APPROVALS_FROM_VERSION
@@ -331,6 +355,9 @@ impl Command {
             Command::CancelJob { job_id } => format!("cancel job {job_id}"),
             Command::DrainNode { node, drain } => format!("{} node {node}", if *drain { "drain" } else { "undrain" }),
             Command::SetQueue(queue) => format!("set queue {}", queue.name),
+            Command::SetQueueIdle { queue, idle } => {
+                format!("set queue {} (idle after {} ms: {})", queue.name, idle.idle_after_ms, idle.action.as_str())
+            }
             Command::SetQuota(quota) => format!("set quota of group {}", quota.group),
             Command::SetAlarm { replica, kind, raised } => {
                 format!("{} alarm {} of replica {replica}", if *raised { "raise" } else { "disarm" }, kind.as_str())
@@ -381,6 +408,24 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The oldest format that has every stop reason and pending reason of
+    /// the plan.
+    pub fn min_format(&self) -> u16 {
+        // A stop that reclaims idle GPUs exists from format 8 on.
+        if self.stops.iter().any(|s| s.reason == StopReason::IdleReclaimed) {
+            return super::idle::IDLE_FROM_VERSION;
+        }
+        // A pending reason that names a spent budget exists from format 7 on.
+        if self.pending.iter().any(|n| n.reason.code == ReasonCode::BudgetExhausted) {
+            return super::tenancy::TENANCY_FROM_VERSION;
+        }
+        // A pending reason that names fenced capacity exists from format 6 on.
+        if self.pending.iter().any(|n| n.reason.code == ReasonCode::Fenced) {
+            return super::faults::FAULTS_FROM_VERSION;
+        }
+        FIRST_FORMAT_VERSION
+    }
+
     pub fn is_empty(&self) -> bool {
         self.placements.is_empty() && self.stops.is_empty() && self.pending.is_empty()
     }

@@ -67,6 +67,9 @@ pub enum EventKind {
     JobFinished,
     JobFailed,
     JobCancelled,
+    /// The job's allocation was idle past its queue's idle time (format 8
+    /// on); the reason says since when.
+    JobIdleFlagged,
     /// A node registered (first or again, e.g. after its agent restarted).
     NodeRegistered,
     /// A node that was down registered again.
@@ -100,6 +103,7 @@ impl EventKind {
             EventKind::JobFinished => "job_finished",
             EventKind::JobFailed => "job_failed",
             EventKind::JobCancelled => "job_cancelled",
+            EventKind::JobIdleFlagged => "job_idle_flagged",
             EventKind::NodeRegistered => "node_registered",
             EventKind::NodeUp => "node_up",
             EventKind::NodeDown => "node_down",
@@ -125,7 +129,8 @@ impl EventKind {
             | EventKind::JobRequeued
             | EventKind::JobFinished
             | EventKind::JobFailed
-            | EventKind::JobCancelled => Topic::Jobs,
+            | EventKind::JobCancelled
+            | EventKind::JobIdleFlagged => Topic::Jobs,
             EventKind::NodeRegistered
             | EventKind::NodeUp
             | EventKind::NodeDown
@@ -214,6 +219,8 @@ struct Probe {
     node: Option<(String, Option<NodeImage>)>,
     /// The change an approval applies (it leaves the pending table).
     approved: Option<Command>,
+    /// Allocations an `IdleFlagged` names that were not flagged before it.
+    unflagged: Vec<AllocId>,
 }
 
 impl ClusterState {
@@ -311,10 +318,21 @@ impl ClusterState {
             Command::ApproveChange { id } => self.approvals.pending.get(id).map(|change| change.command.clone()),
             _ => None,
         };
+        let unflagged = match inner {
+            Command::IdleFlagged { alloc_ids } => alloc_ids
+                .iter()
+                .copied()
+                .filter(|id| self.idle.allocs.get(id).is_none_or(|record| record.flagged_ms.is_none()))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+            _ => Vec::new(),
+        };
         Probe {
             jobs: jobs.into_iter().map(|id| (id, self.jobs.get(&id).map(|job| self.job_image(job)))).collect(),
             node: node.map(|name| (name.to_string(), self.node_image(name))),
             approved,
+            unflagged,
         }
     }
 
@@ -349,8 +367,18 @@ impl ClusterState {
                 self.derive_job(before, job, &blank, events);
             }
         }
+        for alloc_id in &probe.unflagged {
+            let flagged = self.idle.allocs.get(alloc_id).is_some_and(|record| record.flagged_ms.is_some());
+            let job = self.allocs.get(alloc_id).and_then(|a| self.jobs.get(&a.job_id));
+            if let (true, Some(job), Some(since)) = (flagged, job, self.alloc_idle_since_ms(*alloc_id)) {
+                let reason = format!("idle since {}", super::faults::utc_text(since));
+                events.push(self.job_event(EventKind::JobIdleFlagged, job, reason, &blank));
+            }
+        }
         match probe.approved.as_ref().unwrap_or(inner) {
-            Command::SetQueue(queue) => events.push(Event { queue: queue.name.clone(), ..blank(EventKind::QueueChanged) }),
+            Command::SetQueue(queue) | Command::SetQueueIdle { queue, .. } => {
+                events.push(Event { queue: queue.name.clone(), ..blank(EventKind::QueueChanged) })
+            }
             Command::SetQuota(quota) => events.push(Event { group: quota.group.clone(), ..blank(EventKind::QuotaChanged) }),
             Command::SetBudget { group, month, .. } => events.push(Event {
                 group: group.clone(),

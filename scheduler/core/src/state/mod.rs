@@ -17,6 +17,7 @@ pub mod dedupe;
 pub mod events;
 pub mod faults;
 pub mod gpu_model;
+pub mod idle;
 pub mod tenancy;
 pub mod types;
 pub mod validate;
@@ -121,6 +122,10 @@ pub struct ClusterState {
     /// waiting for one. Kept from format 8 on, written after the tenancy.
     #[serde(skip)]
     pub approvals: approvals::ApprovalState,
+    /// Idle records, per-job idle GPU-time and queue idle rules. Kept from
+    /// format 8 on, written after the tenancy section.
+    #[serde(skip)]
+    pub idle: idle::IdleState,
 }
 
 impl Default for ClusterState {
@@ -155,6 +160,7 @@ impl ClusterState {
             faults: faults::FaultState::default(),
             tenancy: tenancy::TenancyState::default(),
             approvals: approvals::ApprovalState::default(),
+            idle: idle::IdleState::default(),
         }
     }
 
@@ -259,6 +265,12 @@ impl ClusterState {
         }
         if let Some(job_id) = self.tenancy.job_tags.keys().find(|id| !self.jobs.contains_key(id)) {
             return Err(format!("job {job_id} has labels but is not held"));
+        }
+        if let Some(alloc_id) = self.idle.allocs.keys().find(|id| !self.allocs.contains_key(id)) {
+            return Err(format!("allocation {alloc_id} has an idle record but is not live"));
+        }
+        if let Some(job_id) = self.idle.job_idle_gpu_ms.keys().find(|id| !self.jobs.contains_key(id)) {
+            return Err(format!("job {job_id} has idle time but is not held"));
         }
         if self.cluster_version() >= tenancy::TENANCY_FROM_VERSION {
             let mut running: BTreeMap<&str, u64> = BTreeMap::new();

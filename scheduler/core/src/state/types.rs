@@ -142,6 +142,9 @@ pub enum StopReason {
     /// A GPU of the allocation is no longer on its node (the node registered
     /// again with a different set of GPUs).
     GpuLost,
+    /// Its GPUs stayed idle past its queue's idle time under the `reclaim`
+    /// action (format 8 on): the job ends, not retried (see `idle`).
+    IdleReclaimed,
 }
 
 impl StopReason {
@@ -153,6 +156,7 @@ impl StopReason {
             StopReason::NodeLost => "node_lost",
             StopReason::GpuLost => "gpu_lost",
             StopReason::Failed => "failed",
+            StopReason::IdleReclaimed => "idle_reclaimed",
         }
     }
 }
@@ -373,6 +377,8 @@ pub enum ReasonCode {
     Fenced,
     /// Pending: its group's GPU budget of the month is spent (format 7 on).
     BudgetExhausted,
+    /// Ended: its GPUs stayed idle past its queue's idle time (format 8 on).
+    IdleReclaimed,
 }
 
 impl ReasonCode {
@@ -400,6 +406,7 @@ impl ReasonCode {
             ReasonCode::Failed => "failed",
             ReasonCode::Fenced => "fenced",
             ReasonCode::BudgetExhausted => "budget_exhausted",
+            ReasonCode::IdleReclaimed => "idle_reclaimed",
         }
     }
 }

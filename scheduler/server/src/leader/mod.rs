@@ -21,6 +21,7 @@ mod heartbeats;
 mod planner;
 pub mod starts;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,6 +45,14 @@ const FOLLOWER_POLL_MS: u64 = 100;
 /// How long a leader waits for a peer's clock reading or campaign answer.
 const CLOCK_PROBE_TIMEOUT_MS: u64 = 1_000;
 
+/// One GPU's sample from a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuSample {
+    pub index: u32,
+    pub utilization_percent: u32,
+    pub memory_used_mib: u64,
+}
+
 /// Shared between the leader loop and the AgentService: the heartbeat table
 /// of the current term (none while not leading) and the monotonic clock its
 /// times are read from.
@@ -57,6 +66,9 @@ pub struct Leadership {
     /// The term in which this leader last found its clock in agreement with
     /// a majority of its peers (0: not yet / not any more).
     clock_verified_term: AtomicU64,
+    /// The latest GPU telemetry of each node heard in this term (never in
+    /// the log; `rota nodes` shows it). One entry per known node at most.
+    telemetry: Mutex<BTreeMap<String, Vec<GpuSample>>>,
     /// Set once a majority of peers proved this replica's clock wrong:
     /// it then starts no election and takes no campaign drill until its
     /// clock agrees with a majority again.
@@ -71,6 +83,7 @@ impl Leadership {
             max_clock_skew_ms,
             epoch: Instant::now(),
             table: Mutex::new(None),
+            telemetry: Mutex::new(BTreeMap::new()),
             clock_verified_term: AtomicU64::new(0),
             clock_suspect: AtomicBool::new(false),
         }
@@ -107,11 +120,27 @@ impl Leadership {
         }
     }
 
+    /// Keep a node's latest telemetry (only while leading; bounded by the
+    /// nodes the state knows, which the caller checked).
+    pub fn record_telemetry(&self, node: &str, samples: Vec<GpuSample>) {
+        if self.table.lock().expect("heartbeat table lock").is_none() {
+            return;
+        }
+        self.telemetry.lock().expect("telemetry lock").insert(node.to_string(), samples);
+    }
+
+    /// A node's latest telemetry, if this replica leads and heard it this term.
+    pub fn telemetry_of(&self, node: &str) -> Option<Vec<GpuSample>> {
+        self.telemetry.lock().expect("telemetry lock").get(node).cloned()
+    }
+
     fn start_term(&self, term: u64) {
         *self.table.lock().expect("heartbeat table lock") = Some(HeartbeatTable::new(term, self.node_ttl_ms));
     }
 
     fn end_term(&self) {
+        // A former leader's samples would only age: show none.
+        self.telemetry.lock().expect("telemetry lock").clear();
         if let Some(table) = self.table.lock().expect("heartbeat table lock").take() {
             tracing::debug!(term = table.term(), nodes = table.len(), "heartbeat table dropped");
         }
@@ -258,7 +287,14 @@ async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy, planner: &mut Plann
         }
     };
     let observed = PlanObservations::of(&state, &plan, committed_ms);
+    let to_flag = rota_core::policy::idle::to_flag(&state, committed_ms);
     copy.put_back(state);
+    if !to_flag.is_empty() {
+        tracing::info!(allocations = ?to_flag, "allocations idle past their queue's idle time flagged");
+        if let Err(error) = ctx.proposer.propose(Command::IdleFlagged { alloc_ids: to_flag }).await {
+            return proposal_failed("idle flags", &error);
+        }
+    }
     metrics::histogram!("rota_plan_pass_seconds").record(started.elapsed().as_secs_f64());
     if plan.is_empty() {
         return true;
