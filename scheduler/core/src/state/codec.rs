@@ -32,6 +32,7 @@
 //! | 5 | `Command::Audited` and the user, token and note commands inside it, `Rejection::PermissionDenied`; then the users, tokens, job marks and audit trail |
 //! | 6 | `Command::GpuXid`, `GpuReset`, `ReadmitNode`, `FenceNode`, `ReasonCode::Fenced`; then the fences, attempt faults and drained nodes; GPU model names match by alias (`gpu_model`) |
 //! | 7 | `Command::SubmitTagged`, `SaveTemplate`, `DeleteTemplate`, `GrantTemplate`, `SetBudget`, `Traced`, `ReasonCode::BudgetExhausted`; then the templates, job labels, budgets and metered use (`tenancy`) |
+//! | 8 | no new command; then the job statistics of history and reports (`records`) |
 
 use serde::Serialize;
 
@@ -39,7 +40,7 @@ use super::command::Proposal;
 use super::ClusterState;
 
 /// The newest format this build reads (and writes, once the cluster runs it).
-pub const FORMAT_VERSION: u16 = 7;
+pub const FORMAT_VERSION: u16 = 8;
 pub use super::command::FIRST_FORMAT_VERSION;
 const MAGIC: &[u8; 4] = b"rota";
 const HEADER_BYTES: usize = 6;
@@ -92,6 +93,13 @@ pub fn encode_proposal(proposal: &Proposal) -> Vec<u8> {
     encode(proposal.min_format(), proposal)
 }
 
+/// A log entry in format `version` (at least the oldest that holds its
+/// commands): the fixture of a format that added no command.
+pub fn encode_proposal_in(version: u16, proposal: &Proposal) -> Vec<u8> {
+    assert!(version >= proposal.min_format(), "format {version} cannot hold these commands");
+    encode(version, proposal)
+}
+
 pub fn decode_proposal(bytes: &[u8]) -> Result<Proposal, CodecError> {
     decode_proposal_up_to(bytes, FORMAT_VERSION)
 }
@@ -137,6 +145,11 @@ pub fn encode_snapshot(state: &ClusterState) -> Vec<u8> {
         bincode::serialize_into(&mut bytes, &state.tenancy).expect("tenancy state encodes");
     } else {
         debug_assert!(state.tenancy == Default::default(), "templates, labels and budgets exist from format 7 on");
+    }
+    if version >= 8 {
+        bincode::serialize_into(&mut bytes, &state.records).expect("job statistics encode");
+    } else {
+        debug_assert!(state.records == Default::default(), "job statistics exist from format 8 on");
     }
     bytes
 }
@@ -188,6 +201,9 @@ pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterStat
     }
     if version >= 7 {
         state.tenancy = read_part(what, &mut reader)?;
+    }
+    if version >= 8 {
+        state.records = read_part(what, &mut reader)?;
     }
     if !reader.is_empty() {
         return Err(CodecError::Corrupt { what, detail: format!("{} bytes after the state", reader.len()) });
@@ -251,7 +267,8 @@ mod tests {
         let bytes = encode_snapshot(&state);
         let tail_len = bincode::serialize(&state.auth).unwrap().len()
             + bincode::serialize(&state.faults).unwrap().len()
-            + bincode::serialize(&state.tenancy).unwrap().len();
+            + bincode::serialize(&state.tenancy).unwrap().len()
+            + bincode::serialize(&state.records).unwrap().len();
         let mut hostile = bytes[..bytes.len() - tail_len].to_vec();
         hostile.extend_from_slice(&1u64.to_le_bytes());
         hostile.extend_from_slice(&((1u64 << 39) - 1).to_le_bytes());

@@ -15,6 +15,7 @@ pub mod dedupe;
 pub mod events;
 pub mod faults;
 pub mod gpu_model;
+pub mod records;
 pub mod tenancy;
 pub mod types;
 pub mod validate;
@@ -115,6 +116,14 @@ pub struct ClusterState {
     /// on, written after the fences.
     #[serde(skip)]
     pub tenancy: tenancy::TenancyState,
+    /// Job statistics for history and reports. Kept from format 8 on,
+    /// written after the tenancy section.
+    #[serde(skip)]
+    pub records: records::RecordsState,
+    /// Records of jobs this replica dropped, for its archive (not
+    /// replicated; see `records::ArchiveOutbox`).
+    #[serde(skip)]
+    pub archive_outbox: records::ArchiveOutbox,
 }
 
 impl Default for ClusterState {
@@ -148,6 +157,8 @@ impl ClusterState {
             auth: auth::AuthState::default(),
             faults: faults::FaultState::default(),
             tenancy: tenancy::TenancyState::default(),
+            records: records::RecordsState::default(),
+            archive_outbox: records::ArchiveOutbox::default(),
         }
     }
 
@@ -252,6 +263,9 @@ impl ClusterState {
         }
         if let Some(job_id) = self.tenancy.job_tags.keys().find(|id| !self.jobs.contains_key(id)) {
             return Err(format!("job {job_id} has labels but is not held"));
+        }
+        if let Some(job_id) = self.records.job_stats.keys().find(|id| !self.jobs.contains_key(id)) {
+            return Err(format!("job {job_id} has statistics but is not held"));
         }
         if self.cluster_version() >= tenancy::TENANCY_FROM_VERSION {
             let mut running: BTreeMap<&str, u64> = BTreeMap::new();
