@@ -476,6 +476,12 @@ struct ServerArgs {
     /// bytes are bounded too (32 MiB).
     #[arg(long, default_value_t = rota_server::events::MAX_KEPT_EVENTS)]
     keep_events: usize,
+    /// Finished jobs the cluster's state keeps; older ones move to each
+    /// replica's monthly archive (`DATA/archive/`, read by `rota history`).
+    /// Part of the replicated state: give every founding replica the same
+    /// value (a snapshot carries it after that).
+    #[arg(long, default_value_t = rota_core::state::StateLimits::default().max_finished_jobs as u64, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    keep_finished_jobs: u64,
     /// A node silent this long is declared down and its jobs requeued.
     #[arg(long, default_value_t = 30_000)]
     node_ttl_ms: u64,
@@ -623,6 +629,7 @@ async fn run_server(args: ServerArgs, tls: &TlsArgs) -> Result<()> {
         snapshot_every_entries: args.snapshot_every,
         keep_logs_behind_snapshot: args.keep_logs,
         keep_events: args.keep_events,
+        keep_finished_jobs: args.keep_finished_jobs as usize,
         node_ttl_ms: args.node_ttl_ms,
         max_clock_skew_ms: args.max_clock_skew_ms,
         start_timeout_ms: args.start_timeout_ms,

@@ -17,6 +17,7 @@ use rota_core::state::codec::{self, CodecError};
 use rota_core::state::events::Event;
 use rota_core::state::{ClusterState, Command, CommandResult, Rejection};
 
+use crate::archive::ArchiveWriter;
 use crate::events::EventRing;
 
 /// Exit status of a replica that met an entry in a newer format (EX_CONFIG).
@@ -65,6 +66,35 @@ pub struct Replicated {
     pub journal: Arc<Mutex<Journal>>,
     /// The events of the entries applied here (see `events`).
     pub events: EventRing,
+    /// The monthly archive of dropped jobs' records (see `archive`); None
+    /// in tests that keep no data directory.
+    pub archive: Option<Mutex<ArchiveWriter>>,
+}
+
+impl Replicated {
+    /// A state machine over `state` that archives into `archive`.
+    pub fn new(mut state: ClusterState, journal: Arc<Mutex<Journal>>, events: EventRing, archive: Option<ArchiveWriter>) -> Replicated {
+        state.archive_outbox.collect = archive.is_some();
+        Replicated { state, journal, events, archive: archive.map(Mutex::new) }
+    }
+
+    /// Append what the last entry dropped to the archive. A failed write
+    /// is logged and counted, never fatal: the state is what must not stop.
+    fn archive_dropped(&mut self, index: u64) {
+        let records = self.state.archive_outbox.drain();
+        let Some(archive) = &self.archive else { return };
+        if records.is_empty() {
+            return;
+        }
+        let mut archive = archive.lock().unwrap_or_else(PoisonError::into_inner);
+        match archive.append(&records) {
+            Ok(written) => metrics::counter!("rota_archive_records_total").increment(written as u64),
+            Err(error) => {
+                metrics::counter!("rota_archive_write_errors_total").increment(1);
+                tracing::error!(index, %error, records = records.len(), "archiving dropped jobs failed");
+            }
+        }
+    }
 }
 
 /// Apply one payload to a state, exactly as the replicated state machine
@@ -102,12 +132,21 @@ impl StateMachine for Replicated {
     fn apply(&mut self, index: u64, payload: &[u8]) -> Vec<u8> {
         let mut events = Vec::new();
         let results = apply_payload(&mut self.state, index, payload, Some(&mut events));
+        self.archive_dropped(index);
         self.events.push_entry(index, events);
         self.journal.lock().unwrap_or_else(PoisonError::into_inner).record(index, payload);
         bincode::serialize(&results).expect("results serialize")
     }
 
     fn snapshot(&self) -> Vec<u8> {
+        // A snapshot must not cover a record that is not on disk: the
+        // entries that archived it would never be applied here again.
+        if let Some(archive) = &self.archive {
+            if let Err(error) = archive.lock().unwrap_or_else(PoisonError::into_inner).sync() {
+                metrics::counter!("rota_archive_write_errors_total").increment(1);
+                tracing::error!(%error, "syncing the archive before a snapshot failed");
+            }
+        }
         self.state.to_snapshot()
     }
 
@@ -120,6 +159,7 @@ impl StateMachine for Replicated {
         state.check_invariants()?;
         self.events.reset(state.applied_index);
         self.state = state;
+        self.state.archive_outbox.collect = self.archive.is_some();
         self.journal.lock().unwrap_or_else(PoisonError::into_inner).break_off();
         Ok(())
     }
@@ -240,7 +280,7 @@ mod tests {
     }
 
     fn replicated() -> Replicated {
-        Replicated { state: ClusterState::default(), journal: Arc::new(Mutex::new(Journal::default())), events: EventRing::default() }
+        Replicated::new(ClusterState::default(), Arc::new(Mutex::new(Journal::default())), EventRing::default(), None)
     }
 
     /// What `Context::read` does: run the closure on the state.
