@@ -170,8 +170,9 @@ fn cut_torn_line(path: &Path) -> Result<String, ArchiveError> {
 /// One page read backwards from a month file.
 #[derive(Debug, Default)]
 pub struct PageRead {
-    /// Newest first.
-    pub records: Vec<JobRecord>,
+    /// Newest first, each with the offset just past its line (where a
+    /// read that starts with it ends).
+    pub records: Vec<(u64, JobRecord)>,
     /// Where the next page of this file ends (bytes from its start); 0: the
     /// file is read to its start.
     pub next_end: u64,
@@ -198,7 +199,16 @@ pub fn read_back(dir: &Path, month: Month, end: Option<u64>, max_bytes: u64) -> 
     let start = if from == 0 { 0 } else { chunk.iter().position(|b| *b == b'\n').map_or(chunk.len(), |at| at + 1) };
     // A last line without its newline is torn (or being written): not yet.
     let stop = chunk.iter().rposition(|b| *b == b'\n').map_or(0, |at| at + 1).max(start);
-    let records = String::from_utf8_lossy(&chunk[start..stop]).lines().rev().filter_map(|line| JobRecord::from_line(line).ok()).collect();
+    let mut records = Vec::new();
+    let mut line_start = start;
+    for line in chunk[start..stop].split_inclusive(|b| *b == b'\n') {
+        let line_end = from + (line_start + line.len()) as u64;
+        line_start += line.len();
+        if let Some(record) = std::str::from_utf8(line).ok().and_then(|text| JobRecord::from_line(text).ok()) {
+            records.push((line_end, record));
+        }
+    }
+    records.reverse();
     // A window inside one over-long line moves on past it, never stays.
     let next_end = if start == chunk.len() { from } else { from + start as u64 };
     Ok(PageRead { records, next_end })
@@ -242,7 +252,7 @@ mod tests {
     }
 
     fn all(dir: &Path, month: Month) -> Vec<u64> {
-        read_back(dir, month, None, 1 << 20).unwrap().records.iter().map(|r| r.job_id).collect()
+        read_back(dir, month, None, 1 << 20).unwrap().records.iter().map(|(_, r)| r.job_id).collect()
     }
 
     #[test]
@@ -298,7 +308,7 @@ mod tests {
             let page = read_back(dir.path(), 202_612, end, 1).unwrap();
             assert!(!page.records.is_empty());
             assert!(page.records.len() < 400, "a page reads about its bound, not the file");
-            seen.extend(page.records.iter().map(|r| r.job_id));
+            seen.extend(page.records.iter().map(|(_, r)| r.job_id));
             if page.next_end == 0 {
                 break;
             }

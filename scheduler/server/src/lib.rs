@@ -13,6 +13,7 @@ pub mod cluster_id;
 pub mod events;
 mod forward;
 pub mod health;
+pub mod history;
 pub mod identity;
 mod jobs;
 pub mod leader;
@@ -20,6 +21,7 @@ pub mod limits;
 mod metrics_loop;
 mod proposer;
 pub mod replicated;
+pub mod report_chart;
 pub mod request_id;
 pub mod rest;
 pub mod state_metrics;
@@ -168,6 +170,8 @@ pub struct Context {
     pub bootstrap_admin: Option<String>,
     /// The cluster this replica belongs to (kept in its data directory).
     pub cluster_identity: cluster_id::ClusterIdentity,
+    /// This replica's monthly archive of job records (`DATA/archive`).
+    pub archive_dir: PathBuf,
 }
 
 impl Context {
@@ -245,6 +249,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         journal,
         bootstrap_admin: config.bootstrap_admin.clone(),
         cluster_identity: cluster_identity.clone(),
+        archive_dir: archive::archive_dir(&config.data_dir),
     });
     if ctx.unsafe_ack_before_commit {
         tracing::error!("ROTA_TEST_ACK_BEFORE_COMMIT=1: submits are acknowledged before they commit; never use this outside tests");
