@@ -277,6 +277,81 @@ pub fn report(mut records: Vec<JobRecord>, archived: Vec<JobRecord>, month: Mont
     compute_report(&records, month, by)
 }
 
+/// A report row for people and programs (`rota report --output json`,
+/// `/v1/report`): hours as numbers, and the exact milliseconds.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct ReportRowView {
+    pub key: String,
+    pub gpu_hours: f64,
+    pub jobs: u64,
+    /// Mean submit-to-first-start of the jobs first started in the month.
+    pub mean_wait_s: f64,
+    pub preemptions: u64,
+    pub idle_gpu_hours: f64,
+    pub gpu_ms: u64,
+    pub idle_gpu_ms: u64,
+    pub started_jobs: u64,
+}
+
+/// A group's day.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct ReportDayView {
+    /// Day of the month, from 1.
+    pub day: u32,
+    pub busy_gpu_hours: f64,
+    pub idle_gpu_hours: f64,
+}
+
+/// A month's report.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct ReportView {
+    /// YYYY-MM (UTC).
+    pub month: String,
+    /// group, queue or label:KEY.
+    pub by: String,
+    pub rows: Vec<ReportRowView>,
+    /// Per group, every day of the month.
+    pub daily: std::collections::BTreeMap<String, Vec<ReportDayView>>,
+    /// The archive held more than one answer reads: figures may be low.
+    pub truncated: bool,
+}
+
+pub fn report_view(report: &Report, truncated: bool) -> ReportView {
+    use rota_core::state::tenancy::{gpu_hours, month_text};
+    let rows = report
+        .rows
+        .iter()
+        .map(|row| ReportRowView {
+            key: row.key.clone(),
+            gpu_hours: gpu_hours(row.gpu_ms),
+            jobs: row.jobs,
+            mean_wait_s: row.mean_wait_ms() as f64 / 1_000.0,
+            preemptions: row.preemptions,
+            idle_gpu_hours: gpu_hours(row.idle_gpu_ms),
+            gpu_ms: row.gpu_ms,
+            idle_gpu_ms: row.idle_gpu_ms,
+            started_jobs: row.started_jobs,
+        })
+        .collect();
+    let daily = report
+        .daily
+        .iter()
+        .map(|(group, days)| {
+            let days = days
+                .iter()
+                .enumerate()
+                .map(|(day, used)| ReportDayView {
+                    day: day as u32 + 1,
+                    busy_gpu_hours: gpu_hours(used.busy_gpu_ms),
+                    idle_gpu_hours: gpu_hours(used.idle_gpu_ms),
+                })
+                .collect();
+            (group.clone(), days)
+        })
+        .collect();
+    ReportView { month: month_text(report.month), by: report.by.text(), rows, daily, truncated }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
