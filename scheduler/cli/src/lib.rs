@@ -7,6 +7,7 @@ pub mod auth;
 pub mod bench;
 pub mod config;
 pub mod drill;
+pub mod history;
 pub mod ops;
 pub mod output;
 pub mod sim;
