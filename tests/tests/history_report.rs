@@ -90,13 +90,14 @@ fn ms(job: &Value, field: &str) -> Result<u64> {
     job[field].as_u64().with_context(|| format!("{field} of {job}"))
 }
 
-/// Each replica's archive: file name -> contents.
+/// Each replica's archive (in its `--data-dir`, which the harness puts
+/// under `db/`): file name -> contents.
 fn archives(cluster: &LocalCluster) -> BTreeMap<u64, BTreeMap<String, String>> {
     cluster
         .replicas
         .iter()
         .map(|(id, replica)| {
-            let files = std::fs::read_dir(replica.data_dir.join("archive"))
+            let files = std::fs::read_dir(replica.data_dir.join("db").join("archive"))
                 .map(|entries| {
                     entries
                         .filter_map(|e| e.ok())
@@ -155,7 +156,8 @@ async fn history_archive_and_reports_across_three_replicas() -> Result<()> {
         let lines: usize = first.values().map(|text| text.lines().count()).sum();
         Ok((lines == 3 && archives.values().all(|a| *a == first)).then_some(first))
     })
-    .await?;
+    .await
+    .with_context(|| format!("archives: {:?}", archives(&cluster)))?;
     let month = utc(ms(&shown[&j1], "finished_at")?, "+%Y-%m")?;
     ensure!(archived.contains_key(&format!("{month}.jsonl")), "the archive of {month}: {:?}", archived.keys());
     let mut archived_ids = BTreeSet::new();
