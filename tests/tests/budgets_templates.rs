@@ -110,8 +110,8 @@ async fn templates_labels_and_budgets_through_a_leader_kill() -> Result<()> {
     cluster.wait_leader(WAIT).await?;
     rota_e2e::wait_access_control(&cluster, WAIT).await?;
     let rota = Rota::new(&cluster)?;
-    wait_until("cluster version 7", WAIT, || async {
-        Ok(rota.ok("harness", &["cluster"]).ok().filter(|c| c["cluster_version"] == 7).map(|_| ()))
+    wait_until("cluster version 7 or later", WAIT, || async {
+        Ok(rota.ok("harness", &["cluster"]).ok().filter(|c| c["cluster_version"].as_u64() >= Some(7)).map(|_| ()))
     })
     .await?;
     for (name, role, groups) in

@@ -125,8 +125,8 @@ async fn history_archive_and_reports_across_three_replicas() -> Result<()> {
     cluster.wait_leader(WAIT).await?;
     rota_e2e::wait_access_control(&cluster, WAIT).await?;
     let rota = Rota::new(&cluster)?;
-    wait_until("cluster version 8", WAIT, || async {
-        Ok(rota.json("harness", &["cluster"]).ok().filter(|c| c["cluster_version"] == 8).map(|_| ()))
+    wait_until("cluster version 8 or later", WAIT, || async {
+        Ok(rota.json("harness", &["cluster"]).ok().filter(|c| c["cluster_version"].as_u64() >= Some(8)).map(|_| ()))
     })
     .await?;
     rota.json("harness", &["auth", "user", "add", "alice", "--role", "user", "--groups", "vision,nlp"])?;
@@ -221,7 +221,12 @@ async fn history_archive_and_reports_across_three_replicas() -> Result<()> {
     let report = rota.json("alice", &["report", "--month", &month, "--chart", chart.to_str().context("path")?])?;
     ensure!(report["month"] == month.as_str() && report["by"] == "group" && report["truncated"] == false, "{report}");
     for (group, ids) in [("vision", vec![j1, j3, j5]), ("nlp", vec![j2, j4])] {
-        let row = report["rows"].as_array().context("rows")?.iter().find(|r| r["key"] == group).with_context(|| format!("{group} in {report}"))?;
+        let row = report["rows"]
+            .as_array()
+            .context("rows")?
+            .iter()
+            .find(|r| r["key"] == group)
+            .with_context(|| format!("{group} in {report}"))?;
         let mut gpu_ms = 0;
         let mut wait_ms = 0;
         for id in &ids {
@@ -231,7 +236,12 @@ async fn history_archive_and_reports_across_three_replicas() -> Result<()> {
         }
         ensure!(row["gpu_ms"] == gpu_ms && row["jobs"] == ids.len() && row["preemptions"] == 0, "{group}: {gpu_ms} GPU-ms: {row}");
         ensure!(row["mean_wait_s"].as_f64() == Some((wait_ms / ids.len() as u64) as f64 / 1_000.0), "{group} waits {wait_ms} ms: {row}");
-        let daily: u64 = report["daily"][group].as_array().context("daily")?.iter().map(|d| (d["busy_gpu_hours"].as_f64().unwrap_or(0.0) * 3_600_000.0).round() as u64).sum();
+        let daily: u64 = report["daily"][group]
+            .as_array()
+            .context("daily")?
+            .iter()
+            .map(|d| (d["busy_gpu_hours"].as_f64().unwrap_or(0.0) * 3_600_000.0).round() as u64)
+            .sum();
         ensure!(daily.abs_diff(gpu_ms) <= 31, "{group}: the days add up to {daily} of {gpu_ms} GPU-ms");
     }
     let texts = svg_texts(&std::fs::read_to_string(&chart)?)?;
@@ -239,8 +249,12 @@ async fn history_archive_and_reports_across_three_replicas() -> Result<()> {
         ensure!(texts.iter().any(|t| t == &format!("{group} busy")), "{group} in the chart's legend: {texts:?}");
     }
     let by_label = rota.json("alice", &["report", "--month", &month, "--by", "label:team"])?;
-    let keys: Vec<(&str, u64)> =
-        by_label["rows"].as_array().context("rows")?.iter().map(|r| (r["key"].as_str().unwrap_or(""), r["jobs"].as_u64().unwrap_or(0))).collect();
+    let keys: Vec<(&str, u64)> = by_label["rows"]
+        .as_array()
+        .context("rows")?
+        .iter()
+        .map(|r| (r["key"].as_str().unwrap_or(""), r["jobs"].as_u64().unwrap_or(0)))
+        .collect();
     ensure!(keys == vec![("(none)", 1), ("asr", 2), ("mt", 2)], "{by_label}");
     let csv = rota.text("alice", "csv", &["report", "--month", &month, "--by", "queue"])?;
     ensure!(csv.lines().count() == 2 && csv.lines().nth(1).is_some_and(|l| l.starts_with("training,")), "{csv}");

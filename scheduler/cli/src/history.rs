@@ -230,8 +230,21 @@ pub async fn report(client: &Client, args: &ReportArgs, output: Output) -> Resul
             }
         }
         Output::Table => {
-            println!("report {} by {}{}", view.month, view.by, if view.truncated { " (truncated: the archive is larger than one report reads)" } else { "" });
-            println!("{:<20} {:>12} {:>6} {:>12} {:>12} {:>14}", view.by.to_uppercase(), "GPU_HOURS", "JOBS", "MEAN_WAIT_S", "PREEMPTIONS", "IDLE_GPU_HOURS");
+            println!(
+                "report {} by {}{}",
+                view.month,
+                view.by,
+                if view.truncated { " (truncated: the archive is larger than one report reads)" } else { "" }
+            );
+            println!(
+                "{:<20} {:>12} {:>6} {:>12} {:>12} {:>14}",
+                view.by.to_uppercase(),
+                "GPU_HOURS",
+                "JOBS",
+                "MEAN_WAIT_S",
+                "PREEMPTIONS",
+                "IDLE_GPU_HOURS"
+            );
             for row in &view.rows {
                 println!(
                     "{:<20} {:>12.3} {:>6} {:>12.1} {:>12} {:>14.3}",

@@ -36,7 +36,8 @@ impl ReportBy {
             "queue" => Ok(ReportBy::Queue),
             other => match other.strip_prefix("label:") {
                 Some(key) if !key.is_empty() => {
-                    crate::state::tenancy::parse_label(&format!("{key}=x")).map_err(|_| ("by".to_string(), format!("{key:?} is not a label key")))?;
+                    crate::state::tenancy::parse_label(&format!("{key}=x"))
+                        .map_err(|_| ("by".to_string(), format!("{key:?} is not a label key")))?;
                     Ok(ReportBy::Label(key.to_string()))
                 }
                 _ => Err(("by".into(), format!("{other:?} is not one of group, queue, label:KEY"))),
@@ -220,8 +221,15 @@ mod tests {
     #[test]
     fn gpu_time_is_split_at_the_month_boundary() {
         // 2 GPUs from 1 h before December to 3 h into it.
-        let across = job(1, "vision", None, vec![span(DEC_2026 - HOUR_MS, DEC_2026 + 3 * HOUR_MS, 2, 0)], DEC_2026 - 2 * HOUR_MS, DEC_2026 - HOUR_MS);
-        let december = compute_report(&[across.clone()], parse_month("2026-12").unwrap(), &ReportBy::Group);
+        let across = job(
+            1,
+            "vision",
+            None,
+            vec![span(DEC_2026 - HOUR_MS, DEC_2026 + 3 * HOUR_MS, 2, 0)],
+            DEC_2026 - 2 * HOUR_MS,
+            DEC_2026 - HOUR_MS,
+        );
+        let december = compute_report(std::slice::from_ref(&across), parse_month("2026-12").unwrap(), &ReportBy::Group);
         assert_eq!(december.rows.len(), 1);
         assert_eq!(december.rows[0].gpu_ms, 6 * HOUR_MS);
         assert_eq!(december.rows[0].started_jobs, 0, "it first started in November");
@@ -237,8 +245,14 @@ mod tests {
     #[test]
     fn waits_preemptions_and_jobs_counted_once() {
         let month = parse_month("2026-12").unwrap();
-        let preempted =
-            job(1, "vision", Some("asr"), vec![span(DEC_2026, DEC_2026 + 1_000, 1, 1), span(DEC_2026 + 5_000, DEC_2026 + 6_000, 1, 0)], DEC_2026, DEC_2026);
+        let preempted = job(
+            1,
+            "vision",
+            Some("asr"),
+            vec![span(DEC_2026, DEC_2026 + 1_000, 1, 1), span(DEC_2026 + 5_000, DEC_2026 + 6_000, 1, 0)],
+            DEC_2026,
+            DEC_2026,
+        );
         let waited = job(2, "vision", Some("asr"), vec![span(DEC_2026 + 4_000, DEC_2026 + 5_000, 2, 0)], DEC_2026, DEC_2026 + 4_000);
         let other = job(3, "nlp", None, vec![span(DEC_2026 + 86_400_000, DEC_2026 + 86_401_000, 4, 0)], DEC_2026, DEC_2026 + 86_400_000);
         let records = vec![preempted.clone(), waited, other, preempted];

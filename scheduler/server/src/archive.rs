@@ -80,7 +80,8 @@ impl ArchiveWriter {
     /// lines and find the newest records it holds.
     pub fn open(dir: &Path) -> Result<ArchiveWriter, ArchiveError> {
         std::fs::create_dir_all(dir).map_err(io_error(dir))?;
-        let mut writer = ArchiveWriter { dir: dir.to_path_buf(), newest_index: 0, jobs_at_newest: BTreeSet::new(), open: None, dirty: BTreeSet::new() };
+        let mut writer =
+            ArchiveWriter { dir: dir.to_path_buf(), newest_index: 0, jobs_at_newest: BTreeSet::new(), open: None, dirty: BTreeSet::new() };
         for month in months(dir) {
             let path = month_path(dir, month);
             let tail = cut_torn_line(&path)?;

@@ -199,7 +199,10 @@ pub fn search_archive(dir: &Path, query: &HistoryQuery, part: StatePart) -> Resu
         loop {
             if page.full() || read >= MAX_ARCHIVE_READ_BYTES {
                 let at = end.unwrap_or(u64::MAX);
-                return Ok(pb::SearchHistoryResponse { records: page.records, next_cursor: Cursor::Archive { month: candidate, end: at }.text() });
+                return Ok(pb::SearchHistoryResponse {
+                    records: page.records,
+                    next_cursor: Cursor::Archive { month: candidate, end: at }.text(),
+                });
             }
             let chunk = read_back(dir, candidate, end, ARCHIVE_READ_BYTES)?;
             read += ARCHIVE_READ_BYTES;
@@ -214,7 +217,10 @@ pub fn search_archive(dir: &Path, query: &HistoryQuery, part: StatePart) -> Resu
                 }
             }
             if let Some(line_end) = stopped_at {
-                return Ok(pb::SearchHistoryResponse { records: page.records, next_cursor: Cursor::Archive { month: candidate, end: line_end }.text() });
+                return Ok(pb::SearchHistoryResponse {
+                    records: page.records,
+                    next_cursor: Cursor::Archive { month: candidate, end: line_end }.text(),
+                });
             }
             if chunk.next_end == 0 {
                 break;
@@ -375,7 +381,8 @@ mod tests {
         assert_eq!(bad(pb::SearchHistoryRequest { since: "2026-12-02".into(), until: "2026-12-01".into(), ..Default::default() }), "until");
         assert_eq!(bad(pb::SearchHistoryRequest { state: "running".into(), ..Default::default() }), "state");
         assert_eq!(bad(pb::SearchHistoryRequest { labels: vec!["nokey".into()], ..Default::default() }), "labels");
-        let day = parse_query(&pb::SearchHistoryRequest { since: "2026-12-01".into(), until: "2026-12-01".into(), ..Default::default() }).unwrap();
+        let day = parse_query(&pb::SearchHistoryRequest { since: "2026-12-01".into(), until: "2026-12-01".into(), ..Default::default() })
+            .unwrap();
         assert_eq!(day.filter.until_ms.unwrap() - day.filter.since_ms.unwrap(), MS_PER_DAY, "until includes its day");
     }
 }

@@ -331,7 +331,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let limits = rota_core::state::StateLimits { max_finished_jobs: 1, ..Default::default() };
         let open = || ArchiveWriter::open(dir.path()).unwrap();
-        let mut sm = Replicated::new(ClusterState::new(limits), Arc::new(Mutex::new(Journal::default())), EventRing::default(), Some(open()));
+        let mut sm =
+            Replicated::new(ClusterState::new(limits), Arc::new(Mutex::new(Journal::default())), EventRing::default(), Some(open()));
         let cancel = |now_ms, job_id| codec::encode_proposal(&Proposal { now_ms, commands: vec![Command::CancelJob { job_id }] });
         sm.apply(1, &payload(1_000, "a"));
         sm.apply(2, &cancel(2_000, 1));
@@ -339,10 +340,14 @@ mod tests {
         sm.apply(3, &payload(3_000, "b"));
         sm.apply(4, &cancel(4_000, 2));
         let lines = || -> usize {
-            crate::archive::months(dir.path()).iter().map(|m| crate::archive::read_back(dir.path(), *m, None, 1 << 20).unwrap().records.len()).sum()
+            crate::archive::months(dir.path())
+                .iter()
+                .map(|m| crate::archive::read_back(dir.path(), *m, None, 1 << 20).unwrap().records.len())
+                .sum()
         };
         assert_eq!(lines(), 1, "job 1 dropped when job 2 finished");
-        let mut again = Replicated::new(ClusterState::new(limits), Arc::new(Mutex::new(Journal::default())), EventRing::default(), Some(open()));
+        let mut again =
+            Replicated::new(ClusterState::new(limits), Arc::new(Mutex::new(Journal::default())), EventRing::default(), Some(open()));
         again.restore(&snapshot).unwrap();
         again.apply(3, &payload(3_000, "b"));
         again.apply(4, &cancel(4_000, 2));

@@ -72,9 +72,7 @@ pub fn report_svg(report: &Report) -> Result<String, ChartError> {
 fn draw<'a>(report: &Report, svg: &'a mut String) -> Result<(), Box<dyn std::error::Error + 'a>> {
     let days = report.days();
     let groups = series(report);
-    let highest = (0..days)
-        .map(|day| groups.iter().map(|(_, values)| values[day].0 + values[day].1).sum::<f64>())
-        .fold(0.0_f64, f64::max);
+    let highest = (0..days).map(|day| groups.iter().map(|(_, values)| values[day].0 + values[day].1).sum::<f64>()).fold(0.0_f64, f64::max);
     let top = if highest > 0.0 { highest * 1.1 } else { 1.0 };
     let root = SVGBackend::with_string(svg, (WIDTH_PX, HEIGHT_PX)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -86,7 +84,10 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> Result<(), Box<dyn std::err
         .build_cartesian_2d(0.5_f64..(days as f64 + 0.5), 0.0_f64..top)?;
     chart
         .configure_mesh()
-        .disable_x_mesh().x_desc("day of month (UTC)").y_desc("GPU-hours").x_labels(days.min(31))
+        .disable_x_mesh()
+        .x_desc("day of month (UTC)")
+        .y_desc("GPU-hours")
+        .x_labels(days.min(31))
         .x_label_formatter(&|day| format!("{}", day.round() as u32))
         .draw()?;
     let mut base = vec![0.0_f64; days];
@@ -122,7 +123,12 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> Result<(), Box<dyn std::err
             .label(format!("{group} idle"))
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], light.filled()));
     }
-    chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
     root.present()?;
     Ok(())
 }
@@ -146,7 +152,13 @@ mod tests {
     fn texts(svg: &str) -> Vec<String> {
         let document = roxmltree::Document::parse(svg).expect("the chart is well-formed XML");
         assert_eq!(document.root_element().tag_name().name(), "svg");
-        document.descendants().filter(|n| n.is_text()).filter_map(|n| n.text()).map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect()
+        document
+            .descendants()
+            .filter(|n| n.is_text())
+            .filter_map(|n| n.text())
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .collect()
     }
 
     #[test]
