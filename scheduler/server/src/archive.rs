@@ -275,7 +275,8 @@ mod tests {
 
     /// A crash mid-append leaves a torn line: it is skipped on read, cut at
     /// open, and the record is written again when its entry is replayed;
-    /// a crash between two records of one entry writes only the missing one.
+    /// a crash between two records of one entry writes only the missing one
+    /// (without the replay check both were written again: 2, not 1).
     #[test]
     fn a_torn_last_line_is_skipped_then_rewritten() {
         let dir = tempfile::tempdir().unwrap();

@@ -326,6 +326,9 @@ mod tests {
 
     /// Jobs dropped from the finished table reach the archive, and a
     /// replay after a restore from an older snapshot writes none twice.
+    /// Prevents duplicate records: with the archive's replay check
+    /// (`ArchiveWriter::holds`) answering false, the replay wrote job 1
+    /// again (2 lines, not 1).
     #[test]
     fn dropped_jobs_are_archived_once() {
         let dir = tempfile::tempdir().unwrap();
