@@ -127,6 +127,10 @@ async fn an_idle_job_is_flagged_keeps_its_idle_clock_through_a_leader_kill_and_i
     let why = rota_json(&cluster, &["why", &job_id.to_string()])?;
     ensure!(why["code"] == "idle_reclaimed", "rota why: {why}");
     ensure!(listed_idle(&cluster, job_id)?.is_none(), "an ended job is no longer idle");
+    // Its history record carries the same idle GPU-time (reports sum it).
+    let history = rota_json(&cluster, &["history", "--limit", "10"])?;
+    let record = history["records"].as_array().into_iter().flatten().find(|r| r["job_id"] == job_id).context("no history record")?;
+    ensure!(record["idle_gpu_ms"] == ended.idle_gpu_ms, "history says {record}, the job {}", ended.idle_gpu_ms);
     drop(agent);
     Ok(())
 }

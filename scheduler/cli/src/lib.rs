@@ -8,6 +8,7 @@ pub mod bench;
 pub mod change;
 pub mod config;
 pub mod drill;
+pub mod history;
 pub mod ops;
 pub mod output;
 pub mod sim;

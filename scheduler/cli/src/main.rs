@@ -17,9 +17,9 @@ struct Cli {
     /// Replica API addresses (host:port), comma separated.
     #[arg(long, env = "ROTA_ENDPOINTS", global = true, value_delimiter = ',')]
     endpoints: Vec<String>,
-    /// table or json.
+    /// table or json (csv: `rota history` and `rota report` only).
     #[arg(long, global = true, value_enum, default_value = "table")]
-    output: Format,
+    output: cli::history::Output,
     /// How long a client command keeps retrying through a failover, seconds.
     #[arg(long, global = true, default_value_t = 30)]
     timeout_s: u64,
@@ -100,6 +100,13 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         limit: u32,
     },
+    /// Finished jobs, newest first: those the cluster's state keeps, then
+    /// the replicas' monthly archive (`--output table|json|csv`).
+    History(cli::history::HistoryArgs),
+    /// A month's GPU-hours, jobs, mean wait, preemptions and idle GPU-hours
+    /// per group, queue or label value; `--chart FILE.svg` draws daily
+    /// busy and idle GPU-hours per group.
+    Report(cli::history::ReportArgs),
     /// Job templates: `rota template save NAME --group G [submit flags] -- CMD`, `list`, `show`, `delete`, `grant`.
     Template {
         #[command(subcommand)]
@@ -484,6 +491,12 @@ struct ServerArgs {
     /// bytes are bounded too (32 MiB).
     #[arg(long, default_value_t = rota_server::events::MAX_KEPT_EVENTS)]
     keep_events: usize,
+    /// Finished jobs the cluster's state keeps; older ones move to each
+    /// replica's monthly archive (`DATA/archive/`, read by `rota history`).
+    /// Part of the replicated state: give every founding replica the same
+    /// value (a snapshot carries it after that).
+    #[arg(long, default_value_t = rota_core::state::StateLimits::default().max_finished_jobs as u64, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    keep_finished_jobs: u64,
     /// A node silent this long is declared down and its jobs requeued.
     #[arg(long, default_value_t = 30_000)]
     node_ttl_ms: u64,
@@ -631,6 +644,7 @@ async fn run_server(args: ServerArgs, tls: &TlsArgs) -> Result<()> {
         snapshot_every_entries: args.snapshot_every,
         keep_logs_behind_snapshot: args.keep_logs,
         keep_events: args.keep_events,
+        keep_finished_jobs: args.keep_finished_jobs as usize,
         node_ttl_ms: args.node_ttl_ms,
         max_clock_skew_ms: args.max_clock_skew_ms,
         start_timeout_ms: args.start_timeout_ms,
@@ -660,7 +674,7 @@ async fn main() -> Result<()> {
         Command::Bench { what: BenchWhat::Plan(bench) } => return print_json(&rota_cli::sim::run_bench_plan(&bench)?),
         Command::Snapshot { action: SnapshotAction::Restore { file, data_dir, id, peers, cluster_id } } => {
             let peers = parse_peers(&peers)?;
-            return rota_cli::ops::snapshot_restore(&file, &data_dir, id, &peers, cluster_id, args.output);
+            return rota_cli::ops::snapshot_restore(&file, &data_dir, id, &peers, cluster_id, args.output.format()?);
         }
         Command::Health { endpoint, replica } => {
             let security = args.tls.flags().for_client()?;
@@ -672,7 +686,7 @@ async fn main() -> Result<()> {
                 ),
             };
             let client = if args.endpoints.is_empty() { None } else { Some(Client::new(&args.endpoints, &security)?) };
-            return rota_cli::ops::health(client.as_ref(), &security, target, args.output).await;
+            return rota_cli::ops::health(client.as_ref(), &security, target, args.output.format()?).await;
         }
         _ => {}
     }
@@ -683,7 +697,12 @@ async fn main() -> Result<()> {
     let request_id = credentials.request_id().to_string();
     let mut client = Client::new(&args.endpoints, &args.tls.flags().for_client()?)?.with_credentials(credentials);
     client.deadline = Duration::from_secs(args.timeout_s);
-    let format = args.output;
+    let output = args.output;
+    let format = match &args.command {
+        // Read only by the commands that print CSV.
+        Command::History(_) | Command::Report(_) => Format::Table,
+        _ => output.format()?,
+    };
     let outcome = match args.command {
         Command::Server(_)
         | Command::Tls { .. }
@@ -705,6 +724,8 @@ async fn main() -> Result<()> {
             let filter = cli::JobFilter { state, group, queue, user, labels, idle };
             cli::jobs(&client, &filter, limit, format).await
         }
+        Command::History(history) => cli::history::history(&client, &history, output).await,
+        Command::Report(report) => cli::history::report(&client, &report, output).await,
         Command::Template { action } => cli::tenancy::template(&client, action, format).await,
         Command::Budget { action } => cli::tenancy::budget(&client, action, format).await,
         Command::Change { action } => cli::change::change(&client, action, format).await,

@@ -6,13 +6,14 @@
 //! - `retry`: the one retry policy: which answers are worth another try,
 //!   and the backoff between tries.
 //! - `convert`: protobuf <-> domain types of `rota-core`, with field-named
-//!   errors for bad input.
+//!   errors for bad input; `records` the same for job records and reports.
 //! - `Client`: the leader-following client of the public API, used by the
 //!   CLI, the chaos harness and the end-to-end tests; the node agent uses
 //!   `retry` and `wire` for its own AgentService connection.
 
 pub mod convert;
 pub mod events;
+pub mod records;
 pub mod retry;
 pub mod wire;
 

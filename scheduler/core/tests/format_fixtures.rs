@@ -311,6 +311,8 @@ fn small_cluster(version: u16) -> ClusterState {
         let results = state.apply_proposal(13, &Proposal { now_ms: 1_700_000_013_000, commands });
         assert!(!results.iter().any(|r| matches!(r, rota_core::state::CommandResult::Rejected(_))), "{results:?}");
         assert_eq!((state.approvals.rules.len(), state.approvals.pending.len()), (1, 1));
+        // Job statistics: the faulted attempt of job 1 ended, leaving its span.
+        assert_eq!(state.records.job_stats.get(&1).map(|s| s.spans.len()), Some(1));
     }
     state.check_invariants().expect("a consistent fixture");
     state

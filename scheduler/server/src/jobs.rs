@@ -194,6 +194,34 @@ impl JobApi {
         Ok(pb::ListTemplatesResponse { templates })
     }
 
+    async fn history_here(&self, actor: &Actor, message: &pb::SearchHistoryRequest) -> Result<pb::SearchHistoryResponse, Failure> {
+        self.ctx.permit(actor, Action::Read)?;
+        let query = crate::history::parse_query(message).map_err(invalid_input)?;
+        self.ctx.leader_in_contact()?;
+        self.ctx.replica.ensure_linearizable().await?;
+        let part = self.ctx.read(|state| crate::history::search_state(state, &query));
+        let dir = self.ctx.archive_dir.clone();
+        let answer = tokio::task::spawn_blocking(move || crate::history::search_archive(&dir, &query, part))
+            .await
+            .map_err(|e| internal("history", e.to_string()))?;
+        Ok(answer.map_err(|e| internal("history", e.to_string()))?)
+    }
+
+    async fn report_here(&self, actor: &Actor, message: &pb::GetReportRequest) -> Result<pb::GetReportResponse, Failure> {
+        self.ctx.permit(actor, Action::Read)?;
+        let (month, by) = crate::history::parse_report_request(message).map_err(invalid_input)?;
+        self.ctx.leader_in_contact()?;
+        self.ctx.replica.ensure_linearizable().await?;
+        let held = self.ctx.read(|state| crate::history::report_state_records(state, month));
+        let dir = self.ctx.archive_dir.clone();
+        let (archived, truncated) = tokio::task::spawn_blocking(move || crate::history::report_archive_records(&dir, month))
+            .await
+            .map_err(|e| internal("report", e.to_string()))?
+            .map_err(|e| internal("report", e.to_string()))?;
+        let report = crate::history::report(held, archived, month, &by);
+        Ok(rota_client::records::report_to_pb(&report, truncated))
+    }
+
     async fn cancel_here(&self, actor: &Actor, message: &pb::CancelJobRequest) -> Result<pb::CancelJobResponse, Failure> {
         self.ctx.leader_in_contact()?;
         let command = self.ctx.as_actor(actor, Command::CancelJob { job_id: message.job_id });
@@ -300,6 +328,24 @@ impl JobService for JobApi {
         let here = |message| async move { self.list_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.list_jobs(request).await };
         serve_or_forward("list_jobs", request, here, forward).await
+    }
+
+    async fn search_history(&self, request: Request<pb::SearchHistoryRequest>) -> Result<Response<pb::SearchHistoryResponse>, Status> {
+        let mut request = request;
+        let actor = self.ctx.actor(&mut request).await?;
+        let actor = &actor;
+        let here = |message| async move { self.history_here(actor, &message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.search_history(request).await };
+        serve_or_forward("search_history", request, here, forward).await
+    }
+
+    async fn get_report(&self, request: Request<pb::GetReportRequest>) -> Result<Response<pb::GetReportResponse>, Status> {
+        let mut request = request;
+        let actor = self.ctx.actor(&mut request).await?;
+        let actor = &actor;
+        let here = |message| async move { self.report_here(actor, &message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.get_report(request).await };
+        serve_or_forward("get_report", request, here, forward).await
     }
 
     async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::CancelJobResponse>, Status> {

@@ -4,6 +4,7 @@
 mod agents;
 pub mod alarms;
 mod approvals;
+pub mod archive;
 mod auth_api;
 pub mod authz;
 pub mod backup;
@@ -13,6 +14,7 @@ pub mod cluster_id;
 pub mod events;
 mod forward;
 pub mod health;
+pub mod history;
 pub mod identity;
 mod jobs;
 pub mod leader;
@@ -20,6 +22,7 @@ pub mod limits;
 mod metrics_loop;
 mod proposer;
 pub mod replicated;
+pub mod report_chart;
 pub mod request_id;
 pub mod rest;
 pub mod state_metrics;
@@ -47,7 +50,7 @@ use tonic::transport::Server;
 pub use clock::wall_clock_ms;
 pub use proposer::Proposer;
 pub use replicated::Replicated;
-use rota_core::state::ClusterState;
+use rota_core::state::{ClusterState, StateLimits};
 
 pub use rota_client::wire::MAX_MESSAGE_BYTES;
 
@@ -116,6 +119,10 @@ pub struct ServerConfig {
     /// Events kept for readers of the event stream at most (bytes are
     /// bounded by `events::MAX_KEPT_EVENT_BYTES`).
     pub keep_events: usize,
+    /// Finished jobs a new cluster's state keeps before older ones move to
+    /// the archive. Part of the replicated state: every founding replica
+    /// must be given the same value, and a snapshot carries it from then on.
+    pub keep_finished_jobs: usize,
     /// Request rate, streams and requests in flight per caller identity.
     pub limits: limits::LimitsConfig,
     /// The CA bundle and certificate in use, as (`cert` label, PEM path),
@@ -164,6 +171,8 @@ pub struct Context {
     pub bootstrap_admin: Option<String>,
     /// The cluster this replica belongs to (kept in its data directory).
     pub cluster_identity: cluster_id::ClusterIdentity,
+    /// This replica's monthly archive of job records (`DATA/archive`).
+    pub archive_dir: PathBuf,
 }
 
 impl Context {
@@ -227,7 +236,9 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     let cluster_identity = cluster_id::ClusterIdentity::load(&config.data_dir).map_err(ServerError::DataDir)?;
     let journal = Arc::new(std::sync::Mutex::new(replicated::Journal::default()));
     let events = events::EventRing::new(config.keep_events, events::MAX_KEPT_EVENT_BYTES);
-    let replicated = Replicated { state: ClusterState::default(), journal: journal.clone(), events };
+    let archive = archive::ArchiveWriter::open(&archive::archive_dir(&config.data_dir)).map_err(|e| ServerError::DataDir(e.to_string()))?;
+    let limits = StateLimits { max_finished_jobs: config.keep_finished_jobs, ..StateLimits::default() };
+    let replicated = Replicated::new(ClusterState::new(limits), journal.clone(), events, Some(archive));
     let replica = Replica::open(consensus_config(&config, &cluster_identity), replicated).await?;
     let ctx = Arc::new(Context {
         proposer: Proposer::start(replica.clone()),
@@ -239,6 +250,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         journal,
         bootstrap_admin: config.bootstrap_admin.clone(),
         cluster_identity: cluster_identity.clone(),
+        archive_dir: archive::archive_dir(&config.data_dir),
     });
     if ctx.unsafe_ack_before_commit {
         tracing::error!("ROTA_TEST_ACK_BEFORE_COMMIT=1: submits are acknowledged before they commit; never use this outside tests");

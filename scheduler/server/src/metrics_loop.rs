@@ -131,6 +131,8 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ("rota_node_heartbeat_age_max_seconds", "Oldest last-heard age among ready nodes"),
     ("rota_quota_gpus", "Quota figures by group: limit, guarantee, used, borrowed, lent"),
     ("rota_budget_used_ratio", "GPU-hours used of the group's budget of the month (1 = spent), by group and month"),
+    ("rota_archive_records_total", "Records of dropped finished jobs appended to this replica's monthly archive"),
+    ("rota_archive_write_errors_total", "Failed appends or syncs of this replica's monthly archive"),
 ];
 
 /// Give every metric its help text (once, after the exporter is installed).

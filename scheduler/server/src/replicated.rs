@@ -17,6 +17,7 @@ use rota_core::state::codec::{self, CodecError};
 use rota_core::state::events::Event;
 use rota_core::state::{ClusterState, Command, CommandResult, Rejection};
 
+use crate::archive::ArchiveWriter;
 use crate::events::EventRing;
 
 /// Exit status of a replica that met an entry in a newer format (EX_CONFIG).
@@ -65,6 +66,35 @@ pub struct Replicated {
     pub journal: Arc<Mutex<Journal>>,
     /// The events of the entries applied here (see `events`).
     pub events: EventRing,
+    /// The monthly archive of dropped jobs' records (see `archive`); None
+    /// in tests that keep no data directory.
+    pub archive: Option<Mutex<ArchiveWriter>>,
+}
+
+impl Replicated {
+    /// A state machine over `state` that archives into `archive`.
+    pub fn new(mut state: ClusterState, journal: Arc<Mutex<Journal>>, events: EventRing, archive: Option<ArchiveWriter>) -> Replicated {
+        state.archive_outbox.collect = archive.is_some();
+        Replicated { state, journal, events, archive: archive.map(Mutex::new) }
+    }
+
+    /// Append what the last entry dropped to the archive. A failed write
+    /// is logged and counted, never fatal: the state is what must not stop.
+    fn archive_dropped(&mut self, index: u64) {
+        let records = self.state.archive_outbox.drain();
+        let Some(archive) = &self.archive else { return };
+        if records.is_empty() {
+            return;
+        }
+        let mut archive = archive.lock().unwrap_or_else(PoisonError::into_inner);
+        match archive.append(&records) {
+            Ok(written) => metrics::counter!("rota_archive_records_total").increment(written as u64),
+            Err(error) => {
+                metrics::counter!("rota_archive_write_errors_total").increment(1);
+                tracing::error!(index, %error, records = records.len(), "archiving dropped jobs failed");
+            }
+        }
+    }
 }
 
 /// Apply one payload to a state, exactly as the replicated state machine
@@ -102,12 +132,21 @@ impl StateMachine for Replicated {
     fn apply(&mut self, index: u64, payload: &[u8]) -> Vec<u8> {
         let mut events = Vec::new();
         let results = apply_payload(&mut self.state, index, payload, Some(&mut events));
+        self.archive_dropped(index);
         self.events.push_entry(index, events);
         self.journal.lock().unwrap_or_else(PoisonError::into_inner).record(index, payload);
         bincode::serialize(&results).expect("results serialize")
     }
 
     fn snapshot(&self) -> Vec<u8> {
+        // A snapshot must not cover a record that is not on disk: the
+        // entries that archived it would never be applied here again.
+        if let Some(archive) = &self.archive {
+            if let Err(error) = archive.lock().unwrap_or_else(PoisonError::into_inner).sync() {
+                metrics::counter!("rota_archive_write_errors_total").increment(1);
+                tracing::error!(%error, "syncing the archive before a snapshot failed");
+            }
+        }
         self.state.to_snapshot()
     }
 
@@ -120,6 +159,7 @@ impl StateMachine for Replicated {
         state.check_invariants()?;
         self.events.reset(state.applied_index);
         self.state = state;
+        self.state.archive_outbox.collect = self.archive.is_some();
         self.journal.lock().unwrap_or_else(PoisonError::into_inner).break_off();
         Ok(())
     }
@@ -240,7 +280,7 @@ mod tests {
     }
 
     fn replicated() -> Replicated {
-        Replicated { state: ClusterState::default(), journal: Arc::new(Mutex::new(Journal::default())), events: EventRing::default() }
+        Replicated::new(ClusterState::default(), Arc::new(Mutex::new(Journal::default())), EventRing::default(), None)
     }
 
     /// What `Context::read` does: run the closure on the state.
@@ -282,6 +322,40 @@ mod tests {
         assert!(sm.journal.lock().unwrap().entries.is_empty(), "a broken journal holds nothing");
         copy.catch_up(read_of(&sm));
         assert_eq!(copy.copies, 3);
+    }
+
+    /// Jobs dropped from the finished table reach the archive, and a
+    /// replay after a restore from an older snapshot writes none twice.
+    /// Prevents duplicate records: with the archive's replay check
+    /// (`ArchiveWriter::holds`) answering false, the replay wrote job 1
+    /// again (2 lines, not 1).
+    #[test]
+    fn dropped_jobs_are_archived_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = rota_core::state::StateLimits { max_finished_jobs: 1, ..Default::default() };
+        let open = || ArchiveWriter::open(dir.path()).unwrap();
+        let mut sm =
+            Replicated::new(ClusterState::new(limits), Arc::new(Mutex::new(Journal::default())), EventRing::default(), Some(open()));
+        let cancel = |now_ms, job_id| codec::encode_proposal(&Proposal { now_ms, commands: vec![Command::CancelJob { job_id }] });
+        sm.apply(1, &payload(1_000, "a"));
+        sm.apply(2, &cancel(2_000, 1));
+        let snapshot = sm.snapshot();
+        sm.apply(3, &payload(3_000, "b"));
+        sm.apply(4, &cancel(4_000, 2));
+        let lines = || -> usize {
+            crate::archive::months(dir.path())
+                .iter()
+                .map(|m| crate::archive::read_back(dir.path(), *m, None, 1 << 20).unwrap().records.len())
+                .sum()
+        };
+        assert_eq!(lines(), 1, "job 1 dropped when job 2 finished");
+        let mut again =
+            Replicated::new(ClusterState::new(limits), Arc::new(Mutex::new(Journal::default())), EventRing::default(), Some(open()));
+        again.restore(&snapshot).unwrap();
+        again.apply(3, &payload(3_000, "b"));
+        again.apply(4, &cancel(4_000, 2));
+        assert_eq!(lines(), 1, "the replay wrote nothing twice");
+        assert_eq!(again.state, sm.state);
     }
 
     #[test]

@@ -648,6 +648,9 @@ impl ClusterState {
         job.changed_at_index = index;
         job.last_nodes = placement.ranks.iter().map(|r| r.node.clone()).collect();
         let attempt = job.attempts;
+        if let Some(first) = placement.ranks.first() {
+            self.record_placed(placement.job_id, &first.node, first.gpus.first().copied().unwrap_or(0));
+        }
         let ranks: Vec<Rank> = placement
             .ranks
             .iter()
@@ -764,6 +767,14 @@ impl ClusterState {
         job.alloc = None;
         let key = (job.spec.group.clone(), job.spec.queue.clone());
         *self.usage.gpu_ms.entry(key).or_insert(0) += held_ms * alloc.gpu_count();
+        let span = super::records::GpuSpan {
+            start_ms: alloc.created_at_ms,
+            end_ms: self.now_ms.max(alloc.created_at_ms),
+            gpu_ms: held_ms.saturating_mul(alloc.gpu_count()),
+            preemptions: u32::from(alloc.stop == Some(StopReason::Preempted)),
+        };
+        self.record_attempt_ended(alloc.job_id, span);
+        let job = self.jobs.get_mut(&alloc.job_id).expect("allocation has a job");
         if self.cluster_version >= super::tenancy::TENANCY_FROM_VERSION {
             self.tenancy.allocation_ended(&job.spec.group, alloc.gpu_count(), self.now_ms);
         }
@@ -822,6 +833,7 @@ impl ClusterState {
             let bytes = removed.spec.payload_bytes() as u64;
             assert!(self.spec_bytes >= bytes, "spec bytes {} below a held job's {bytes}", self.spec_bytes);
             self.spec_bytes -= bytes;
+            self.record_dropped(index, &removed);
             self.auth.job_marks.remove(&oldest);
             self.tenancy.job_tags.remove(&oldest);
             self.idle.job_idle_gpu_ms.remove(&oldest);

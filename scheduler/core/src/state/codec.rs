@@ -32,7 +32,7 @@
 //! | 5 | `Command::Audited` and the user, token and note commands inside it, `Rejection::PermissionDenied`; then the users, tokens, job marks and audit trail |
 //! | 6 | `Command::GpuXid`, `GpuReset`, `ReadmitNode`, `FenceNode`, `ReasonCode::Fenced`; then the fences, attempt faults and drained nodes; GPU model names match by alias (`gpu_model`) |
 //! | 7 | `Command::SubmitTagged`, `SaveTemplate`, `DeleteTemplate`, `GrantTemplate`, `SetBudget`, `Traced`, `ReasonCode::BudgetExhausted`; then the templates, job labels, budgets and metered use (`tenancy`) |
-//! | 8 | `Command::RequireApproval`, `ApproveChange`, `WithdrawChange`, `AllocIdle`, `IdleFlagged`, `SetQueueIdle`, `StopReason::IdleReclaimed`, `ReasonCode::IdleReclaimed`; then the approval rules and pending changes (`approvals`), then the idle records, per-job idle GPU-time and queue idle rules (`idle`) |
+//! | 8 | `Command::RequireApproval`, `ApproveChange`, `WithdrawChange`, `AllocIdle`, `IdleFlagged`, `SetQueueIdle`, `StopReason::IdleReclaimed`, `ReasonCode::IdleReclaimed`; then the approval rules and pending changes (`approvals`), then the idle records, per-job idle GPU-time and queue idle rules (`idle`), then the job statistics of history and reports (`records`) |
 
 use serde::Serialize;
 
@@ -141,20 +141,14 @@ pub fn encode_snapshot(state: &ClusterState) -> Vec<u8> {
     }
     if version >= 8 {
         bincode::serialize_into(&mut bytes, &state.approvals).expect("approval state encodes");
+        bincode::serialize_into(&mut bytes, &state.idle).expect("idle state encodes");
+        bincode::serialize_into(&mut bytes, &state.records).expect("job statistics encode");
     } else {
         debug_assert!(state.approvals == Default::default(), "approval rules and pending changes exist from format 8 on");
-    }
-    encode_idle_section(&mut bytes, state);
-    bytes
-}
-
-/// Format 8's section: the idle records (`idle`).
-fn encode_idle_section(bytes: &mut Vec<u8>, state: &ClusterState) {
-    if state.cluster_version() >= super::idle::IDLE_FROM_VERSION {
-        bincode::serialize_into(bytes, &state.idle).expect("idle state encodes");
-    } else {
         debug_assert!(state.idle == Default::default(), "idle records exist from format 8 on");
+        debug_assert!(state.records == Default::default(), "job statistics exist from format 8 on");
     }
+    bytes
 }
 
 pub fn decode_snapshot(bytes: &[u8]) -> Result<ClusterState, CodecError> {
@@ -207,9 +201,8 @@ pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterStat
     }
     if version >= 8 {
         state.approvals = read_part(what, &mut reader)?;
-    }
-    if version >= super::idle::IDLE_FROM_VERSION {
         state.idle = read_part(what, &mut reader)?;
+        state.records = read_part(what, &mut reader)?;
     }
     if !reader.is_empty() {
         return Err(CodecError::Corrupt { what, detail: format!("{} bytes after the state", reader.len()) });
@@ -275,7 +268,8 @@ mod tests {
             + bincode::serialize(&state.faults).unwrap().len()
             + bincode::serialize(&state.tenancy).unwrap().len()
             + bincode::serialize(&state.approvals).unwrap().len()
-            + bincode::serialize(&state.idle).unwrap().len();
+            + bincode::serialize(&state.idle).unwrap().len()
+            + bincode::serialize(&state.records).unwrap().len();
         let mut hostile = bytes[..bytes.len() - tail_len].to_vec();
         hostile.extend_from_slice(&1u64.to_le_bytes());
         hostile.extend_from_slice(&((1u64 << 39) - 1).to_le_bytes());

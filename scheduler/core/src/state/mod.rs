@@ -18,6 +18,7 @@ pub mod events;
 pub mod faults;
 pub mod gpu_model;
 pub mod idle;
+pub mod records;
 pub mod tenancy;
 pub mod types;
 pub mod validate;
@@ -126,6 +127,14 @@ pub struct ClusterState {
     /// format 8 on, written after the tenancy section.
     #[serde(skip)]
     pub idle: idle::IdleState,
+    /// Job statistics for history and reports. Kept from format 8 on,
+    /// written after the tenancy section.
+    #[serde(skip)]
+    pub records: records::RecordsState,
+    /// Records of jobs this replica dropped, for its archive (not
+    /// replicated; see `records::ArchiveOutbox`).
+    #[serde(skip)]
+    pub archive_outbox: records::ArchiveOutbox,
 }
 
 impl Default for ClusterState {
@@ -161,6 +170,8 @@ impl ClusterState {
             tenancy: tenancy::TenancyState::default(),
             approvals: approvals::ApprovalState::default(),
             idle: idle::IdleState::default(),
+            records: records::RecordsState::default(),
+            archive_outbox: records::ArchiveOutbox::default(),
         }
     }
 
@@ -271,6 +282,9 @@ impl ClusterState {
         }
         if let Some(job_id) = self.idle.job_idle_gpu_ms.keys().find(|id| !self.jobs.contains_key(id)) {
             return Err(format!("job {job_id} has idle time but is not held"));
+        }
+        if let Some(job_id) = self.records.job_stats.keys().find(|id| !self.jobs.contains_key(id)) {
+            return Err(format!("job {job_id} has statistics but is not held"));
         }
         if self.cluster_version() >= tenancy::TENANCY_FROM_VERSION {
             let mut running: BTreeMap<&str, u64> = BTreeMap::new();

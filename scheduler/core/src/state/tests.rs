@@ -598,3 +598,41 @@ mod faults {
         assert!(!restored.faults.attempt_faults.is_empty() && !restored.faults.drained.is_empty());
     }
 }
+
+/// A job placed, preempted, placed again and finished leaves a record with
+/// its first start, both spans and the preemption when the bounded
+/// finished table drops it; its statistics go with it.
+#[test]
+fn a_dropped_job_leaves_its_record_in_the_outbox() {
+    let mut state = ClusterState::new(StateLimits { max_finished_jobs: 1, ..StateLimits::default() });
+    state.archive_outbox.collect = true;
+    run(&mut state, vec![Command::SetClusterVersion { version: records::RECORDS_FROM_VERSION }]);
+    run(&mut state, vec![Command::RegisterNode(node("a", 4))]);
+    submit(&mut state, "j", gang(1, 2));
+    let submitted_ms = state.now_ms;
+    run(&mut state, vec![Command::ApplyPlan(Plan { placements: vec![placement(1, &[("a", &[0, 1])])], ..Plan::default() })]);
+    let first_start_ms = state.now_ms;
+    run(&mut state, vec![Command::ApplyPlan(Plan { stops: vec![Stop { alloc_id: 1, reason: StopReason::Preempted }], ..Plan::default() })]);
+    run(&mut state, vec![Command::AllocExited { alloc_id: 1, rank: 0, exit_code: 143 }]);
+    assert_eq!(state.jobs[&1].state, JobState::Pending);
+    run(&mut state, vec![Command::ApplyPlan(Plan { placements: vec![placement(1, &[("a", &[2, 3])])], ..Plan::default() })]);
+    let live = records::record_of(&state, &state.jobs[&1], 0);
+    assert_eq!((live.spans.len(), live.gpu_ms), (2, 2 * 2_000), "the live attempt counts up to the committed time");
+    run(&mut state, vec![Command::AllocExited { alloc_id: 2, rank: 0, exit_code: 0 }]);
+    assert_eq!(state.jobs[&1].state, JobState::Succeeded);
+    assert!(state.archive_outbox.drain().is_empty(), "a finished job is held until dropped");
+    submit(&mut state, "k", gang(1, 1));
+    run(&mut state, vec![Command::CancelJob { job_id: 2 }]);
+    let index = state.applied_index;
+    let records = state.archive_outbox.drain();
+    assert_eq!(records.len(), 1);
+    let record = &records[0];
+    assert_eq!((record.job_id, record.archived_index, record.state.as_str()), (1, index, "succeeded"));
+    assert_eq!(record.wait_ms, Some(first_start_ms - submitted_ms));
+    assert_eq!((record.attempts, record.preemptions, record.gpus), (2, 1, 2));
+    assert_eq!(record.gpu_ms, 2 * 2_000 + 2 * 1_000, "attempts of 2 s and 1 s on 2 GPUs");
+    assert_eq!(record.gpu_model, "H100-80GB");
+    assert_eq!(record.nodes, vec!["a".to_string()]);
+    assert!(!state.records.job_stats.contains_key(&1));
+    assert!(!state.clone().archive_outbox.collect, "a copy of the state does not collect");
+}

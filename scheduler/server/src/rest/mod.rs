@@ -11,6 +11,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod board;
+pub mod history;
 pub mod inbound;
 pub mod model;
 pub mod problem;
@@ -90,7 +91,7 @@ type Shared = State<Arc<Rest>>;
         Errors are RFC 9457 problems (application/problem+json)."),
     paths(
         submit_job, list_jobs, get_job, cancel_job, why_job, job_logs, list_nodes, list_queues, list_quotas, get_usage, get_cluster,
-        list_audit, watch_events
+        list_audit, watch_events, history::get_history, history::get_report
     ),
     components(schemas(Problem, LogStream, JobState, EventMessage, EventsCompacted)),
     modifiers(&BearerAuth),
@@ -140,6 +141,8 @@ pub fn router(ctx: Arc<Context>, limiter: Arc<Limiter>) -> Router {
         .route("/v1/audit", get(list_audit))
         .route("/v1/events", get(watch_events))
         .merge(board::routes())
+        .route("/v1/history", get(history::get_history))
+        .route("/v1/report", get(history::get_report))
         .fallback(|| async { Problem::not_found("no such resource; the API is under /v1 (see /v1/openapi.json)") })
         .method_not_allowed_fallback(|| async {
             Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this resource does not take that method")
@@ -650,6 +653,8 @@ mod tests {
             "/v1/cluster",
             "/v1/audit",
             "/v1/events",
+            "/v1/history",
+            "/v1/report",
         ] {
             assert!(paths.contains_key(path), "{path} in {:?}", paths.keys());
         }
