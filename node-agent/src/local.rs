@@ -335,6 +335,14 @@ mod tests {
         let tags =
             [("ROTA_ALLOC_ID", "31337"), ("ROTA_RANK", "1"), ("ROTA_ATTEMPT", "2"), ("ROTA_JOB_ID", "8"), ("ROTA_AGENT_DIR", &agent)];
         let mut orphan = std::process::Command::new("sleep").arg("30").envs(tags).spawn().unwrap();
+        // Until the child has exec'd, /proc shows the parent's environment
+        // (no tags): wait for the tags, as a scan after a restart would see them.
+        let environ = format!("/proc/{}/environ", orphan.id());
+        let tagged = || std::fs::read(&environ).is_ok_and(|env| env.windows(19).any(|w| w == b"ROTA_ALLOC_ID=31337"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !tagged() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let mut local = LocalRanks::adopt(data.path(), &ranks_root, &Containment::ProcScan, &Processes);
         let key = RankKey { alloc_id: 31_337, rank: 1 };
         let on_disk = local.observe(5, &Processes);

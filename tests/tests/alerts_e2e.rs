@@ -1,10 +1,11 @@
 //! The shipped alert rules against a real Prometheus server scraping a real
 //! cluster: 3 replicas and two fake-GPU agents on 127.0.0.1, scraped every
-//! second. Faults make the alerts fire: a stopped replica (RotaReplicaDown),
-//! a job no node set can hold (RotaJobPendingTooLong), a stopped agent
-//! (RotaNodeDown), then the leader killed with a follower already down
-//! (RotaNoLeader, RotaLeaderFlapping). Every metric a rule reads (but the
-//! two reserved for later work) must be in the scrapes, and `promtool check
+//! second. Conditions make the alerts fire: an idle running job
+//! (RotaGpusAllocatedIdle), a burst of XIDs on one fake GPU (RotaXidStorm),
+//! a stopped replica (RotaReplicaDown), a job no node set can hold
+//! (RotaJobPendingTooLong), a stopped agent (RotaNodeDown), then the leader
+//! killed with a follower already down (RotaNoLeader, RotaLeaderFlapping).
+//! Every metric a rule reads must be in the scrapes, and `promtool check
 //! metrics` must find nothing to say about a replica's and an agent's.
 //! Every panel of the Grafana dashboard (deploy/grafana/rota.json) must
 //! answer with data.
@@ -27,9 +28,6 @@ use rota_proto::v1 as pb;
 
 const WAIT: Duration = Duration::from_secs(90);
 const TTL_MS: u64 = 3_000;
-/// Metrics the rules read that nothing emits yet: XID errors (counted by
-/// the GPU fencing work, under this name).
-const RESERVED_METRICS: &[&str] = &["rota_agent_gpu_xid_errors_total"];
 
 /// A Prometheus server started for the test, stopped by PID when dropped.
 struct Prometheus {
@@ -181,6 +179,9 @@ async fn alerts_fire_on_a_real_prometheus() -> Result<()> {
         std::fs::write(agent.data_dir.join("fake-utilization"), &quiet)?;
     }
     wait_nodes_ready(&cluster, 2, WAIT).await?;
+    // One XID the table ignores (63) on GPU 7 of node-a: its counter exists
+    // from the first scrape on, so a later burst is an increase.
+    std::fs::write(a.data_dir.join("fake-xids"), "7 63\n")?;
 
     // A job that runs (wait histogram, running and allocated GPUs), and one
     // that never can: 4 x 8 GPUs on two 8-GPU nodes.
@@ -208,7 +209,7 @@ async fn alerts_fire_on_a_real_prometheus() -> Result<()> {
 
     // Every metric a rule reads is scraped (histograms by their buckets).
     let rules = std::fs::read_to_string(repo_root().join("deploy/prometheus/rota-alerts.yml"))?;
-    let names: Vec<String> = rule_metric_names(&rules).into_iter().filter(|n| !RESERVED_METRICS.contains(&n.as_str())).collect();
+    let names = rule_metric_names(&rules);
     ensure!(names.len() >= 15, "too few metric names read from the rules: {names:?}");
     for name in &names {
         wait_until(&format!("{name} in the scrapes"), WAIT, || async {
@@ -239,6 +240,10 @@ async fn alerts_fire_on_a_real_prometheus() -> Result<()> {
     ensure!(!prometheus.firing("RotaLeaderFlapping")?, "no leader changed since Prometheus started");
     // The running job's GPU idle (its agent's report, committed): the group's alert.
     prometheus.wait_firing("RotaGpusAllocatedIdle", &[("group", "e2e")]).await?;
+    // A burst of XIDs on one GPU: the storm alert names the node and GPU.
+    ensure!(!prometheus.firing("RotaXidStorm")?, "one XID is no storm");
+    std::fs::write(a.data_dir.join("fake-xids"), "7 63\n".repeat(8))?;
+    prometheus.wait_firing("RotaXidStorm", &[("node", "node-a"), ("gpu", "7")]).await?;
 
     // A follower stops, an agent stops, a job waits: three alerts.
     let follower = *cluster.replicas.keys().find(|id| **id != leader).expect("a follower");

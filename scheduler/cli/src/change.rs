@@ -64,7 +64,7 @@ fn show(response: &pb::ListChangesResponse, format: Format) {
         println!("no change waits for approval");
         return;
     }
-    println!("{:>6}  {:<8} {:<20} {:<21} {}", "ID", "KIND", "REQUESTED BY", "EXPIRES (UTC)", "CHANGE");
+    println!("{:>6}  {:<8} {:<20} {:<21} CHANGE", "ID", "KIND", "REQUESTED BY", "EXPIRES (UTC)");
     for change in &response.changes {
         println!("{:>6}  {:<8} {:<20} {:<21} {}", change.id, change.kind, change.requested_by, utc_text(change.expires_ms), change.summary);
     }

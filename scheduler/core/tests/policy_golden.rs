@@ -368,21 +368,8 @@ mod args {
     /// A time or duration with a unit (`ms`, `s`, `m`, `h`, `d`), in ms.
     pub fn millis(arg: &Arg) -> Result<u64, String> {
         let v = text(arg)?;
-        parse_millis(v).ok_or_else(|| format!("{}: expected a time with a unit such as 90s, 20m, 2h or 1d, got {v:?}", arg.key))
-    }
-
-    fn parse_millis(v: &str) -> Option<u64> {
-        let split = v.find(|c: char| !c.is_ascii_digit())?;
-        let (digits, unit) = v.split_at(split);
-        let scale = match unit {
-            "ms" => 1,
-            "s" => 1_000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "d" => 86_400_000,
-            _ => return None,
-        };
-        digits.parse::<u64>().ok()?.checked_mul(scale)
+        rota_core::state::idle::parse_duration_ms(v)
+            .map_err(|_| format!("{}: expected a time with a unit such as 90s, 20m, 2h or 1d, got {v:?}", arg.key))
     }
 
     /// A duration in whole seconds (the unit of the specs' fields).

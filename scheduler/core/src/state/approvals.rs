@@ -21,10 +21,11 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::Actor;
 use super::command::Command;
+/// Defined with the other plain types so that `command` need not import
+/// this module (which holds commands).
+pub use super::types::ChangeKind;
 
-/// The first cluster version whose replicas keep pending changes and apply
-/// the commands that need and give approval.
-pub const APPROVALS_FROM_VERSION: u16 = 8;
+pub use super::command::APPROVALS_FROM_VERSION;
 
 /// Pending changes kept at most; expired ones are dropped first.
 pub const MAX_PENDING_CHANGES: usize = 256;
@@ -35,36 +36,6 @@ pub const MAX_EXPIRE_AFTER_MS: u64 = 30 * 24 * 3_600_000;
 /// The shortest (tests use milliseconds; anything shorter cannot be
 /// approved by a person).
 pub const MIN_EXPIRE_AFTER_MS: u64 = 1_000;
-
-/// The kinds of change that can be made to need approval.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum ChangeKind {
-    /// `SetQuota`.
-    Quota,
-    /// `SetBudget`.
-    Budget,
-    /// `GrantTemplate` giving a template to a group other than its own.
-    Grant,
-    /// Scheduling policy: queue settings (`SetQueue`).
-    Policy,
-}
-
-impl ChangeKind {
-    pub const ALL: [ChangeKind; 4] = [ChangeKind::Quota, ChangeKind::Budget, ChangeKind::Grant, ChangeKind::Policy];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChangeKind::Quota => "quota",
-            ChangeKind::Budget => "budget",
-            ChangeKind::Grant => "grant",
-            ChangeKind::Policy => "policy",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<ChangeKind> {
-        ChangeKind::ALL.into_iter().find(|k| k.as_str() == text)
-    }
-}
 
 /// A kind of change that needs approval, and for how long a request waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,11 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::approvals::ChangeKind;
 use super::auth::{Actor, Role};
 use super::idle::IdlePolicy;
 use super::tenancy::{Month, TemplateRef};
-use super::types::{AlarmKind, AllocId, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, ReasonCode, StopReason};
+use super::types::{AlarmKind, AllocId, ChangeKind, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, ReasonCode, StopReason};
 
 /// The format of every entry whose commands existed in the first layout,
 /// and of a cluster that has not raised its version yet (see `codec`).
@@ -270,6 +269,9 @@ pub enum Command {
 
 /// The first format with `Command::Traced`.
 pub const TRACED_FROM_VERSION: u16 = 7;
+/// The first cluster version whose replicas keep pending changes and apply
+/// the commands that need and give approval (see `approvals`).
+pub const APPROVALS_FROM_VERSION: u16 = 8;
 
 impl Command {
     /// The oldest encoding format that has this command.
@@ -307,9 +309,7 @@ impl Command {
             Command::AllocIdle { .. } | Command::IdleFlagged { .. } | Command::SetQueueIdle { .. } => super::idle::IDLE_FROM_VERSION,
             Command::ApplyPlan(plan) => plan.min_format(),
             Command::Traced { command, .. } => command.min_format().max(TRACED_FROM_VERSION),
-            Command::RequireApproval { .. } | Command::ApproveChange { .. } | Command::WithdrawChange { .. } => {
-                super::approvals::APPROVALS_FROM_VERSION
-            }
+            Command::RequireApproval { .. } | Command::ApproveChange { .. } | Command::WithdrawChange { .. } => APPROVALS_FROM_VERSION,
             _ => FIRST_FORMAT_VERSION,
         }
     }

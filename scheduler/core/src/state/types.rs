@@ -467,3 +467,33 @@ impl AlarmKind {
         }
     }
 }
+
+/// The kinds of change that can be made to need approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum ChangeKind {
+    /// `SetQuota`.
+    Quota,
+    /// `SetBudget`.
+    Budget,
+    /// `GrantTemplate` giving a template to a group other than its own.
+    Grant,
+    /// Scheduling policy: queue settings (`SetQueue`).
+    Policy,
+}
+
+impl ChangeKind {
+    pub const ALL: [ChangeKind; 4] = [ChangeKind::Quota, ChangeKind::Budget, ChangeKind::Grant, ChangeKind::Policy];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Quota => "quota",
+            ChangeKind::Budget => "budget",
+            ChangeKind::Grant => "grant",
+            ChangeKind::Policy => "policy",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<ChangeKind> {
+        ChangeKind::ALL.into_iter().find(|k| k.as_str() == text)
+    }
+}
