@@ -42,6 +42,8 @@ pub struct FinalJob {
     pub started_at_ms: u64,
     pub finished_at_ms: u64,
     pub attempts: u32,
+    /// Ranks of the job's gang (its spec's replicas).
+    pub ranks: u32,
 }
 
 /// Every acknowledged submit exists, exactly once, under the job id it was acknowledged with.
@@ -87,6 +89,8 @@ pub fn liveness(jobs: &[FinalJob], acked: &BTreeSet<u64>) -> Check {
 #[derive(Debug, Clone)]
 pub struct RankRun {
     pub job_id: u64,
+    /// The attempt's allocation (`ROTA_ALLOC_ID`): the ranks of one attempt share it.
+    pub alloc_id: u64,
     pub rank: u32,
     pub pid: u32,
     pub node: String,
@@ -122,8 +126,9 @@ fn parse_start(text: &str) -> Option<RankRun> {
     let job_id = fields.next()?.parse().ok()?;
     let rank = fields.next()?.parse().ok()?;
     let node = fields.next()?.to_string();
+    let alloc_id = fields.next()?.parse().ok()?;
     let gpus = fields.next().unwrap_or("").split(',').filter_map(|g| g.parse().ok()).collect();
-    Some(RankRun { job_id, rank, pid, node, gpus, start_ms, end_ms: None })
+    Some(RankRun { job_id, alloc_id, rank, pid, node, gpus, start_ms, end_ms: None })
 }
 
 /// No GPU was held by two running ranks at once. A rank that wrote no end
@@ -185,8 +190,14 @@ fn hit_by_outage(run: &RankRun, outages: &[Outage]) -> bool {
 /// finished its work itself. Beyond the TTL an agent stops its ranks by
 /// rule (its lease ran out): jobs with a rank on a node in such an `outage`
 /// are not judged here (`no_two_attempts_alive` judges them).
+///
+/// A gang whose peer could not start on a node in such an outage (its
+/// disk full) was ended as a whole and placed again: the ranks that had
+/// started are stopped by rule too. Such an attempt is seen as one with
+/// fewer started ranks than its gang has, begun within the outage.
 pub fn no_rank_killed(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, cancelled: &BTreeSet<u64>, outages: &[Outage]) -> Check {
-    let excused: BTreeSet<u64> = runs.iter().filter(|run| hit_by_outage(run, outages)).map(|run| run.job_id).collect();
+    let mut excused: BTreeSet<u64> = runs.iter().filter(|run| hit_by_outage(run, outages)).map(|run| run.job_id).collect();
+    excused.extend(gangs_cut_short(runs, jobs, outages));
     let mut by_rank: BTreeMap<(u64, u32), Vec<&RankRun>> = BTreeMap::new();
     for run in runs {
         by_rank.entry((run.job_id, run.rank)).or_default().push(run);
@@ -210,6 +221,31 @@ pub fn no_rank_killed(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, cancelle
         }
     }
     Check::new("no_running_rank_killed_or_restarted", violations)
+}
+
+/// How long before or after an outage a gang's started ranks may have
+/// begun when its peer on the faulted node could not start: both ranks are
+/// started from one assignment, each by its own agent.
+const GANG_START_SPREAD_MS: u64 = 2_000;
+
+/// Jobs with an attempt whose gang started only in part, within an outage.
+fn gangs_cut_short(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, outages: &[Outage]) -> BTreeSet<u64> {
+    let mut attempts: BTreeMap<(u64, u64), Vec<&RankRun>> = BTreeMap::new();
+    for run in runs {
+        attempts.entry((run.job_id, run.alloc_id)).or_default().push(run);
+    }
+    let within_outage = |start_ms: u64| {
+        outages.iter().any(|o| start_ms + GANG_START_SPREAD_MS >= o.from_ms && start_ms <= o.to_ms.saturating_add(GANG_START_SPREAD_MS))
+    };
+    attempts
+        .into_iter()
+        .filter(|((job_id, _), attempt)| {
+            let ranks = jobs.get(job_id).map_or(1, |j| j.ranks);
+            let started: BTreeSet<u32> = attempt.iter().map(|r| r.rank).collect();
+            (started.len() as u32) < ranks && attempt.iter().any(|r| within_outage(r.start_ms))
+        })
+        .map(|((job_id, _), _)| job_id)
+        .collect()
 }
 
 /// Every replica a fault hit did what the fault expects of it: a wiped
@@ -294,11 +330,11 @@ mod tests {
     use super::*;
 
     fn run(job_id: u64, pid: u32, gpus: &[u32], start_ms: u64, end_ms: Option<u64>) -> RankRun {
-        RankRun { job_id, rank: 0, pid, node: "n1".into(), gpus: gpus.to_vec(), start_ms, end_ms }
+        RankRun { job_id, alloc_id: job_id, rank: 0, pid, node: "n1".into(), gpus: gpus.to_vec(), start_ms, end_ms }
     }
 
     fn job(id: u64, state: &str, finished_at_ms: u64) -> FinalJob {
-        FinalJob { id, request_id: format!("r{id}"), state: state.into(), started_at_ms: 0, finished_at_ms, attempts: 1 }
+        FinalJob { id, request_id: format!("r{id}"), state: state.into(), started_at_ms: 0, finished_at_ms, attempts: 1, ranks: 1 }
     }
 
     #[test]
@@ -342,6 +378,28 @@ mod tests {
         assert!(no_rank_killed(&killed, &jobs, &BTreeSet::new(), &cut_off).passed, "a rank cut off past the TTL stops by rule");
         let before = [Outage { node, from_ms: 0, to_ms: 50 }];
         assert!(!no_rank_killed(&killed, &jobs, &BTreeSet::new(), &before).passed, "an outage before the rank started excuses nothing");
+    }
+
+    /// A two-rank gang: rank 0 started on n1, rank 1 could not start on n2
+    /// (its disk full), so rank 0 was stopped and the job placed again.
+    #[test]
+    fn a_gang_restarted_because_a_peer_could_not_start_is_excused_only_within_the_outage() {
+        let jobs = BTreeMap::from([(1, FinalJob { ranks: 2, ..job(1, "succeeded", 900) })]);
+        let first = RankRun { alloc_id: 7, ..run(1, 10, &[0], 10_000, None) };
+        let second = RankRun { alloc_id: 8, ..run(1, 12, &[0], 12_000, Some(15_000)) };
+        let peer = RankRun { alloc_id: 8, rank: 1, node: "n2".into(), ..run(1, 13, &[0], 12_100, Some(15_000)) };
+        let runs = [first, second, peer];
+        let disk_full = [Outage { node: "n2".into(), from_ms: 9_500, to_ms: 10_500 }];
+        assert!(no_rank_killed(&runs, &jobs, &BTreeSet::new(), &disk_full).passed, "the gang's peer could not start");
+        let long_before = [Outage { node: "n2".into(), from_ms: 0, to_ms: 100 }];
+        assert!(!no_rank_killed(&runs, &jobs, &BTreeSet::new(), &long_before).passed, "an outage long before excuses nothing");
+        let whole = [RankRun { alloc_id: 7, rank: 1, node: "n2".into(), ..run(1, 11, &[0], 10_000, None) }];
+        let runs_whole = [runs[0].clone(), whole[0].clone(), runs[1].clone(), runs[2].clone()];
+        let elsewhere = [Outage { node: "n3".into(), from_ms: 9_500, to_ms: 10_500 }];
+        assert!(
+            !no_rank_killed(&runs_whole, &jobs, &BTreeSet::new(), &elsewhere).passed,
+            "a gang that started whole and was killed is caught"
+        );
     }
 
     #[test]

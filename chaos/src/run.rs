@@ -521,6 +521,7 @@ async fn read_all_jobs(clients: &Clients) -> Result<Vec<FinalJob>> {
             started_at_ms: j.started_at_ms,
             finished_at_ms: j.finished_at_ms,
             attempts: j.attempts,
+            ranks: j.spec.as_ref().map_or(1, |s| s.replicas.max(1)),
         }));
         if page.jobs.len() < LIST_PAGE as usize {
             break;

@@ -112,7 +112,7 @@ fn job_command(duration_s: u64, checkpoints: bool) -> Vec<String> {
     let checkpoint = if checkpoints { "touch \"$ROTA_CHECKPOINT_FILE\" 2>/dev/null;" } else { "" };
     let script = format!(
         "f=\"$CHAOS_MARKERS/$ROTA_JOB_ID-$RANK-$$\"; \
-         echo \"$(date +%s%3N) $$ $ROTA_JOB_ID $RANK ${{ROTA_NODE:-?}} ${{CUDA_VISIBLE_DEVICES}}\" > \"$f.start\"; \
+         echo \"$(date +%s%3N) $$ $ROTA_JOB_ID $RANK ${{ROTA_NODE:-?}} ${{ROTA_ALLOC_ID:-0}} ${{CUDA_VISIBLE_DEVICES}}\" > \"$f.start\"; \
          i=0; while [ $i -lt {duration_s} ]; do sleep 1; {checkpoint} i=$((i+1)); done; \
          echo \"$(date +%s%3N) $$\" > \"$f.end\""
     );
@@ -217,5 +217,34 @@ pub async fn probe(clients: Clients, history: Arc<History>, seed: u64, stop: Arc
             }
         }
         tokio::time::sleep(Duration::from_millis(PROBE_PAUSE_MS)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checkers read what the job's program writes: run it as an agent
+    /// would and read its markers back.
+    #[test]
+    fn the_checkers_read_the_markers_the_job_writes() {
+        let markers = tempfile::tempdir().unwrap();
+        let command = job_command(0, false);
+        let status = std::process::Command::new(&command[0])
+            .args(&command[1..])
+            .env("CHAOS_MARKERS", markers.path())
+            .env("ROTA_JOB_ID", "41")
+            .env("RANK", "1")
+            .env("ROTA_NODE", "node-b")
+            .env("ROTA_ALLOC_ID", "77")
+            .env("CUDA_VISIBLE_DEVICES", "2,3")
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let runs = crate::check::read_markers(markers.path());
+        assert_eq!(runs.len(), 1, "{runs:?}");
+        let run = &runs[0];
+        assert_eq!((run.job_id, run.alloc_id, run.rank, run.node.as_str(), run.gpus.as_slice()), (41, 77, 1, "node-b", &[2, 3][..]));
+        assert!(run.end_ms.is_some_and(|end| end >= run.start_ms));
     }
 }

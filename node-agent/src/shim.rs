@@ -9,7 +9,8 @@
 //!    job's grace, SIGKILL; see `contain::stop_leftovers`), reaping the
 //!    orphans it adopts as their subreaper,
 //! 5. only then records the exit status in exit.json (atomically): a
-//!    recorded exit means no process of the rank is left.
+//!    recorded exit means no process of the rank is left. On a full disk it
+//!    retries for a while rather than lose the exit.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -146,8 +147,34 @@ pub fn run(dir: &Path) -> Result<i32, ShimError> {
         }
     }
     tree.remove_cgroup();
-    record_exit(&rank, exit_code)?;
+    record_exit_patiently(&rank, exit_code)?;
     Ok(exit_code)
+}
+
+/// How long a shim whose disk is full keeps trying to record how its
+/// command ended. Until then the rank holds its GPUs and the agent sees it
+/// running; past it the agent reports the rank lost and its job runs again.
+const EXIT_RECORD_PATIENCE_MS: u64 = 10 * 60 * 1_000;
+const EXIT_RECORD_RETRY_MAX_MS: u64 = 2_000;
+
+/// Record the exit, waiting out a full disk: the command has done its work,
+/// and an exit the shim cannot record would make its job run again.
+fn record_exit_patiently(rank: &RankDir, exit_code: i32) -> Result<(), RankDirError> {
+    let status = ExitStatus { exit_code, finished_at_ms: rankdir::now_ms() };
+    let deadline = std::time::Instant::now() + Duration::from_millis(EXIT_RECORD_PATIENCE_MS);
+    let mut pause_ms = 50;
+    loop {
+        match rank.write(rankdir::EXIT, &status) {
+            Err(error) if error.is_disk_full() && std::time::Instant::now() < deadline => {
+                if pause_ms == 50 {
+                    tracing::error!(%error, exit_code, "cannot record the command's exit; retrying until the disk takes it");
+                }
+                std::thread::sleep(Duration::from_millis(pause_ms));
+                pause_ms = (pause_ms * 2).min(EXIT_RECORD_RETRY_MAX_MS);
+            }
+            other => return other,
+        }
+    }
 }
 
 /// The working directory belongs to the rank's user; the rank directory
