@@ -1,27 +1,24 @@
 //! `rota whoami`, `rota auth`, `rota token`, `rota audit`: identities, roles,
 //! bearer tokens and the audit trail.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use rota_client::Client;
 use rota_proto::v1 as pb;
 use serde_json::json;
 
 use crate::output::Format;
 
-/// A duration such as `30d`, `12h`, `90m` or `45s`, in seconds.
+/// A duration such as `30d`, `12h`, `90m` or `45s`, in whole seconds; a bare
+/// number means seconds. The units are the core's (`parse_duration_ms`).
 pub fn parse_duration_s(text: &str) -> Result<u64> {
     let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number.parse().with_context(|| format!("{text:?}: expected a number and a unit (s, m, h, d)"))?;
-    let unit_s = match unit {
-        "s" | "" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        other => bail!("{text:?}: unknown unit {other:?}; use s, m, h or d"),
+    let ms = if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        let seconds: u64 = text.parse().with_context(|| format!("{text:?}: too long"))?;
+        seconds.checked_mul(1_000).with_context(|| format!("{text:?}: too long"))?
+    } else {
+        rota_core::state::idle::parse_duration_ms(text).map_err(anyhow::Error::msg)?
     };
-    number.checked_mul(unit_s).with_context(|| format!("{text:?}: too long"))
+    Ok(ms / 1_000)
 }
 
 fn now_ms() -> u64 {

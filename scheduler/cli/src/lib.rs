@@ -8,6 +8,7 @@ pub mod bench;
 pub mod change;
 pub mod config;
 pub mod drill;
+pub mod endpoint_memory;
 pub mod history;
 pub mod ops;
 pub mod output;
@@ -209,7 +210,7 @@ pub async fn submit(client: &Client, args: &SubmitArgs, format: Format) -> Resul
 
 pub async fn get_job(client: &Client, job_id: u64) -> Result<pb::Job> {
     let response = client
-        .retrying(|i| {
+        .idempotent(|i| {
             let mut jobs = client.jobs_at(i);
             async move { jobs.get_job(pb::GetJobRequest { job_id }).await.map(|r| r.into_inner()) }
         })
@@ -288,7 +289,7 @@ pub async fn jobs(client: &Client, filter: &JobFilter, limit: u32, format: Forma
     // bytes); follow the pages until the limit or the last job.
     for _page in 0..MAX_LIST_PAGES {
         let page = client
-            .retrying(|i| {
+            .idempotent(|i| {
                 let mut jobs = client.jobs_at(i);
                 let request = request.clone();
                 async move { jobs.list_jobs(request).await.map(|r| r.into_inner()) }
@@ -329,7 +330,7 @@ pub async fn cancel(client: &Client, job_id: u64, format: Format) -> Result<()> 
 /// else as the first replica that answers sees it.
 pub async fn cluster_status(client: &Client) -> Result<pb::ClusterStatus> {
     let first = client
-        .retrying(|i| {
+        .idempotent(|i| {
             let mut cluster = client.cluster_at(i);
             async move { cluster.get_cluster_status(pb::GetClusterStatusRequest {}).await.map(|r| r.into_inner()) }
         })
@@ -350,7 +351,7 @@ pub async fn cluster(client: &Client, format: Format) -> Result<()> {
 
 pub async fn nodes(client: &Client, format: Format) -> Result<()> {
     let response = client
-        .retrying(|i| {
+        .idempotent(|i| {
             let mut cluster = client.cluster_at(i);
             async move { cluster.list_nodes(pb::ListNodesRequest {}).await.map(|r| r.into_inner()) }
         })

@@ -697,6 +697,10 @@ async fn main() -> Result<()> {
     let request_id = credentials.request_id().to_string();
     let mut client = Client::new(&args.endpoints, &args.tls.flags().for_client()?)?.with_credentials(credentials);
     client.deadline = Duration::from_secs(args.timeout_s);
+    let memory = rota_cli::endpoint_memory::file();
+    if let Some(endpoint) = memory.as_deref().and_then(|file| rota_cli::endpoint_memory::recall(file, client.endpoints())) {
+        client.prefer(&endpoint);
+    }
     let output = args.output;
     let format = match &args.command {
         // Read only by the commands that print CSV.
@@ -777,6 +781,9 @@ async fn main() -> Result<()> {
             Ok(())
         }
     };
+    if let (Some(file), Some(answered)) = (memory.as_deref(), client.last_answered()) {
+        rota_cli::endpoint_memory::remember(file, client.endpoints(), answered);
+    }
     if outcome.is_err() {
         // What to search the replicas' logs for.
         eprintln!("request id: {request_id}");

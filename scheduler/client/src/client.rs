@@ -4,6 +4,9 @@
 //! and a failover looks like a short delay.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rota_proto::v1 as pb;
@@ -23,6 +26,14 @@ use crate::retry::{self, Backoff};
 use crate::wire::{self, LEADER_METADATA, MAX_MESSAGE_BYTES};
 
 const FIRST_BACKOFF_MS: u64 = 25;
+/// An idempotent call unanswered this long is also sent to the next
+/// replica: a replica that is paused or cut off accepts connections and
+/// then says nothing, and waiting out a whole attempt on it is what makes a
+/// failover slow for a client.
+const HEDGE_AFTER_MS: u64 = 250;
+/// Attempts one hedged round sends at most.
+const MAX_HEDGED_ATTEMPTS: u32 = 8;
+const HEDGED_BACKOFF_MAX_MS: u64 = 200;
 const MAX_BACKOFF_MS: u64 = 1_000;
 /// Most endpoints a client is given; a cluster has at most 7 replicas.
 const MAX_ENDPOINTS: usize = 16;
@@ -136,7 +147,14 @@ pub struct Client {
     pub deadline: Duration,
     /// Timeout of one attempt.
     pub attempt_timeout: Duration,
+    /// When an idempotent call is also sent to a second replica.
+    pub hedge_after: Duration,
+    /// The endpoint that answered last: the next call starts there.
+    answered: Arc<AtomicUsize>,
 }
+
+/// No endpoint has answered yet.
+const NONE_ANSWERED: usize = usize::MAX;
 
 impl Client {
     /// `endpoints`: host:port of replicas, comma separated or listed.
@@ -164,6 +182,8 @@ impl Client {
             credentials: Credentials::default(),
             deadline: Duration::from_secs(30),
             attempt_timeout: Duration::from_secs(3),
+            hedge_after: Duration::from_millis(HEDGE_AFTER_MS),
+            answered: Arc::new(AtomicUsize::new(NONE_ANSWERED)),
         })
     }
 
@@ -203,24 +223,73 @@ impl Client {
         AuthServiceClient::new(self.authed(i))
     }
 
+    /// The endpoint that answered last, if any (the CLI keeps it between runs).
+    pub fn last_answered(&self) -> Option<&str> {
+        self.endpoints.get(self.answered.load(Ordering::Relaxed)).map(String::as_str)
+    }
+
+    /// Start the next call at `endpoint` (one of this client's).
+    pub fn prefer(&self, endpoint: &str) {
+        if let Some(i) = self.endpoints.iter().position(|e| e == endpoint) {
+            self.answered.store(i, Ordering::Relaxed);
+        }
+    }
+
+    fn first_target(&self) -> usize {
+        let answered = self.answered.load(Ordering::Relaxed);
+        if answered < self.endpoints.len() {
+            answered
+        } else {
+            0
+        }
+    }
+
     /// Run `call` against endpoint indexes until it succeeds, fails for a
-    /// reason a retry cannot fix, or the deadline passes.
-    pub async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
+    /// reason a retry cannot fix, or the deadline passes. One attempt at a
+    /// time: for calls that must not run twice.
+    pub async fn retrying<T, F, Fut>(&self, call: F) -> Result<T, ClientError>
+    where
+        F: FnMut(usize) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        self.attempts(call, false).await
+    }
+
+    /// As `retrying`, for calls that may run twice with one effect (reads,
+    /// and submits, which the request id makes exactly-once): an attempt
+    /// unanswered after `hedge_after` is also sent to the next replica, and
+    /// the first success wins.
+    pub async fn idempotent<T, F, Fut>(&self, call: F) -> Result<T, ClientError>
+    where
+        F: FnMut(usize) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        self.attempts(call, self.endpoints.len() > 1).await
+    }
+
+    async fn attempts<T, F, Fut>(&self, mut call: F, hedge: bool) -> Result<T, ClientError>
     where
         F: FnMut(usize) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
         let started = Instant::now();
-        let mut target = 0usize;
+        let mut target = self.first_target();
         let mut backoff = Backoff::new(FIRST_BACKOFF_MS, MAX_BACKOFF_MS);
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            let outcome = tokio::time::timeout(self.attempt_timeout, call(target)).await;
+            let (answered_by, outcome) = if hedge {
+                self.hedged_attempt(&mut call, target).await
+            } else {
+                let outcome = tokio::time::timeout(self.attempt_timeout, call(target)).await;
+                (target, outcome.unwrap_or_else(|_| Err(Status::deadline_exceeded("attempt timed out"))))
+            };
             let status = match outcome {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(status)) => status,
-                Err(_) => Status::deadline_exceeded("attempt timed out"),
+                Ok(value) => {
+                    self.answered.store(answered_by, Ordering::Relaxed);
+                    return Ok(value);
+                }
+                Err(status) => status,
             };
             // Refused by this caller's limits: the same replica takes it
             // after the wait it named (a full cluster names none).
@@ -239,22 +308,95 @@ impl Client {
             match self.leader_hint(&status) {
                 Some(leader) if leader != target => target = leader,
                 _ => {
-                    target = (target + 1) % self.endpoints.len();
+                    target = (answered_by + 1) % self.endpoints.len();
                     tokio::time::sleep(backoff.next_delay()).await;
                 }
             }
         }
     }
 
+    /// One round of attempts for an idempotent call: the first at
+    /// `target`; unanswered after `hedge_after`, a second at the next
+    /// endpoint. From then on two attempts are in flight: one that fails
+    /// for a failover reason is sent again (after a short backoff, to the
+    /// leader it names or the next endpoint the other one is not on), so a
+    /// replica that answers "try another" at once never leaves the call
+    /// waiting on one that hangs. The first success wins; a final answer
+    /// (the request is wrong) ends it at once. Bounded by `attempt_timeout`
+    /// and `MAX_HEDGED_ATTEMPTS`. Returns the endpoint whose answer it is.
+    async fn hedged_attempt<T, F, Fut>(&self, call: &mut F, target: usize) -> (usize, Result<T, Status>)
+    where
+        F: FnMut(usize) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let give_up = tokio::time::sleep(self.attempt_timeout);
+        tokio::pin!(give_up);
+        let mut first: Option<(usize, Pin<Box<Fut>>)> = Some((target, Box::pin(call(target))));
+        let mut second: Option<(usize, Pin<Box<Fut>>)> = None;
+        let hedge = tokio::time::sleep(self.hedge_after);
+        tokio::pin!(hedge);
+        let mut hedged = false;
+        // Short: the other attempt's answer is not seen while this waits.
+        let mut backoff = Backoff::new(FIRST_BACKOFF_MS, HEDGED_BACKOFF_MAX_MS);
+        let mut sent = 1u32;
+        let mut last = (target, Status::deadline_exceeded("attempt timed out"));
+        loop {
+            let (in_first, (from, outcome)) = tokio::select! {
+                outcome = poll_slot(&mut first) => (true, outcome),
+                outcome = poll_slot(&mut second) => (false, outcome),
+                () = &mut hedge, if !hedged => {
+                    hedged = true;
+                    let next = self.next_endpoint(target, first.as_ref().map(|(at, _)| *at));
+                    second = Some((next, Box::pin(call(next))));
+                    sent += 1;
+                    continue;
+                }
+                () = &mut give_up => return (last.0, Err(last.1)),
+            };
+            let (done, other) = if in_first { (&mut first, &second) } else { (&mut second, &first) };
+            *done = None;
+            let busy = other.as_ref().map(|(at, _)| *at);
+            let status = match outcome {
+                Ok(value) => return (from, Ok(value)),
+                Err(status) if !retry::worth_retrying_now(status.code()) => return (from, Err(status)),
+                Err(status) => status,
+            };
+            let next = self.leader_hint(&status).filter(|l| Some(*l) != busy).unwrap_or_else(|| self.next_endpoint(from, busy));
+            last = (from, status);
+            if !hedged || sent >= MAX_HEDGED_ATTEMPTS {
+                // Failed before the hedge (the caller's loop backs off and
+                // tries again), or out of attempts: wait for the other one.
+                if busy.is_none() {
+                    return (last.0, Err(last.1));
+                }
+                continue;
+            }
+            tokio::time::sleep(backoff.next_delay()).await;
+            *done = Some((next, Box::pin(call(next))));
+            sent += 1;
+        }
+    }
+
+    /// The endpoint after `from` that is not `busy` (another attempt is there).
+    fn next_endpoint(&self, from: usize, busy: Option<usize>) -> usize {
+        let n = self.endpoints.len();
+        (1..=n).map(|step| (from + step) % n).find(|i| Some(*i) != busy).unwrap_or((from + 1) % n)
+    }
+
     /// Submit through whichever replica answers, retrying through failovers
-    /// (safe: the request id makes a retry return the first job).
+    /// (safe: the request id makes a retry return the first job). Hedged
+    /// only with a request id: without one, two attempts make two jobs.
     pub async fn submit_job(&self, request: &pb::SubmitJobRequest) -> Result<pb::SubmitJobResponse, ClientError> {
-        self.retrying(|i| {
+        let call = |i| {
             let mut jobs = self.jobs_at(i);
             let request = request.clone();
             async move { jobs.submit_job(request).await.map(|r| r.into_inner()) }
-        })
-        .await
+        };
+        if request.request_id.is_empty() {
+            self.retrying(call).await
+        } else {
+            self.idempotent(call).await
+        }
     }
 
     pub async fn cancel_job(&self, job_id: u64) -> Result<pb::CancelJobResponse, ClientError> {
@@ -271,6 +413,81 @@ impl Client {
     }
 }
 
+/// The outcome of the attempt in `slot`, tagged with its endpoint; never
+/// ready while the slot is empty.
+async fn poll_slot<T, Fut>(slot: &mut Option<(usize, Pin<Box<Fut>>)>) -> (usize, Result<T, Status>)
+where
+    Fut: Future<Output = Result<T, Status>>,
+{
+    match slot {
+        Some((at, attempt)) => (*at, attempt.await),
+        None => std::future::pending().await,
+    }
+}
+
 fn channel(endpoint: &str, security: &Security) -> Result<Channel, ClientError> {
     wire::channel(endpoint, security).map_err(|e| ClientError::BadEndpoint(endpoint.to_string(), e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A client of three endpoints nothing listens on (channels connect
+    /// lazily; the calls below never use them).
+    fn client() -> Client {
+        let endpoints: Vec<String> = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"].iter().map(|e| e.to_string()).collect();
+        let mut client = Client::new(&endpoints, &Security::Plaintext).unwrap();
+        client.deadline = Duration::from_secs(5);
+        client
+    }
+
+    /// Endpoint 0 hangs, 1 answers "try another" at once, 2 answers.
+    async fn hung_refusing_answering(i: usize, sent: &Mutex<Vec<usize>>) -> Result<usize, Status> {
+        sent.lock().unwrap().push(i);
+        match i {
+            0 => std::future::pending().await,
+            1 => Err(Status::unavailable("not in contact with a quorum; try another replica")),
+            _ => Ok(i),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_idempotent_call_gets_past_a_hung_replica_and_one_that_refuses() {
+        let client = client();
+        let sent = Mutex::new(Vec::new());
+        let answer = client.idempotent(|i| hung_refusing_answering(i, &sent)).await.unwrap();
+        assert_eq!(answer, 2);
+        assert_eq!(*sent.lock().unwrap(), [0, 1, 2], "hedged to 1, then to 2 while 0 still hangs");
+        assert_eq!(client.last_answered(), Some("127.0.0.1:3"));
+        sent.lock().unwrap().clear();
+        client.idempotent(|i| hung_refusing_answering(i, &sent)).await.unwrap();
+        assert_eq!(*sent.lock().unwrap(), [2], "the next call starts where the last was answered");
+    }
+
+    #[tokio::test]
+    async fn a_call_that_must_not_run_twice_is_never_hedged() {
+        let mut client = client();
+        client.attempt_timeout = Duration::from_millis(400);
+        client.deadline = Duration::from_millis(300);
+        let sent = Mutex::new(Vec::new());
+        let outcome = client.retrying(|i| hung_refusing_answering(i, &sent)).await;
+        assert!(matches!(outcome, Err(ClientError::GaveUp { .. })), "{outcome:?} {:?}", sent.lock().unwrap());
+        assert_eq!(*sent.lock().unwrap(), [0], "one attempt at a time: the hung one ran out the deadline");
+    }
+
+    #[tokio::test]
+    async fn a_final_answer_ends_a_hedged_call_at_once() {
+        let client = client();
+        let calls = Mutex::new(0u32);
+        let outcome: Result<(), _> = client
+            .idempotent(|_| {
+                *calls.lock().unwrap() += 1;
+                async { Err(Status::invalid_argument("spec.command: must not be empty")) }
+            })
+            .await;
+        assert!(matches!(outcome, Err(ClientError::Status(ref s)) if s.code() == Code::InvalidArgument), "{outcome:?}");
+        assert_eq!(*calls.lock().unwrap(), 1);
+    }
 }

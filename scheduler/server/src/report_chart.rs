@@ -94,26 +94,8 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> Result<(), Box<dyn std::err
     for (i, (group, values)) in groups.iter().enumerate() {
         let colour = PALETTE[i % PALETTE.len()];
         let light = colour.mix(0.35);
-        let busy: Vec<Rectangle<(f64, f64)>> = (0..days)
-            .filter(|day| values[*day].0 > 0.0)
-            .map(|day| {
-                let x = day as f64 + 1.0;
-                Rectangle::new([(x - 0.4, base[day]), (x + 0.4, base[day] + values[day].0)], colour.filled())
-            })
-            .collect();
-        for (day, slot) in base.iter_mut().enumerate() {
-            *slot += values[day].0;
-        }
-        let idle: Vec<Rectangle<(f64, f64)>> = (0..days)
-            .filter(|day| values[*day].1 > 0.0)
-            .map(|day| {
-                let x = day as f64 + 1.0;
-                Rectangle::new([(x - 0.4, base[day]), (x + 0.4, base[day] + values[day].1)], light.filled())
-            })
-            .collect();
-        for (day, slot) in base.iter_mut().enumerate() {
-            *slot += values[day].1;
-        }
+        let busy = stack_bars(&mut base, values.iter().map(|v| v.0), colour.filled());
+        let idle = stack_bars(&mut base, values.iter().map(|v| v.1), light.filled());
         chart
             .draw_series(busy)?
             .label(format!("{group} busy"))
@@ -131,6 +113,19 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> Result<(), Box<dyn std::err
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// One bar per day with a value, drawn on top of `base`, which then rises by it.
+fn stack_bars(base: &mut [f64], values: impl Iterator<Item = f64>, style: ShapeStyle) -> Vec<Rectangle<(f64, f64)>> {
+    let mut bars = Vec::new();
+    for ((day, slot), value) in base.iter_mut().enumerate().zip(values) {
+        if value > 0.0 {
+            let x = day as f64 + 1.0;
+            bars.push(Rectangle::new([(x - 0.4, *slot), (x + 0.4, *slot + value)], style));
+        }
+        *slot += value;
+    }
+    bars
 }
 
 #[cfg(test)]

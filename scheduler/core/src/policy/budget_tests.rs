@@ -3,9 +3,7 @@
 //! `budget_exhausted`, until the budget is raised.
 
 use crate::state::tenancy::TENANCY_FROM_VERSION;
-use crate::state::{
-    ClusterState, Command, CommandResult, GpuInfo, JobSpec, NodeRegistration, Placement, Plan, Proposal, RankPlacement, ReasonCode,
-};
+use crate::state::{ClusterState, Command, CommandResult, JobSpec, Placement, Plan, Proposal, RankPlacement, ReasonCode};
 
 /// 2026-12-01T00:00:00Z.
 const DEC_2026: u64 = 1_796_083_200_000;
@@ -19,17 +17,7 @@ fn at(state: &mut ClusterState, now_ms: u64, command: Command) -> CommandResult 
 }
 
 fn node() -> Command {
-    let gpus = (0..8)
-        .map(|index| GpuInfo {
-            index,
-            uuid: format!("GPU-{index}"),
-            model: "H100-80GB".into(),
-            memory_mib: 81_920,
-            healthy: true,
-            nvlink_domain: Some(0),
-        })
-        .collect();
-    Command::RegisterNode(NodeRegistration { name: "n1".into(), address: "127.0.0.1".into(), rack: "r1".into(), leaf: "l1".into(), gpus })
+    Command::RegisterNode(crate::state::tests::node("n1", 8))
 }
 
 fn submit(group: &str, gpus_per_replica: u32) -> Command {

@@ -313,4 +313,4 @@ mod approvals_tests;
 #[cfg(test)]
 mod tenancy_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

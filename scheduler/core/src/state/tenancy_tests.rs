@@ -57,22 +57,7 @@ fn cluster() -> ClusterState {
         let set = Command::SetUser { name: name.into(), role, groups: BTreeSet::from([group.to_string()]), impersonate: false };
         assert_eq!(one(&mut state, t, by("ada", set)), CommandResult::Done);
     }
-    let node = NodeRegistration {
-        name: "n1".into(),
-        address: "127.0.0.1".into(),
-        rack: "r1".into(),
-        leaf: "l1".into(),
-        gpus: (0..8)
-            .map(|index| GpuInfo {
-                index,
-                uuid: format!("GPU-{index}"),
-                model: "H100-80GB".into(),
-                memory_mib: 81_920,
-                healthy: true,
-                nvlink_domain: None,
-            })
-            .collect(),
-    };
+    let node = super::tests::node("n1", 8);
     assert_eq!(one(&mut state, t, Command::RegisterNode(node)), CommandResult::Done);
     state
 }
