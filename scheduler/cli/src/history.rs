@@ -27,6 +27,8 @@ pub enum Output {
     Table,
     Json,
     Csv,
+    /// `rota policy show` only.
+    Toml,
 }
 
 impl Output {
@@ -36,8 +38,16 @@ impl Output {
             Output::Table => Ok(Format::Table),
             Output::Json => Ok(Format::Json),
             Output::Csv => bail!("--output csv: only `rota history` and `rota report` print CSV; use table or json"),
+            Output::Toml => bail!("--output toml: only `rota policy show` prints TOML; use table or json"),
         }
     }
+}
+
+fn not_toml(output: Output) -> Result<()> {
+    if output == Output::Toml {
+        bail!("--output toml: only `rota policy show` prints TOML; use table, json or csv");
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -101,6 +111,7 @@ fn optional<T: ToString>(value: Option<T>) -> String {
 }
 
 pub async fn history(client: &Client, args: &HistoryArgs, output: Output) -> Result<()> {
+    not_toml(output)?;
     let mut request = pb::SearchHistoryRequest {
         group: args.group.clone().unwrap_or_default(),
         queue: args.queue.clone().unwrap_or_default(),
@@ -168,7 +179,7 @@ pub async fn history(client: &Client, args: &HistoryArgs, output: Output) -> Res
                 );
             }
         }
-        Output::Table => {
+        Output::Table | Output::Toml => {
             println!(
                 "{:<8} {:<10} {:<10} {:<12} {:<10} {:>5} {:>9} {:>10} {:<20} LABELS",
                 "ID", "STATE", "USER", "GROUP", "QUEUE", "GPUS", "WAIT_S", "GPU_H", "FINISHED (UTC)"
@@ -194,6 +205,7 @@ pub async fn history(client: &Client, args: &HistoryArgs, output: Output) -> Res
 }
 
 pub async fn report(client: &Client, args: &ReportArgs, output: Output) -> Result<()> {
+    not_toml(output)?;
     let request = pb::GetReportRequest { month: args.month.clone(), by: args.by.clone() };
     let answer = client
         .retrying(|i| {
@@ -229,7 +241,7 @@ pub async fn report(client: &Client, args: &ReportArgs, output: Output) -> Resul
                 );
             }
         }
-        Output::Table => {
+        Output::Table | Output::Toml => {
             println!(
                 "report {} by {}{}",
                 view.month,

@@ -11,6 +11,7 @@ pub mod drill;
 pub mod history;
 pub mod ops;
 pub mod output;
+pub mod policy;
 pub mod sim;
 pub mod tenancy;
 
