@@ -69,6 +69,9 @@ fn the_default_document_is_the_default_policy() {
     assert_eq!(ClusterState::default().policy.active_document(), PolicyDocument::default());
 }
 
+/// Placements record the version they were made under (the canary's for
+/// its queue). Without the record at apply (`record_policy_version`) it
+/// failed with `left: None, right: Some(1)`.
 #[test]
 fn apply_promote_and_rollback_move_the_active_version_and_placements_record_it() {
     let mut state = cluster();
@@ -119,6 +122,8 @@ fn apply_promote_and_rollback_move_the_active_version_and_placements_record_it()
     assert_eq!(restored.policy, state.policy);
 }
 
+/// Plain users are refused. With the policy commands authorized as reads
+/// it failed: uma's apply returned `Done`.
 #[test]
 fn only_admins_apply_documents_and_the_commands_need_format_9() {
     let mut state = cluster();
@@ -135,6 +140,8 @@ fn only_admins_apply_documents_and_the_commands_need_format_9() {
     assert_eq!(Command::PromotePolicy.min_format(), 9);
 }
 
+/// The history is bounded and keeps the active version. Trimming the
+/// oldest whatever it is failed: the front was no longer version 1.
 #[test]
 fn the_history_keeps_the_newest_versions_and_never_the_active_one_dropped() {
     let mut state = cluster();
@@ -188,7 +195,9 @@ fn a_bad_document_is_refused_naming_the_field_and_its_range() {
 /// ten-minute job each: under the defaults the short job goes first
 /// (shortness outweighs priority); under a canary document that weighs
 /// priority only, the canary queue's high-priority job goes first while
-/// the other queue keeps the defaults' order.
+/// the other queue keeps the defaults' order. With the leader's `plan`
+/// running the built-in defaults (as before policy documents) it failed:
+/// the one GPU went to job 2, not to the canary's job 3.
 #[test]
 fn the_canary_queue_is_ordered_under_its_document_and_the_rest_under_the_active_one() {
     let mut state = cluster();
