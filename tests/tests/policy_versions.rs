@@ -11,6 +11,7 @@
 //! - The leader is killed: the new leader keeps version 1 active and 2
 //!   staged; `promote` makes 2 active for every job, `rollback` returns to 1;
 //!   `diff` shows the fields that differ.
+//! - `dry-run` replays a cancelled job from the history under both documents.
 
 use std::time::Duration;
 
@@ -101,6 +102,15 @@ async fn policy_versions_are_applied_staged_promoted_and_rolled_back_through_a_l
     ensure!(rolled["active"] == 1 && rolled["canary_version"].is_null(), "{rolled}");
     ensure!(placed_version(&any, &rota, &marks, "training").await? == 1, "rolled back for every job");
     ensure!(rota.ok("harness", &["policy", "rollback", "--to", "0"])?["active"] == 0);
+
+    // A dry run replays the finished jobs under the active and the proposed document.
+    let running = any.list(pb::ListJobsRequest { state: pb::JobState::Running as i32, ..Default::default() }).await?;
+    let first = running.jobs.iter().map(|j| j.id).min().context("a running job")?;
+    any.cancel(first).await?;
+    any.wait_job_state(first, pb::JobState::Cancelled, WAIT).await?;
+    let dry = rota.ok("harness", &["policy", "dry-run", canary.to_str().context("a path")?, "--weeks", "1"])?;
+    let group = &dry["groups"][0];
+    ensure!(group["group"] == "e2e" && group["active"]["jobs"] == 1 && group["proposed"]["jobs"] == 1, "{dry}");
     let audit = rota.ok("harness", &["audit", "--limit", "200"])?.to_string();
     ensure!(audit.contains("apply a policy document") && audit.contains("promote the staged policy document"), "{audit}");
     Ok(())

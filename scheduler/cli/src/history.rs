@@ -43,6 +43,32 @@ impl Output {
     }
 }
 
+/// Records matching `request`, following the pages, `limit` at most.
+pub async fn search_records(client: &Client, mut request: pb::SearchHistoryRequest, limit: u32) -> Result<Vec<JobRecord>> {
+    let mut records: Vec<JobRecord> = Vec::new();
+    for _page in 0..MAX_HISTORY_PAGES {
+        let wanted = limit.saturating_sub(records.len() as u32);
+        if wanted == 0 {
+            break;
+        }
+        request.limit = wanted.min(HISTORY_PAGE);
+        let page = client
+            .retrying(|i| {
+                let mut jobs = client.jobs_at(i);
+                let request = request.clone();
+                async move { jobs.search_history(request).await.map(|r| r.into_inner()) }
+            })
+            .await?;
+        records.extend(page.records.iter().map(record_from_pb));
+        if page.next_cursor.is_empty() {
+            break;
+        }
+        request.cursor = page.next_cursor;
+    }
+    records.truncate(limit as usize);
+    Ok(records)
+}
+
 fn not_toml(output: Output) -> Result<()> {
     if output == Output::Toml {
         bail!("--output toml: only `rota policy show` prints TOML; use table, json or csv");
@@ -112,7 +138,7 @@ fn optional<T: ToString>(value: Option<T>) -> String {
 
 pub async fn history(client: &Client, args: &HistoryArgs, output: Output) -> Result<()> {
     not_toml(output)?;
-    let mut request = pb::SearchHistoryRequest {
+    let request = pb::SearchHistoryRequest {
         group: args.group.clone().unwrap_or_default(),
         queue: args.queue.clone().unwrap_or_default(),
         user: args.user.clone().unwrap_or_default(),
@@ -122,27 +148,7 @@ pub async fn history(client: &Client, args: &HistoryArgs, output: Output) -> Res
         state: args.state.clone().unwrap_or_default(),
         ..Default::default()
     };
-    let mut records: Vec<JobRecord> = Vec::new();
-    for _page in 0..MAX_HISTORY_PAGES {
-        let wanted = args.limit.saturating_sub(records.len() as u32);
-        if wanted == 0 {
-            break;
-        }
-        request.limit = wanted.min(HISTORY_PAGE);
-        let page = client
-            .retrying(|i| {
-                let mut jobs = client.jobs_at(i);
-                let request = request.clone();
-                async move { jobs.search_history(request).await.map(|r| r.into_inner()) }
-            })
-            .await?;
-        records.extend(page.records.iter().map(record_from_pb));
-        if page.next_cursor.is_empty() {
-            break;
-        }
-        request.cursor = page.next_cursor;
-    }
-    records.truncate(args.limit as usize);
+    let records = search_records(client, request, args.limit).await?;
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "records": records }))?),
         Output::Csv => {

@@ -8,8 +8,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use rota_client::Client;
+use rota_core::policy::PolicyConfig;
+use rota_core::sim::dry_run::{compare, trace_of, GroupComparison, MAX_DRY_RUN_JOBS};
+use rota_core::sim::engine::SimConfig;
 use rota_core::state::faults::utc_text;
 use rota_core::state::policy_doc::{PolicyDocument, POLICY_FIELDS};
+use rota_core::state::records::JobRecord;
 use rota_proto::v1 as pb;
 use serde_json::{json, Value};
 
@@ -42,6 +46,15 @@ pub enum PolicyAction {
         /// Stage it for one queue's or group's jobs only: queue=Q or group=G.
         #[arg(long)]
         canary: Option<String>,
+    },
+    /// Replay the recent finished jobs (`rota history`) in the simulator
+    /// under the active document and under FILE, on this cluster's GPUs and
+    /// quotas, and compare each group's waits, preemptions and GPU-hours.
+    DryRun {
+        file: PathBuf,
+        /// How many weeks of finished jobs to replay.
+        #[arg(long, default_value_t = 2)]
+        weeks: u64,
     },
     /// Make the staged version active for every job (admins).
     Promote,
@@ -201,6 +214,12 @@ pub async fn policy(client: &Client, action: PolicyAction, output: Output) -> Re
                 .await
                 .context("apply the policy document")?
         }
+        PolicyAction::DryRun { file, weeks } => {
+            let proposed = read_policy_file(&file)?;
+            let comparison = dry_run(client, &proposed, weeks).await?;
+            print_dry_run(&comparison, output);
+            return Ok(());
+        }
         PolicyAction::Promote => client
             .retrying(|i| {
                 let mut cluster = client.cluster_at(i);
@@ -230,6 +249,89 @@ pub async fn policy(client: &Client, action: PolicyAction, output: Output) -> Re
     Ok(())
 }
 
+/// Longest dry-run window, weeks.
+const MAX_DRY_RUN_WEEKS: u64 = 26;
+
+/// The simulated cluster: as many nodes as the live one, each with its
+/// largest node's GPU count, and its quotas.
+pub fn simulated_cluster(nodes: &pb::ListNodesResponse, quotas: &pb::ListQuotasResponse) -> SimConfig {
+    let gpus_per_node = nodes.nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(0).max(1);
+    SimConfig {
+        nodes: (nodes.nodes.len() as u32).max(1),
+        gpus_per_node,
+        racks: 1,
+        policy: PolicyConfig::default(),
+        quotas: quotas.quotas.iter().filter_map(|q| q.quota.as_ref()).map(|q| (q.group.clone(), q.gpus)).collect(),
+        checkpoint_every_ms: 30 * 60 * 1000,
+        tick_ms: Some(300_000),
+    }
+}
+
+/// The comparison `rota policy dry-run` prints, from what it read.
+pub fn dry_run_of(records: &[JobRecord], cluster: &SimConfig, active: &PolicyDocument, proposed: &PolicyDocument) -> Vec<GroupComparison> {
+    let trace = trace_of(records);
+    compare(&trace, cluster, &PolicyConfig::from_document(active), &PolicyConfig::from_document(proposed))
+}
+
+async fn dry_run(client: &Client, proposed: &PolicyDocument, weeks: u64) -> Result<Vec<GroupComparison>> {
+    if !(1..=MAX_DRY_RUN_WEEKS).contains(&weeks) {
+        bail!("--weeks: must be 1..={MAX_DRY_RUN_WEEKS}, got {weeks}");
+    }
+    let history = history(client).await?;
+    let active = document_of(&history, history.active)?;
+    let nodes = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.list_nodes(pb::ListNodesRequest {}).await.map(|r| r.into_inner()) }
+        })
+        .await
+        .context("read the nodes")?;
+    let quotas = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.list_quotas(pb::ListQuotasRequest {}).await.map(|r| r.into_inner()) }
+        })
+        .await
+        .context("read the quotas")?;
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let since = utc_text(now_ms.saturating_sub(weeks * 7 * 86_400_000))[..10].to_string();
+    let request = pb::SearchHistoryRequest { since, ..Default::default() };
+    let records = crate::history::search_records(client, request, MAX_DRY_RUN_JOBS as u32).await.context("read the finished jobs")?;
+    Ok(dry_run_of(&records, &simulated_cluster(&nodes, &quotas), &active, proposed))
+}
+
+fn print_dry_run(comparison: &[GroupComparison], output: Output) {
+    if output == Output::Json {
+        println!("{}", json!({ "groups": comparison }));
+        return;
+    }
+    if comparison.is_empty() {
+        println!("no finished jobs to replay");
+        return;
+    }
+    println!(
+        "{:<16} {:>6} {:>12} {:>12} {:>12} {:>12} {:>8} {:>8} {:>10} {:>10}  VERDICT",
+        "GROUP", "JOBS", "MEAN WAIT", "-> PROPOSED", "P90 WAIT", "-> PROPOSED", "PREEMPT", "->", "GPU-H", "->"
+    );
+    for line in comparison {
+        let (a, p) = (&line.active, &line.proposed);
+        println!(
+            "{:<16} {:>6} {:>11.0}s {:>11.0}s {:>11.0}s {:>11.0}s {:>8} {:>8} {:>10.1} {:>10.1}  {}",
+            line.group,
+            a.jobs,
+            a.mean_wait_s,
+            p.mean_wait_s,
+            a.p90_wait_s,
+            p.p90_wait_s,
+            a.preemptions,
+            p.preemptions,
+            a.gpu_hours,
+            p.gpu_hours,
+            line.verdict
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,5 +355,84 @@ mod tests {
         // What `show --output toml` prints reads back as the same document.
         std::fs::write(&toml_path, document_toml(&document)).unwrap();
         assert_eq!(read_policy_file(&toml_path).unwrap(), document);
+    }
+
+    fn record(job_id: u64, group: &str, gpus: u64, submitted_s: u64, run_s: u64) -> JobRecord {
+        let submitted_ms = 1_796_083_200_000 + submitted_s * 1000;
+        JobRecord {
+            job_id,
+            archived_index: 0,
+            name: String::new(),
+            user: String::new(),
+            group: group.into(),
+            queue: "training".into(),
+            labels: Default::default(),
+            template: None,
+            gpus,
+            gpu_model: String::new(),
+            nodes: vec![],
+            submitted_ms,
+            started_ms: Some(submitted_ms + 5_000),
+            finished_ms: Some(submitted_ms + 5_000 + run_s * 1000),
+            state: "succeeded".into(),
+            exit_code: Some(0),
+            stop_reason: None,
+            attempts: 1,
+            preemptions: 0,
+            wait_ms: Some(5_000),
+            gpu_ms: gpus * run_s * 1000,
+            idle_gpu_ms: 0,
+            spans: vec![],
+        }
+    }
+
+    /// The dry run is the simulator's: the same records replayed by hand
+    /// (`Simulator` on the trace they make) give the same figures, under
+    /// the active and under the proposed document.
+    #[test]
+    fn a_dry_run_matches_the_simulator_run_directly_on_the_same_records() {
+        use rota_core::sim::dry_run::figures;
+        use rota_core::sim::engine::Simulator;
+        use rota_core::sim::trace::TraceJob;
+        // Two groups on one 8-GPU node: vision's long jobs fill it, nlp's
+        // short ones wait; the proposed document weighs shortness far more.
+        let mut records = vec![];
+        for i in 0..6 {
+            records.push(record(i * 2 + 1, "vision", 4, i * 60, 4 * 3600));
+            records.push(record(i * 2 + 2, "nlp", 2, i * 60 + 30, 600));
+        }
+        records.push(record(99, "nlp", 1, 10, 0)); // never ran long enough to count: skipped
+        let nodes = pb::ListNodesResponse {
+            nodes: vec![pb::Node { gpus: (0..8).map(|index| pb::Gpu { index, ..Default::default() }).collect(), ..Default::default() }],
+        };
+        let cluster = simulated_cluster(&nodes, &pb::ListQuotasResponse::default());
+        let active = PolicyDocument::default();
+        let proposed = PolicyDocument { limit_points: 200, ..PolicyDocument::default() };
+        let comparison = dry_run_of(&records, &cluster, &active, &proposed);
+
+        let trace: Vec<TraceJob> = records
+            .iter()
+            .filter(|r| r.job_id != 99)
+            .map(|r| TraceJob {
+                id: r.job_id.to_string(),
+                submit_ms: r.submitted_ms - records[0].submitted_ms,
+                gpus: r.gpus as u32,
+                duration_ms: r.finished_ms.unwrap() - r.started_ms.unwrap(),
+                group: r.group.clone(),
+            })
+            .collect();
+        let direct = |document: &PolicyDocument| {
+            let config = SimConfig { policy: PolicyConfig::from_document(document), ..cluster.clone() };
+            figures(&trace, &Simulator::new(config, &trace).run())
+        };
+        let (before, after) = (direct(&active), direct(&proposed));
+        assert_eq!(comparison.len(), 2);
+        for line in &comparison {
+            assert_eq!(line.active, before[&line.group], "{}", line.group);
+            assert_eq!(line.proposed, after[&line.group], "{}", line.group);
+            assert_eq!(line.active.jobs, 6);
+        }
+        let nlp = comparison.iter().find(|l| l.group == "nlp").unwrap();
+        assert!(nlp.proposed.mean_wait_s <= nlp.active.mean_wait_s, "{nlp:?}");
     }
 }
