@@ -5,7 +5,8 @@
 //! - An admin applies a TOML document: it becomes version 1, and a job
 //!   placed afterwards records version 1 (`rota status --output json`).
 //! - A plain user is refused (permission denied); a file with a field out of
-//!   range is refused naming the field and its range, and nothing changes.
+//!   range is refused naming the field and its range (by the CLI, and by
+//!   the replicas for a request that skips it), and nothing changes.
 //! - A document staged as a canary for the `short` queue: a short job is
 //!   placed under it (version 2), a training job under the active one (1).
 //! - The leader is killed: the new leader keeps version 1 active and 2
@@ -69,6 +70,20 @@ async fn policy_versions_are_applied_staged_promoted_and_rolled_back_through_a_l
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "aging_step_ms = 0\n")?;
     rota.refused("harness", &["policy", "apply", bad.to_str().context("a path")?], &["aging_step_ms: must be an integer in 1000..="])?;
+    // The replicas check too, whatever the client sent.
+    let client = rota_client::Client::new(&cluster.endpoints(), cluster.security())?;
+    let bad_json = pb::ApplyPolicyRequest { document_json: r#"{"starving_ahead": 65}"#.into(), ..Default::default() };
+    let refused = client
+        .retrying(|i| {
+            let mut service = client.cluster_at(i);
+            let request = bad_json.clone();
+            async move { service.apply_policy(request).await.map(|r| r.into_inner()) }
+        })
+        .await
+        .err()
+        .context("an out-of-range document was applied")?;
+    ensure!(refused.to_string().contains("starving_ahead: must be an integer in 0..=64, got 65"), "{refused}");
+    ensure!(history(&rota)?["active"] == 0, "nothing applied");
     let applied = rota.ok("harness", &["policy", "apply", aging_path, "--comment", "age faster"])?;
     ensure!(applied["active"] == 1, "{applied}");
     let version = &history(&rota)?["versions"][1];
