@@ -50,8 +50,8 @@ async fn changes_wait_for_a_second_person_through_a_leader_kill() -> Result<()> 
     cluster.wait_leader(WAIT).await?;
     rota_e2e::wait_access_control(&cluster, WAIT).await?;
     let rota = UserCli::new(&cluster, &["otto", "olga", "alice", "bob", "gina"])?;
-    wait_until("cluster version 8", WAIT, || async {
-        Ok(rota.ok("harness", &["cluster"]).ok().filter(|c| c["cluster_version"] == 8).map(|_| ()))
+    wait_until("cluster version 8 or later", WAIT, || async {
+        Ok(rota.ok("harness", &["cluster"]).ok().filter(|c| c["cluster_version"].as_u64() >= Some(8)).map(|_| ()))
     })
     .await?;
     for (name, role, groups) in [

@@ -17,7 +17,7 @@ pub enum ChangeAction {
     /// Rules in force and the changes waiting for approval.
     List,
     /// Make a kind of change need a second person (operators): quota,
-    /// budget, grant (a template given to another group) or policy (queues).
+    /// budget, grant (a template given to another group) or policy (queues, policy versions).
     Require {
         kind: String,
         /// How long a change waits for approval (e.g. 30m, 24h) [default: 24h].

@@ -27,6 +27,8 @@ pub enum Output {
     Table,
     Json,
     Csv,
+    /// `rota policy show` only.
+    Toml,
 }
 
 impl Output {
@@ -36,8 +38,42 @@ impl Output {
             Output::Table => Ok(Format::Table),
             Output::Json => Ok(Format::Json),
             Output::Csv => bail!("--output csv: only `rota history` and `rota report` print CSV; use table or json"),
+            Output::Toml => bail!("--output toml: only `rota policy show` prints TOML; use table or json"),
         }
     }
+}
+
+/// Records matching `request`, following the pages, `limit` at most.
+pub async fn search_records(client: &Client, mut request: pb::SearchHistoryRequest, limit: u32) -> Result<Vec<JobRecord>> {
+    let mut records: Vec<JobRecord> = Vec::new();
+    for _page in 0..MAX_HISTORY_PAGES {
+        let wanted = limit.saturating_sub(records.len() as u32);
+        if wanted == 0 {
+            break;
+        }
+        request.limit = wanted.min(HISTORY_PAGE);
+        let page = client
+            .retrying(|i| {
+                let mut jobs = client.jobs_at(i);
+                let request = request.clone();
+                async move { jobs.search_history(request).await.map(|r| r.into_inner()) }
+            })
+            .await?;
+        records.extend(page.records.iter().map(record_from_pb));
+        if page.next_cursor.is_empty() {
+            break;
+        }
+        request.cursor = page.next_cursor;
+    }
+    records.truncate(limit as usize);
+    Ok(records)
+}
+
+fn not_toml(output: Output) -> Result<()> {
+    if output == Output::Toml {
+        bail!("--output toml: only `rota policy show` prints TOML; use table, json or csv");
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -101,7 +137,8 @@ fn optional<T: ToString>(value: Option<T>) -> String {
 }
 
 pub async fn history(client: &Client, args: &HistoryArgs, output: Output) -> Result<()> {
-    let mut request = pb::SearchHistoryRequest {
+    not_toml(output)?;
+    let request = pb::SearchHistoryRequest {
         group: args.group.clone().unwrap_or_default(),
         queue: args.queue.clone().unwrap_or_default(),
         user: args.user.clone().unwrap_or_default(),
@@ -111,27 +148,7 @@ pub async fn history(client: &Client, args: &HistoryArgs, output: Output) -> Res
         state: args.state.clone().unwrap_or_default(),
         ..Default::default()
     };
-    let mut records: Vec<JobRecord> = Vec::new();
-    for _page in 0..MAX_HISTORY_PAGES {
-        let wanted = args.limit.saturating_sub(records.len() as u32);
-        if wanted == 0 {
-            break;
-        }
-        request.limit = wanted.min(HISTORY_PAGE);
-        let page = client
-            .retrying(|i| {
-                let mut jobs = client.jobs_at(i);
-                let request = request.clone();
-                async move { jobs.search_history(request).await.map(|r| r.into_inner()) }
-            })
-            .await?;
-        records.extend(page.records.iter().map(record_from_pb));
-        if page.next_cursor.is_empty() {
-            break;
-        }
-        request.cursor = page.next_cursor;
-    }
-    records.truncate(args.limit as usize);
+    let records = search_records(client, request, args.limit).await?;
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "records": records }))?),
         Output::Csv => {
@@ -168,7 +185,7 @@ pub async fn history(client: &Client, args: &HistoryArgs, output: Output) -> Res
                 );
             }
         }
-        Output::Table => {
+        Output::Table | Output::Toml => {
             println!(
                 "{:<8} {:<10} {:<10} {:<12} {:<10} {:>5} {:>9} {:>10} {:<20} LABELS",
                 "ID", "STATE", "USER", "GROUP", "QUEUE", "GPUS", "WAIT_S", "GPU_H", "FINISHED (UTC)"
@@ -194,6 +211,7 @@ pub async fn history(client: &Client, args: &HistoryArgs, output: Output) -> Res
 }
 
 pub async fn report(client: &Client, args: &ReportArgs, output: Output) -> Result<()> {
+    not_toml(output)?;
     let request = pb::GetReportRequest { month: args.month.clone(), by: args.by.clone() };
     let answer = client
         .retrying(|i| {
@@ -229,7 +247,7 @@ pub async fn report(client: &Client, args: &ReportArgs, output: Output) -> Resul
                 );
             }
         }
-        Output::Table => {
+        Output::Table | Output::Toml => {
             println!(
                 "report {} by {}{}",
                 view.month,

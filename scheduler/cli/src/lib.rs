@@ -12,6 +12,7 @@ pub mod endpoint_memory;
 pub mod history;
 pub mod ops;
 pub mod output;
+pub mod policy;
 pub mod sim;
 pub mod tenancy;
 

@@ -122,6 +122,12 @@ enum Command {
         #[command(subcommand)]
         action: rota_cli::change::ChangeAction,
     },
+    /// Policy versions: `rota policy show [--version N]`, `history`, `diff [A] [B]`,
+    /// `apply FILE [--comment C] [--canary queue=Q|group=G]`, `promote`, `rollback [--to N]`.
+    Policy {
+        #[command(subcommand)]
+        action: rota_cli::policy::PolicyAction,
+    },
     /// Why a job is pending (machine-readable code, detail, estimated start).
     Why { job_id: u64 },
     /// Replay a trace through the policy on a virtual clock (no cluster needed).
@@ -704,7 +710,7 @@ async fn main() -> Result<()> {
     let output = args.output;
     let format = match &args.command {
         // Read only by the commands that print CSV.
-        Command::History(_) | Command::Report(_) => Format::Table,
+        Command::History(_) | Command::Report(_) | Command::Policy { .. } => Format::Table,
         _ => output.format()?,
     };
     let outcome = match args.command {
@@ -733,6 +739,7 @@ async fn main() -> Result<()> {
         Command::Template { action } => cli::tenancy::template(&client, action, format).await,
         Command::Budget { action } => cli::tenancy::budget(&client, action, format).await,
         Command::Change { action } => cli::change::change(&client, action, format).await,
+        Command::Policy { action } => cli::policy::policy(&client, action, output).await,
         Command::Cancel { job_id } => cli::cancel(&client, job_id, format).await,
         Command::Logs { job_id, rank, stderr, follow } => cli::logs(&client, job_id, rank, stderr, follow).await,
         Command::Events { since, topic, max_events } => cli::events(&client, since, topic, max_events, format).await,

@@ -66,6 +66,7 @@ pub fn job_json(job: &pb::Job) -> Value {
         "idle_since_ms": job.idle_since_ms,
         "idle_flagged_ms": job.idle_flagged_ms,
         "idle_gpu_ms": job.idle_gpu_ms,
+        "policy_version": job.policy_version,
     })
 }
 
@@ -94,6 +95,9 @@ pub fn print_job(job: &pb::Job) {
     }
     if !job.stop_reason.is_empty() {
         println!("  stop reason {}", job.stop_reason);
+    }
+    if let Some(version) = job.policy_version {
+        println!("  placed under policy version {version}");
     }
     if job.idle_since_ms != 0 {
         let flagged = if job.idle_flagged_ms != 0 { format!(", flagged at {}", utc_text(job.idle_flagged_ms)) } else { String::new() };

@@ -143,6 +143,7 @@ pub fn job_to_pb(state: &ClusterState, job: &Job) -> pb::Job {
         idle_flagged_ms: alloc.and_then(|a| state.idle.allocs.get(&a.id)).and_then(|r| r.flagged_ms).unwrap_or(0),
         idle_gpu_ms: rota_core::state::idle::idle_gpu_ms(state, job.id),
         stop_reason: job.stop_reason.map(|r| r.as_str().to_string()).unwrap_or_default(),
+        policy_version: state.policy.job_versions.get(&job.id).copied(),
     }
 }
 

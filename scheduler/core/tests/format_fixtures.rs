@@ -14,6 +14,7 @@ use rota_core::state::approvals::ChangeKind;
 use rota_core::state::auth::{Actor, Role};
 use rota_core::state::codec::{self, FIRST_FORMAT_VERSION, FORMAT_VERSION};
 use rota_core::state::idle::{IdleAction, IdlePolicy};
+use rota_core::state::policy_doc::{CanaryScope, PolicyDocument};
 use rota_core::state::tenancy::TemplateRef;
 use rota_core::state::{
     AlarmKind, ClusterState, Command, GpuInfo, GroupQuota, JobReason, JobSpec, NodeRegistration, PendingNote, Placement, Plan, Priority,
@@ -74,7 +75,22 @@ fn every_command(version: u16) -> Proposal {
     if version >= 8 {
         proposal.commands.extend(commands_of_format_8());
     }
+    if version >= 9 {
+        proposal.commands.extend(commands_of_format_9());
+    }
     proposal
+}
+
+fn commands_of_format_9() -> Vec<Command> {
+    let audited = |command: Command| Command::Audited { actor: admin(), command: Box::new(command) };
+    let document = PolicyDocument { queue_points: 20, favour_short: true, ..PolicyDocument::default() };
+    vec![
+        audited(Command::ApplyPolicy { document: document.clone(), comment: "weigh queues more".into(), canary: None }),
+        audited(Command::ApplyPolicy { document, comment: "try it".into(), canary: Some(CanaryScope::Group("vision".into())) }),
+        audited(Command::PromotePolicy),
+        audited(Command::RollbackPolicy { to: Some(1) }),
+        audited(Command::RollbackPolicy { to: None }),
+    ]
 }
 
 fn commands_of_format_8() -> Vec<Command> {
@@ -313,6 +329,41 @@ fn small_cluster(version: u16) -> ClusterState {
         assert_eq!((state.approvals.rules.len(), state.approvals.pending.len()), (1, 1));
         // Job statistics: the faulted attempt of job 1 ended, leaving its span.
         assert_eq!(state.records.job_stats.get(&1).map(|s| s.spans.len()), Some(1));
+    }
+    if version >= 9 {
+        state.apply_proposal(14, &Proposal { now_ms: 1_700_000_014_000, commands: vec![Command::SetClusterVersion { version: 9 }] });
+        // Version 1 active, version 2 staged for the training queue; a job
+        // placed on the reset GPU runs under the canary.
+        let document = PolicyDocument { aging_cap: 30, ..PolicyDocument::default() };
+        let commands = vec![
+            Command::Audited {
+                actor: admin(),
+                command: Box::new(Command::ApplyPolicy { document: document.clone(), comment: "less aging".into(), canary: None }),
+            },
+            Command::Audited {
+                actor: admin(),
+                command: Box::new(Command::ApplyPolicy {
+                    document: PolicyDocument { aging_cap: 10, ..document },
+                    comment: "even less".into(),
+                    canary: Some(CanaryScope::Queue("training".into())),
+                }),
+            },
+            Command::GpuReset { node: "n1".into(), gpu: 1 },
+            Command::SubmitJob { request_id: Some("d".into()), spec: spec() },
+        ];
+        let results = state.apply_proposal(15, &Proposal { now_ms: 1_700_000_015_000, commands });
+        assert!(!results.iter().any(|r| matches!(r, rota_core::state::CommandResult::Rejected(_))), "{results:?}");
+        let rota_core::state::CommandResult::Submitted { job_id, .. } = results[3] else { panic!("{results:?}") };
+        let placement = Placement { job_id, ranks: vec![RankPlacement { node: "n1".into(), gpus: vec![1] }] };
+        let results = state.apply_proposal(
+            16,
+            &Proposal {
+                now_ms: 1_700_000_016_000,
+                commands: vec![Command::ApplyPlan(Plan { placements: vec![placement], ..Plan::default() })],
+            },
+        );
+        assert_eq!(results[0], rota_core::state::CommandResult::PlanApplied { placed: 1, rejected: 0, stopped: 0 });
+        assert_eq!((state.policy.active, state.policy.history.len(), state.policy.job_versions.get(&job_id)), (1, 2, Some(&2)));
     }
     state.check_invariants().expect("a consistent fixture");
     state

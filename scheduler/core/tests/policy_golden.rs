@@ -43,6 +43,12 @@
 //!   the one that meters GPU use).
 //! - `tune`: one JSON object of `PolicyConfig` fields, as `rota sim --tune`
 //!   takes; it applies to the plans after it.
+//! - `policy [canary_queue=Q | canary_group=G]`: one JSON object of policy
+//!   document fields (`rota policy apply`), applied as the next version
+//!   (staged for that queue's or group's jobs with a canary). The first
+//!   raises the cluster version to the one with policy documents; from then
+//!   on `plan` runs the leader's pass under the state's documents (not
+//!   combined with `tune`).
 //! - `jobs`: `job NAME gpus=N (per rank) submit=T [group=a] [queue=training]
 //!   [priority=medium] [priority_ttl=T] [replicas=1] [model=M]
 //!   [min_memory_mib=N] [limit=T]`, optionally followed by
@@ -77,6 +83,7 @@ use std::path::PathBuf;
 use rota_core::policy::{self, PolicyConfig};
 use rota_core::state::auth::Actor;
 use rota_core::state::idle::{IdleAction, IdlePolicy, IDLE_FROM_VERSION};
+use rota_core::state::policy_doc::{CanaryScope, PolicyDocument, POLICY_DOC_FROM_VERSION};
 use rota_core::state::tenancy::{month_of, MS_PER_GPU_HOUR, TENANCY_FROM_VERSION};
 use rota_core::state::{
     ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobId, JobSpec, NodeRegistration, Placement, Plan, Priority, Proposal,
@@ -114,6 +121,7 @@ scenarios! {
     order_short_queue_first,
     order_starving_job_first,
     placement_unhealthy_gpus_never_free,
+    policy_canary_orders_one_queue,
     preempt_cheapest_victim_lost_work,
     preempt_cheapest_victim_priority,
     preempt_lower_priority_own_group,
@@ -755,10 +763,11 @@ impl Scenario {
             "jobs" => no_args(case).and_then(|()| self.jobs(&case.input)),
             "budgets" => no_args(case).and_then(|()| self.budgets(&case.input)),
             "idle" => no_args(case).and_then(|()| self.idle(&case.input)),
+            "policy" => self.policy(case),
             "plan" => self.plan(case),
             other => Err(LineError::new(
                 case.line,
-                format!("unknown command {other:?} (known: cluster, queues, quotas, tune, jobs, budgets, idle, plan)"),
+                format!("unknown command {other:?} (known: cluster, queues, quotas, tune, jobs, budgets, idle, policy, plan)"),
             )),
         }
     }
@@ -907,6 +916,35 @@ impl Scenario {
         Ok(if lines.is_empty() { "ok".into() } else { lines.join("\n") })
     }
 
+    fn policy(&mut self, case: &datadriven::Case) -> Result<String, LineError> {
+        let line = InputLine::unnamed(case.line, case.command_line)?;
+        let mut canary = None;
+        for arg in line.args(&[])? {
+            let parsed = match arg.key {
+                "canary_queue" => args::text(&arg).map(|v| canary = Some(CanaryScope::Queue(v.to_string()))),
+                "canary_group" => args::text(&arg).map(|v| canary = Some(CanaryScope::Group(v.to_string()))),
+                _ => Err(args::unknown(&arg, &["canary_queue", "canary_group"])),
+            };
+            parsed.map_err(|e| line.error(e))?;
+        }
+        if self.config != PolicyConfig::default() {
+            return Err(line.error("policy: not combined with tune (the leader's pass reads the state's documents)"));
+        }
+        let first = case.input.first().map_or(case.line, |(n, _)| *n);
+        let text: Vec<&str> = case.input.iter().map(|(_, t)| *t).collect();
+        let value: serde_json::Value = serde_json::from_str(&text.join("\n"))
+            .map_err(|e| LineError::new(first, format!("policy: expected one JSON object of policy fields: {e}")))?;
+        let document = PolicyDocument::from_json(&value).map_err(|e| LineError::new(first, format!("policy: {e}")))?;
+        let input = InputLine::unnamed(first, text.first().copied().unwrap_or("{}"))?;
+        if self.state.cluster_version() < POLICY_DOC_FROM_VERSION {
+            self.apply_ok(self.clock_ms, Command::SetClusterVersion { version: POLICY_DOC_FROM_VERSION }, &input)?;
+        }
+        let command = Command::ApplyPolicy { document, comment: String::new(), canary };
+        let audited = Command::Audited { actor: Actor::unchecked("golden"), command: Box::new(command) };
+        self.apply_ok(self.clock_ms, audited, &input)?;
+        Ok(format!("version {}", self.state.policy.last_version))
+    }
+
     fn tune(&mut self, case: &datadriven::Case) -> Result<String, LineError> {
         let line = case.input.first().map_or(case.line, |(n, _)| *n);
         let text: Vec<&str> = case.input.iter().map(|(_, t)| *t).collect();
@@ -986,14 +1024,24 @@ impl Scenario {
         if now_ms < self.clock_ms {
             return Err(line.error(format!("now: is before the cluster's time {}", args::render_millis(self.clock_ms))));
         }
-        let plan = policy::plan_with(&self.state, now_ms, &self.config);
+        let plan = self.pass(now_ms);
         self.check_plan(&plan, now_ms).map_err(|e| line.error(e))?;
         Ok(self.render_plan(&plan))
     }
 
+    /// One pass: the leader's, under the state's documents, once one was
+    /// applied; else under the tuned settings.
+    fn pass(&self, now_ms: u64) -> Plan {
+        if self.state.policy.last_version > 0 {
+            policy::plan(&self.state, now_ms)
+        } else {
+            policy::plan_with(&self.state, now_ms, &self.config)
+        }
+    }
+
     /// Properties every plan has, whatever the scenario expects of it.
     fn check_plan(&self, plan: &Plan, now_ms: u64) -> Result<(), String> {
-        if policy::plan_with(&self.state, now_ms, &self.config) != *plan {
+        if self.pass(now_ms) != *plan {
             return Err("a second pass over the same state planned differently".into());
         }
         for placement in &plan.placements {

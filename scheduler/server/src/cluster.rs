@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status};
 use crate::approvals;
 use crate::clock::wall_clock_ms;
 use crate::forward::{serve_or_forward, Failure};
+use crate::policy;
 use crate::status::{awaiting_approval, rejection};
 use crate::Context;
 use rota_client::convert::{node_to_pb, queue_from_pb, queue_to_pb, queue_with_idle_to_pb, quota_from_pb, quota_to_pb};
@@ -374,6 +375,18 @@ impl ClusterApi {
         Ok(self.ctx.read(|state| approvals::changes_of(state, now_ms.max(state.now_ms))))
     }
 
+    async fn policy_here(&self) -> Result<pb::PolicyHistory, Failure> {
+        self.linearizable().await?;
+        Ok(self.ctx.read(policy::history_of))
+    }
+
+    /// Commit a `rota policy` command; answer the history then.
+    async fn policy_command(&self, actor: &Actor, command: Command) -> Result<pb::PolicyHistory, Failure> {
+        policy::needs_version(self.ctx.read(|state| state.cluster_version()))?;
+        self.propose_config(self.ctx.as_actor(actor, command)).await?;
+        Ok(self.ctx.read(policy::history_of))
+    }
+
     async fn budgets_here(&self, message: &pb::ListBudgetsRequest) -> Result<pb::ListBudgetsResponse, Failure> {
         self.linearizable().await?;
         let month = Self::month_or_now(&message.month, self.ctx.read(|state| state.now_ms))?;
@@ -597,6 +610,42 @@ impl ClusterService for ClusterApi {
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.withdraw_change(request).await };
         serve_or_forward("withdraw_change", request, here, forward).await
+    }
+
+    async fn list_policy_versions(
+        &self,
+        mut request: Request<pb::ListPolicyVersionsRequest>,
+    ) -> Result<Response<pb::PolicyHistory>, Status> {
+        self.reader(&mut request).await?;
+        let here = |_| async move { self.policy_here().await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_policy_versions(request).await };
+        serve_or_forward("list_policy_versions", request, here, forward).await
+    }
+
+    async fn apply_policy(&self, mut request: Request<pb::ApplyPolicyRequest>) -> Result<Response<pb::PolicyHistory>, Status> {
+        let actor = &self.ctx.actor(&mut request).await?;
+        let here = |message: pb::ApplyPolicyRequest| async move {
+            let command = policy::apply_command(&message)?;
+            self.policy_command(actor, command).await
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.apply_policy(request).await };
+        serve_or_forward("apply_policy", request, here, forward).await
+    }
+
+    async fn promote_policy(&self, mut request: Request<pb::PromotePolicyRequest>) -> Result<Response<pb::PolicyHistory>, Status> {
+        let actor = &self.ctx.actor(&mut request).await?;
+        let here = |_| async move { self.policy_command(actor, Command::PromotePolicy).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.promote_policy(request).await };
+        serve_or_forward("promote_policy", request, here, forward).await
+    }
+
+    async fn rollback_policy(&self, mut request: Request<pb::RollbackPolicyRequest>) -> Result<Response<pb::PolicyHistory>, Status> {
+        let actor = &self.ctx.actor(&mut request).await?;
+        let here = |message: pb::RollbackPolicyRequest| async move {
+            self.policy_command(actor, Command::RollbackPolicy { to: message.to }).await
+        };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.rollback_policy(request).await };
+        serve_or_forward("rollback_policy", request, here, forward).await
     }
 
     async fn list_budgets(&self, mut request: Request<pb::ListBudgetsRequest>) -> Result<Response<pb::ListBudgetsResponse>, Status> {

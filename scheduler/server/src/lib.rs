@@ -20,6 +20,7 @@ mod jobs;
 pub mod leader;
 pub mod limits;
 mod metrics_loop;
+mod policy;
 mod proposer;
 pub mod replicated;
 pub mod report_chart;

@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::state::policy_doc::PolicyDocument;
+
 /// Which scheduling discipline a pass follows. `Rota` is the policy; `Fifo`
 /// and `Easy` are the baselines the simulator compares it with (submit order,
 /// no quotas, no preemption; `Easy` adds EASY backfill with one reservation).
@@ -103,6 +105,29 @@ impl PolicyConfig {
             value[key] = v.clone();
         }
         serde_json::from_value(value).map_err(|e| e.to_string())
+    }
+
+    /// The rota policy with a policy document's settings.
+    pub fn from_document(document: &PolicyDocument) -> PolicyConfig {
+        PolicyConfig {
+            mode: Mode::Rota,
+            preempt_after_ms: document.preempt_after_ms,
+            preempt_wait_per_lost: document.preempt_wait_per_lost,
+            preempt_wait_cap_ms: document.preempt_wait_cap_ms,
+            queue_points: document.queue_points,
+            priority_points: document.priority_points,
+            aging_step_ms: document.aging_step_ms,
+            aging_cap: document.aging_cap,
+            starve_after_ms: document.starve_after_ms,
+            starving_ahead: document.starving_ahead as usize,
+            limit_points: document.limit_points,
+            quota_points: document.quota_points,
+            max_preemptors_per_pass: document.max_preemptors_per_pass as usize,
+            favour_short: document.favour_short,
+            reservation_horizon_ms: document.reservation_horizon_ms,
+            reservation_wait_divisor: document.reservation_wait_divisor,
+            topology: document.topology,
+        }
     }
 
     pub fn uses_quotas(&self) -> bool {

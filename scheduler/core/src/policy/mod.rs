@@ -67,6 +67,8 @@ mod budget_tests;
 mod fence_tests;
 #[cfg(test)]
 mod idle_tests;
+#[cfg(test)]
+mod policy_doc_tests;
 
 use crate::state::{ClusterState, Plan};
 
@@ -75,9 +77,18 @@ pub use quota::{quota_report, QuotaReport};
 pub use reason::Reason;
 pub use report::{usage_report, why, UsageLine, Why};
 
-/// The leader's entry point: one pass of the default policy.
+/// The leader's entry point: one pass under the state's active policy
+/// document (the defaults while none was applied), with the staged one for
+/// the jobs it covers. Depends on the state alone.
 pub fn plan(state: &ClusterState, now_ms: u64) -> Plan {
-    plan_with(state, now_ms, &PolicyConfig::default())
+    let config = PolicyConfig::from_document(&state.policy.active_document());
+    match state.policy.canary_document() {
+        Some((document, scope)) => {
+            let canary = PolicyConfig::from_document(&document);
+            pass::Pass::new(state, now_ms, &config).with_canary(&canary, scope).run()
+        }
+        None => plan_with(state, now_ms, &config),
+    }
 }
 
 /// One pass with explicit tunables (the simulator and the baselines).

@@ -25,6 +25,7 @@
 //!
 //! Baselines: `(submitted_at, id)`.
 
+use crate::state::policy_doc::CanaryScope;
 use crate::state::{ClusterState, Job, JobReason, JobState, Priority};
 
 use super::config::{Mode, PolicyConfig};
@@ -54,6 +55,8 @@ pub struct Cand<'a> {
     pub queue_weight: u32,
     pub limit_ms: u64,
     pub wait_ms: u64,
+    /// Ordered and preempting under the staged (canary) document.
+    pub canary: bool,
 }
 
 impl Cand<'_> {
@@ -81,8 +84,17 @@ pub fn standing(config: &PolicyConfig, queue_weight: u32, priority: Priority, wa
         + aging
 }
 
-/// Pending jobs in the order the pass considers them.
-pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, quota: &mut QuotaBook<'a>) -> Vec<Cand<'a>> {
+/// Pending jobs in the order the pass considers them. The jobs `canary`
+/// covers get their standing and starving time from its settings, all
+/// others from `config`; what shapes the pass as a whole (the mode, the
+/// quota bonus, how many starving jobs go ahead) comes from `config`.
+pub fn pending<'a>(
+    state: &'a ClusterState,
+    now_ms: u64,
+    config: &PolicyConfig,
+    canary: Option<(&PolicyConfig, &CanaryScope)>,
+    quota: &mut QuotaBook<'a>,
+) -> Vec<Cand<'a>> {
     let mut queues: FastMap<&str, (u32, u64)> = FastMap::default();
     for (name, q) in &state.queues {
         queues.insert(name.as_str(), (q.weight, q.default_runtime_s));
@@ -97,6 +109,10 @@ pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, 
             let wait_ms = now_ms.saturating_sub(job.submitted_at_ms);
             let limit_s = if job.spec.runtime_limit_s > 0 { job.spec.runtime_limit_s } else { default_s };
             let limit_ms = limit_s.saturating_mul(1000);
+            let (job_config, in_canary) = match canary {
+                Some((canary_config, scope)) if scope.covers(job) => (canary_config, true),
+                _ => (config, false),
+            };
             Cand {
                 job,
                 replicas: job.spec.replicas,
@@ -107,11 +123,12 @@ pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, 
                 estimate: job.estimated_start_ms,
                 group: quota.intern(job.spec.group.as_str()),
                 in_quota: false,
-                standing: standing(config, queue_weight, priority, wait_ms, limit_ms),
+                standing: standing(job_config, queue_weight, priority, wait_ms, limit_ms),
                 priority,
                 queue_weight,
                 limit_ms,
                 wait_ms,
+                canary: in_canary,
             }
         })
         .collect();
@@ -137,7 +154,14 @@ pub fn pending<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig, 
     // most `starving_ahead` of them. One is enough to bound every wait: it
     // gets the reservation, and the next one follows when it starts.
     let mut ahead: Vec<(u64, u64, u32)> = (0..cands.len() as u32)
-        .filter(|&i| cands[i as usize].wait_ms >= config.starve_after_ms)
+        .filter(|&i| {
+            let cand = &cands[i as usize];
+            let starve_after_ms = match canary {
+                Some((canary_config, _)) if cand.canary => canary_config.starve_after_ms,
+                _ => config.starve_after_ms,
+            };
+            cand.wait_ms >= starve_after_ms
+        })
         .map(|i| (cands[i as usize].job.submitted_at_ms, cands[i as usize].job.id, i))
         .collect();
     ahead.sort_unstable();

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::state::idle::IdleAction;
+use crate::state::policy_doc::CanaryScope;
 use crate::state::{ClusterState, JobId, JobReason, PendingNote, Placement, Plan, Priority, RankPlacement, Stop, StopReason};
 
 use super::config::{Mode, PolicyConfig};
@@ -34,6 +35,8 @@ pub struct Pass<'a> {
     state: &'a ClusterState,
     now_ms: u64,
     config: &'a PolicyConfig,
+    /// The staged document and whose jobs it covers (see `policy_doc`).
+    canary: Option<(&'a PolicyConfig, &'a CanaryScope)>,
     view: View<'a>,
     running: Vec<RunningView<'a>>,
     free: Pool,
@@ -52,11 +55,11 @@ pub struct Pass<'a> {
     taken: Vec<bool>,
     preempt_attempts: usize,
     /// Preemption attempts that found nothing, by what decides the outcome
-    /// (shape, group, admission, priority, queue weight), with the least wait
+    /// (shape, group, admission, priority, queue weight, canary), with the least wait
     /// past the threshold that would make another victim eligible. Kept for
     /// the whole pass to bound its cost, even though a later placement may
     /// make another group a borrower: such a chance waits for the next pass.
-    preempt_failed: BTreeMap<(ShapeKey, u32, bool, Priority, u32), u64>,
+    preempt_failed: BTreeMap<(ShapeKey, u32, bool, Priority, u32, bool), u64>,
     plan: Plan,
     /// Rendered reasons of this pass (many jobs share one).
     rendered: FastMap<Reason, JobReason>,
@@ -76,6 +79,7 @@ impl<'a> Pass<'a> {
             state,
             now_ms,
             config,
+            canary: None,
             view,
             running,
             free,
@@ -99,11 +103,25 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// Order and preempt the jobs `scope` covers under `canary`.
+    pub fn with_canary(mut self, canary: &'a PolicyConfig, scope: &'a CanaryScope) -> Pass<'a> {
+        self.canary = Some((canary, scope));
+        self
+    }
+
+    /// The settings a candidate is ordered and preempts under.
+    fn config_of(&self, cand: &Cand) -> &'a PolicyConfig {
+        match self.canary {
+            Some((canary, _)) if cand.canary => canary,
+            _ => self.config,
+        }
+    }
+
     pub fn run(mut self) -> Plan {
         self.enforce_limits();
         self.releases =
             self.running.iter().flat_map(|r| r.release.iter().map(move |&(node, gpus)| Release { end_ms: r.end_ms, node, gpus })).collect();
-        let cands = order::pending(self.state, self.now_ms, self.config, &mut self.quota);
+        let cands = order::pending(self.state, self.now_ms, self.config, self.canary, &mut self.quota);
         for cand in &cands {
             if let Outcome::Pending(reason, estimate) = self.consider(cand) {
                 self.note(cand, reason, estimate);
@@ -361,14 +379,12 @@ impl<'a> Pass<'a> {
 
     /// Preempt / reclaim for a job that waited past the threshold.
     fn try_preempt(&mut self, cand: &Cand<'a>, shape: ShapeKey, admit: Admit) -> Option<Outcome> {
-        if !self.config.preempts()
-            || cand.wait_ms < self.config.preempt_after_ms
-            || self.preempt_attempts >= self.config.max_preemptors_per_pass
-        {
+        let own = self.config_of(cand);
+        if !self.config.preempts() || cand.wait_ms < own.preempt_after_ms || self.preempt_attempts >= self.config.max_preemptors_per_pass {
             return None;
         }
-        let memo = (shape, cand.group, admit == Admit::InQuota, cand.priority, cand.queue_weight);
-        let waited_past = cand.wait_ms - self.config.preempt_after_ms;
+        let memo = (shape, cand.group, admit == Admit::InQuota, cand.priority, cand.queue_weight, cand.canary);
+        let waited_past = cand.wait_ms - own.preempt_after_ms;
         // Waiting longer only makes more victims eligible: after a failure,
         // only a job that has waited long enough to make another victim
         // eligible can do better.
@@ -394,9 +410,9 @@ impl<'a> Pass<'a> {
         let need = preempt::Need { replicas, per, classes: &self.class_lists[set] };
         let group = cand.group;
         let quota = &self.quota;
-        let favour_short = self.config.favour_short;
-        let lost_weight = self.config.preempt_wait_per_lost;
-        let lost_wait_cap_ms = self.config.preempt_wait_cap_ms;
+        let favour_short = own.favour_short;
+        let lost_weight = own.preempt_wait_per_lost;
+        let lost_wait_cap_ms = own.preempt_wait_cap_ms;
         // The least wait that would make one more victim eligible (u64::MAX:
         // none was passed over for want of waiting).
         let retry_from = std::cell::Cell::new(u64::MAX);

@@ -5,6 +5,7 @@
 //! `rota sim` command of the CLI.
 
 pub mod bench;
+pub mod dry_run;
 pub mod engine;
 pub mod metrics;
 pub mod trace;

@@ -76,6 +76,9 @@ impl ClusterState {
             | Command::RequireApproval { .. }
             | Command::ApproveChange { .. }
             | Command::WithdrawChange { .. }
+            | Command::ApplyPolicy { .. }
+            | Command::PromotePolicy
+            | Command::RollbackPolicy { .. }
             | Command::SetQueueIdle { .. } => Err(Rejection::Invalid {
                 field: "command".into(),
                 message: "this command is applied only inside an audited command naming its sender".into(),
@@ -211,7 +214,11 @@ impl ClusterState {
             | Command::Note { .. }
             | Command::ReadmitNode { .. }
             | Command::FenceNode { .. } => Action::Operate,
-            Command::SetUser { .. } | Command::RemoveUser { .. } => Action::Administer,
+            Command::SetUser { .. }
+            | Command::RemoveUser { .. }
+            | Command::ApplyPolicy { .. }
+            | Command::PromotePolicy
+            | Command::RollbackPolicy { .. } => Action::Administer,
             Command::CreateToken { user, .. } => Action::ManageTokensOf { user },
             Command::RevokeToken { id } => match self.auth.tokens.get(id) {
                 Some(token) => Action::ManageTokensOf { user: &token.user },
@@ -258,6 +265,11 @@ impl ClusterState {
             Command::ApproveChange { id } => self.approve_change(index, actor, *id),
             Command::WithdrawChange { id } => self.withdraw_change(actor, *id),
             Command::SetQueueIdle { queue, idle } => self.set_queue_idle(queue, *idle),
+            Command::ApplyPolicy { document, comment, canary } => {
+                self.apply_policy(actor.user.as_deref().unwrap_or(""), document, comment, canary.as_ref())
+            }
+            Command::PromotePolicy => self.promote_policy(),
+            Command::RollbackPolicy { to } => self.rollback_policy(*to),
             other => Ok(self.apply(index, other)),
         }
     }
@@ -563,6 +575,7 @@ impl ClusterState {
             match self.check_placement(placement) {
                 Ok(()) => {
                     self.place(index, placement);
+                    self.record_policy_version(placement.job_id);
                     placed += 1;
                 }
                 Err(_) => rejected += 1,

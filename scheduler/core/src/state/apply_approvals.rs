@@ -25,7 +25,11 @@ impl ClusterState {
         let kind = match command {
             Command::SetQuota(_) => ChangeKind::Quota,
             Command::SetBudget { .. } => ChangeKind::Budget,
-            Command::SetQueue(_) | Command::SetQueueIdle { .. } => ChangeKind::Policy,
+            Command::SetQueue(_)
+            | Command::SetQueueIdle { .. }
+            | Command::ApplyPolicy { .. }
+            | Command::PromotePolicy
+            | Command::RollbackPolicy { .. } => ChangeKind::Policy,
             Command::GrantTemplate { name, group, granted: true } => match self.tenancy.templates.get(name) {
                 Some(template) if template.group != *group => ChangeKind::Grant,
                 _ => return None,
@@ -54,6 +58,9 @@ impl ClusterState {
                 let template = self.tenancy.templates.get(name).map(|t| (&t.group, t.grants.contains(group)));
                 (format!("use of template {name} by group {group}"), encoded(&template))
             }
+            Command::ApplyPolicy { .. } | Command::PromotePolicy | Command::RollbackPolicy { .. } => {
+                ("the policy document".into(), encoded(&(self.policy.active, &self.policy.canary, self.policy.last_version)))
+            }
             Command::RequireApproval { kind, .. } => {
                 (format!("the approval rule of {} changes", kind.as_str()), encoded(&self.approvals.rules.get(kind)))
             }
@@ -67,6 +74,9 @@ impl ClusterState {
         match command {
             Command::SetQuota(quota) => validate_quota(quota),
             Command::SetQueue(queue) | Command::SetQueueIdle { queue, .. } => validate_queue(queue),
+            Command::ApplyPolicy { document, comment, canary } => {
+                super::apply_policy::check_policy_input(document, comment, canary.as_ref())
+            }
             Command::SetBudget { month, .. } if !(1..=12).contains(&(month % 100)) => {
                 Err(Rejection::Invalid { field: "month".into(), message: format!("{month} is not a month as yyyymm") })
             }

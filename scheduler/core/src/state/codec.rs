@@ -33,6 +33,7 @@
 //! | 6 | `Command::GpuXid`, `GpuReset`, `ReadmitNode`, `FenceNode`, `ReasonCode::Fenced`; then the fences, attempt faults and drained nodes; GPU model names match by alias (`gpu_model`) |
 //! | 7 | `Command::SubmitTagged`, `SaveTemplate`, `DeleteTemplate`, `GrantTemplate`, `SetBudget`, `Traced`, `ReasonCode::BudgetExhausted`; then the templates, job labels, budgets and metered use (`tenancy`) |
 //! | 8 | `Command::RequireApproval`, `ApproveChange`, `WithdrawChange`, `AllocIdle`, `IdleFlagged`, `SetQueueIdle`, `StopReason::IdleReclaimed`, `ReasonCode::IdleReclaimed`; then the approval rules and pending changes (`approvals`), then the idle records, per-job idle GPU-time and queue idle rules (`idle`), then the job statistics of history and reports (`records`) |
+//! | 9 | `Command::ApplyPolicy`, `PromotePolicy`, `RollbackPolicy`; then the policy documents, the active and staged version and each job's version (`policy_doc`) |
 
 use serde::Serialize;
 
@@ -40,7 +41,7 @@ use super::command::Proposal;
 use super::ClusterState;
 
 /// The newest format this build reads (and writes, once the cluster runs it).
-pub const FORMAT_VERSION: u16 = 8;
+pub const FORMAT_VERSION: u16 = 9;
 pub use super::command::FIRST_FORMAT_VERSION;
 const MAGIC: &[u8; 4] = b"rota";
 const HEADER_BYTES: usize = 6;
@@ -148,6 +149,11 @@ pub fn encode_snapshot(state: &ClusterState) -> Vec<u8> {
         debug_assert!(state.idle == Default::default(), "idle records exist from format 8 on");
         debug_assert!(state.records == Default::default(), "job statistics exist from format 8 on");
     }
+    if version >= 9 {
+        bincode::serialize_into(&mut bytes, &state.policy).expect("policy documents encode");
+    } else {
+        debug_assert!(state.policy == Default::default(), "policy documents exist from format 9 on");
+    }
     bytes
 }
 
@@ -203,6 +209,9 @@ pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterStat
         state.approvals = read_part(what, &mut reader)?;
         state.idle = read_part(what, &mut reader)?;
         state.records = read_part(what, &mut reader)?;
+    }
+    if version >= 9 {
+        state.policy = read_part(what, &mut reader)?;
     }
     if !reader.is_empty() {
         return Err(CodecError::Corrupt { what, detail: format!("{} bytes after the state", reader.len()) });
@@ -269,7 +278,8 @@ mod tests {
             + bincode::serialize(&state.tenancy).unwrap().len()
             + bincode::serialize(&state.approvals).unwrap().len()
             + bincode::serialize(&state.idle).unwrap().len()
-            + bincode::serialize(&state.records).unwrap().len();
+            + bincode::serialize(&state.records).unwrap().len()
+            + bincode::serialize(&state.policy).unwrap().len();
         let mut hostile = bytes[..bytes.len() - tail_len].to_vec();
         hostile.extend_from_slice(&1u64.to_le_bytes());
         hostile.extend_from_slice(&((1u64 << 39) - 1).to_le_bytes());

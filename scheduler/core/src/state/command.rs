@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::{Actor, Role};
 use super::idle::IdlePolicy;
+use super::policy_doc::{CanaryScope, PolicyDocument};
 use super::tenancy::{Month, TemplateRef};
 use super::types::{AlarmKind, AllocId, ChangeKind, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, ReasonCode, StopReason};
 
@@ -265,6 +266,24 @@ pub enum Command {
         queue: QueueConfig,
         idle: IdlePolicy,
     },
+    /// Apply a policy document as the next version (format 9 on, inside
+    /// `Audited`, admins; a `policy` change for two-person approval): for
+    /// every job, or staged as a canary for the jobs of one queue or group
+    /// (see `policy_doc`).
+    ApplyPolicy {
+        document: PolicyDocument,
+        comment: String,
+        canary: Option<CanaryScope>,
+    },
+    /// Make the staged document active for every job (format 9 on, inside
+    /// `Audited`, admins).
+    PromotePolicy,
+    /// Drop the staged document, or (none staged) return to an earlier
+    /// version: `to`, else the newest older version that was active, else
+    /// the defaults (format 9 on, inside `Audited`, admins).
+    RollbackPolicy {
+        to: Option<u64>,
+    },
 }
 
 /// The first format with `Command::Traced`.
@@ -310,6 +329,9 @@ impl Command {
             Command::ApplyPlan(plan) => plan.min_format(),
             Command::Traced { command, .. } => command.min_format().max(TRACED_FROM_VERSION),
             Command::RequireApproval { .. } | Command::ApproveChange { .. } | Command::WithdrawChange { .. } => APPROVALS_FROM_VERSION,
+            Command::ApplyPolicy { .. } | Command::PromotePolicy | Command::RollbackPolicy { .. } => {
+                super::policy_doc::POLICY_DOC_FROM_VERSION
+            }
             _ => FIRST_FORMAT_VERSION,
         }
     }
@@ -381,6 +403,13 @@ impl Command {
             Command::RequireApproval { kind, required: false, .. } => format!("stop requiring approval of {} changes", kind.as_str()),
             Command::ApproveChange { id } => format!("approve change {id}"),
             Command::WithdrawChange { id } => format!("withdraw change {id}"),
+            Command::ApplyPolicy { comment, canary: None, .. } => format!("apply a policy document ({comment:?})"),
+            Command::ApplyPolicy { comment, canary: Some(scope), .. } => {
+                format!("stage a policy document as a canary for {} ({comment:?})", scope.describe())
+            }
+            Command::PromotePolicy => "promote the staged policy document".into(),
+            Command::RollbackPolicy { to: Some(version) } => format!("roll the policy back to version {version}"),
+            Command::RollbackPolicy { to: None } => "roll the policy back".into(),
             Command::Audited { command, .. } | Command::Traced { command, .. } => command.audit_summary(),
             other => format!("{:?}", std::mem::discriminant(other)),
         }

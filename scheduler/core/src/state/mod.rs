@@ -7,6 +7,7 @@
 
 mod apply;
 mod apply_approvals;
+mod apply_policy;
 pub mod approvals;
 pub mod auth;
 pub mod codec;
@@ -18,6 +19,7 @@ pub mod events;
 pub mod faults;
 pub mod gpu_model;
 pub mod idle;
+pub mod policy_doc;
 pub mod records;
 pub mod tenancy;
 pub mod types;
@@ -131,6 +133,11 @@ pub struct ClusterState {
     /// written after the tenancy section.
     #[serde(skip)]
     pub records: records::RecordsState,
+    /// Policy documents: the history, the active and the staged version,
+    /// and the version each held job was placed under. Kept from format 9
+    /// on, written after the job statistics.
+    #[serde(skip)]
+    pub policy: policy_doc::PolicyState,
     /// Records of jobs this replica dropped, for its archive (not
     /// replicated; see `records::ArchiveOutbox`).
     #[serde(skip)]
@@ -171,6 +178,7 @@ impl ClusterState {
             approvals: approvals::ApprovalState::default(),
             idle: idle::IdleState::default(),
             records: records::RecordsState::default(),
+            policy: policy_doc::PolicyState::default(),
             archive_outbox: records::ArchiveOutbox::default(),
         }
     }
@@ -285,6 +293,9 @@ impl ClusterState {
         }
         if let Some(job_id) = self.records.job_stats.keys().find(|id| !self.jobs.contains_key(id)) {
             return Err(format!("job {job_id} has statistics but is not held"));
+        }
+        if let Some(job_id) = self.policy.job_versions.keys().find(|id| !self.jobs.contains_key(id)) {
+            return Err(format!("job {job_id} has a policy version but is not held"));
         }
         if self.cluster_version() >= tenancy::TENANCY_FROM_VERSION {
             let mut running: BTreeMap<&str, u64> = BTreeMap::new();

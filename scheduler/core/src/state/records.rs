@@ -326,6 +326,7 @@ impl ClusterState {
             self.archive_outbox.push(record);
         }
         self.records.job_stats.remove(&job.id);
+        self.policy.job_versions.remove(&job.id);
     }
 }
 

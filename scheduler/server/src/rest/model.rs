@@ -263,6 +263,10 @@ pub struct Job {
     pub last_nodes: Vec<String>,
     /// True when secrets were replaced by "<redacted>" for this caller.
     pub redacted: bool,
+    /// The policy document version its latest placement was made under
+    /// (0 = the built-in defaults); absent = never placed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_version: Option<u64>,
 }
 
 impl From<pb::Job> for Job {
@@ -291,6 +295,7 @@ impl From<pb::Job> for Job {
             exit_code: job.exit_code,
             last_nodes: job.last_nodes,
             redacted: job.redacted,
+            policy_version: job.policy_version,
         }
     }
 }
