@@ -406,6 +406,8 @@ async fn browser_shows_quotas_idle_gpus_and_the_report(
     bob: &str,
 ) -> Result<()> {
     let shots = screenshot_dir()?;
+    page.eval("location.hash = ''; true")?;
+    page.wait_for("the board again", "!document.getElementById('board').hidden", WAIT)?;
     let post = |token: &str, body: Value| -> Result<u64> {
         let bearer = format!("Bearer {token}");
         let answer = curl(
@@ -428,52 +430,70 @@ async fn browser_shows_quotas_idle_gpus_and_the_report(
     })
     .await?;
 
+    // Each part is checked whatever the others show, so a failure names all
+    // that is missing.
+    let mut failures = Vec::new();
+
     // Vision is guaranteed all 16 GPUs and lends them; bob's group borrows 8.
     rota_json(cluster, &["quota", "set", "vision", "--gpus", "16", "--lend", "--borrow-limit", "4"])?;
     let borrowing = post(bob, job_body("audio", &["sleep", "600"], json!({}), 1, 8))?;
-    let vision = page.wait_for("vision's quota row with 8 lent", &quota_row_probe("vision", 8), WAIT)?;
-    ensure!(vision["head"] == json!(["group", "used", "borrowed", "lent", "guarantee", "limit"]), "{vision}");
-    ensure!(vision["cells"] == json!(["vision", "0", "0", "8", "16", "20"]), "vision: {vision}");
-    let audio = page.wait_for("audio's quota row", &quota_row_probe("audio", 0), WAIT)?;
-    ensure!(audio["cells"] == json!(["audio", "8", "8", "0", "0", "none"]), "audio: {audio}");
-    let quotas = read("/v1/quotas")?;
-    let vision_quota = quotas["quotas"].as_array().context("quotas")?.iter().find(|q| q["group"] == "vision").cloned().unwrap_or_default();
-    ensure!(vision_quota["lent"] == 8 && vision_quota["lendable"] == 16, "REST says what the board shows: {quotas}");
+    let quotas_shown: Result<()> = async {
+        let vision = page.wait_for("vision's quota row with 8 lent", &quota_row_probe("vision", 8), WAIT)?;
+        ensure!(vision["head"] == json!(["group", "used", "borrowed", "lent", "guarantee", "limit"]), "{vision}");
+        ensure!(vision["cells"] == json!(["vision", "0", "0", "8", "16", "20"]), "vision: {vision}");
+        let audio = page.wait_for("audio's quota row", &quota_row_probe("audio", 0), WAIT)?;
+        ensure!(audio["cells"] == json!(["audio", "8", "8", "0", "0", "none"]), "audio: {audio}");
+        let quotas = read("/v1/quotas")?;
+        let listed = quotas["quotas"].as_array().context("quotas")?;
+        let vision_quota = listed.iter().find(|q| q["group"] == "vision").cloned().unwrap_or_default();
+        ensure!(vision_quota["lent"] == 8 && vision_quota["lendable"] == 16, "REST says what the board shows: {quotas}");
+        Ok(())
+    }
+    .await;
+    failures.extend(quotas_shown.err().map(|e| format!("quotas: {e:#}")));
 
     // A job of the short queue, idle for 2 s, is flagged and listed.
     rota_json(cluster, &["queue", "set", "short", "--idle-after", "2s", "--idle-action", "flag"])?;
     let mut idle_body = job_body("vision", &["sleep", "600"], json!({}), 1, 8);
     idle_body["spec"]["queue"] = json!("short");
     let idle = post(alice, idle_body)?;
-    let probe = format!(
-        "(() => {{ const r = document.querySelector('#idle tr[data-job=\"{idle}\"]');
-           return r ? [...r.cells].map(c => c.textContent) : null; }})()"
-    );
-    let row = page.wait_for("the idle job in the idle GPUs section", &probe, WAIT)?;
-    ensure!(row[1] == "alice" && row[2] == "vision" && row[3] == "short" && row[4] == "8", "idle row: {row}");
-    let listed = read("/v1/jobs?idle=true")?;
-    let ids: Vec<u64> = listed["jobs"].as_array().context("jobs")?.iter().filter_map(|j| j["id"].as_u64()).collect();
-    ensure!(ids == vec![idle], "REST lists the idle job alone (the training job's rule is 2 h): {listed}");
-    ensure!(listed["jobs"][0]["idle_flagged_ms"].as_u64() > Some(0), "{listed}");
+    let idle_shown: Result<()> = async {
+        let probe = format!(
+            "(() => {{ const r = document.querySelector('#idle tr[data-job=\"{idle}\"]');
+               return r && !document.getElementById('idle-section').hidden ? [...r.cells].map(c => c.textContent) : null; }})()"
+        );
+        let row = page.wait_for("the idle job in the idle GPUs section", &probe, WAIT)?;
+        ensure!(row[1] == "alice" && row[2] == "vision" && row[3] == "short" && row[4] == "8", "idle row: {row}");
+        let listed = read("/v1/jobs?idle=true")?;
+        let ids: Vec<u64> = listed["jobs"].as_array().context("jobs")?.iter().filter_map(|j| j["id"].as_u64()).collect();
+        ensure!(ids == vec![idle], "REST lists the idle job alone (the training job's rule is 2 h): {listed}");
+        ensure!(listed["jobs"][0]["idle_flagged_ms"].as_u64() > Some(0), "{listed}");
+        Ok(())
+    }
+    .await;
+    failures.extend(idle_shown.err().map(|e| format!("idle GPUs: {e:#}")));
 
     // The month's chart: the replica's own SVG, loaded as an image under
     // the page's policy (nothing refused).
-    let chart = page.wait_for(
-        "the report chart drawn",
-        "(() => { const i = document.getElementById('report-chart');
-           return i && i.complete && i.naturalWidth > 0 && !document.getElementById('report-section').hidden ? i.getAttribute('src') : null; })()",
-        WAIT,
-    )?;
-    ensure!(chart.as_str().is_some_and(|src| src.starts_with("/v1/report?format=svg&month=")), "chart: {chart}");
-    let refused = page.eval("window.rotaBoard.violations")?;
-    ensure!(refused == json!([]), "the page broke its policy: {refused}");
-    let page_answer = curl(cluster, replica, "GET", "/ui", &[], None)?;
-    ensure!(
-        page_answer.header("content-security-policy").is_some_and(|csp| csp.starts_with("default-src 'self'")),
-        "{:?}",
-        page_answer.headers
-    );
+    let report_shown: Result<()> = async {
+        let chart = page.wait_for(
+            "the report chart drawn",
+            "(() => { const i = document.getElementById('report-chart');
+               return i && i.complete && i.naturalWidth > 0 && !document.getElementById('report-section').hidden ? i.getAttribute('src') : null; })()",
+            WAIT,
+        )?;
+        ensure!(chart.as_str().is_some_and(|src| src.starts_with("/v1/report?format=svg&month=")), "chart: {chart}");
+        let refused = page.eval("window.rotaBoard.violations")?;
+        ensure!(refused == json!([]), "the page broke its policy: {refused}");
+        let page_answer = curl(cluster, replica, "GET", "/ui", &[], None)?;
+        let csp = page_answer.header("content-security-policy");
+        ensure!(csp.is_some_and(|csp| csp.starts_with("default-src 'self'")), "{:?}", page_answer.headers);
+        Ok(())
+    }
+    .await;
+    failures.extend(report_shown.err().map(|e| format!("report: {e:#}")));
     page.screenshot(&shots.join("board-quotas-idle-report.png"))?;
+    ensure!(failures.is_empty(), "the board does not show:\n{}", failures.join("\n"));
 
     for (job, token) in [(borrowing, bob), (idle, alice)] {
         let cancel = format!("/v1/jobs/{job}/cancel");

@@ -259,6 +259,13 @@ def test_a_followed_log_resumes_through_the_kill_of_its_replica(endpoints: List[
     again through another replica from the bytes it has, and the log comes
     whole, each line once. Before it resumed, the kill raised Unavailable
     from the iteration with the log cut where the kill was."""
+    try:
+        _follow_a_log_through_a_kill(endpoints, ca, control)
+    finally:
+        control("restart")
+
+
+def _follow_a_log_through_a_kill(endpoints: List[str], ca: str, control: Control) -> None:
     leader = control("leader-address")
     ordered = [leader] + [e for e in endpoints if e != leader]
     lines = 300
@@ -283,7 +290,6 @@ def test_a_followed_log_resumes_through_the_kill_of_its_replica(endpoints: List[
             return received
 
         received = wait_for("the followed log", follow)
-    control("restart")
     assert killed and killed[0].startswith("killed "), "the stream outlived the rank: print longer"
     assert received == expected, received.decode(errors="replace")[-400:]
 

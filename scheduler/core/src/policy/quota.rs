@@ -300,8 +300,7 @@ mod tests {
     fn lent_is_split_by_lendable_and_never_passes_it() {
         // 30 GPUs all guaranteed; nlp keeps its idle 8 (it does not lend);
         // audio borrows 7 out of vision's 12 idle and speech's 6.
-        let lines =
-            [line("audio", 0, 7, false), line("nlp", 8, 0, false), line("speech", 6, 0, true), line("vision", 16, 4, true)];
+        let lines = [line("audio", 0, 7, false), line("nlp", 8, 0, false), line("speech", 6, 0, true), line("vision", 16, 4, true)];
         let lent = lent_by_group(30, &lines);
         assert_eq!(lent.iter().sum::<u64>(), 7);
         assert_eq!(lent, vec![0, 0, 2, 5], "7 x 12/18 = 4.67 -> 5, 7 x 6/18 = 2.33 -> 2");
