@@ -395,9 +395,11 @@ fn quota_row_probe(group: &str, lent: u64) -> String {
 /// Quotas (used, borrowed, lent, limit), the idle GPUs section and the
 /// month's report chart, on the board signed in by [`browser_shows_the_cluster_live`].
 ///
-/// Before the board showed them, the quota table had "lendable" where
-/// "lent" is (vision's row read 16 lendable, not 8 lent: "the quota
-/// rows" timed out) and the idle and report sections were hidden.
+/// Before the board showed them (its quota table had "lendable" where
+/// "lent" is, and the idle and report sections were hidden), this failed
+/// with "quotas: vision's quota row with 8 lent: not within 30s", "idle
+/// GPUs: the idle job in the idle GPUs section: not within 30s" and
+/// "report: the report chart drawn: not within 30s".
 async fn browser_shows_quotas_idle_gpus_and_the_report(
     page: &mut Page,
     cluster: &LocalCluster,

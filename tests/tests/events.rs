@@ -338,8 +338,8 @@ async fn sse_resumes_with_last_event_id_old_entries_are_compacted_and_bad_input_
 /// resuming from the last progress gets exactly the events after it, none
 /// missed and none twice; over SSE progress is `event: progress` with its
 /// index as `id`. Without progress the quiet stream sent nothing at all
-/// ("no progress on the quotas stream" after 60 s), and its reader could
-/// only resume from where it started, however far back.
+/// (failed with "no progress on the quotas stream" after 60 s), and its
+/// reader could only resume from where it started, however far back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_quiet_filtered_stream_sends_progress_to_resume_from() -> Result<()> {
     const PROGRESS_INTERVAL_MS: u64 = 5_000;

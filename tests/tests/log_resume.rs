@@ -11,15 +11,15 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use rota_chaos::agents::{AgentOptions, LocalAgent};
 use rota_chaos::cluster::{rota_bin, ClusterOptions, LocalCluster};
-use rota_e2e::{shell_job, wait_access_control, wait_nodes_ready, wait_until, AnyReplica};
+use rota_e2e::{rota_cli, shell_job, wait_access_control, wait_nodes_ready, wait_until, AnyReplica};
 use rota_proto::v1 as pb;
 
 const WAIT: Duration = Duration::from_secs(60);
 const LINES: usize = 400;
 
-/// Before `rota logs` resumed, the kill ended the command with an error
-/// ("job N rank 0: ..." and exit status 1) and a log cut after the lines
-/// printed through the killed replica.
+/// Before `rota logs` resumed, the kill ended the command (exit status 1,
+/// "job 1 rank 0: h2 protocol error: error reading a body from
+/// connection") after 25 of the 400 lines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_follow_resumes_where_it_broke_when_its_replica_is_killed() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -33,6 +33,12 @@ async fn log_follow_resumes_where_it_broke_when_its_replica_is_killed() -> Resul
     let script = format!("i=1; while [ $i -le {LINES} ]; do echo line-$i; i=$((i + 1)); sleep 0.02; done");
     let job = any.submit(shell_job(1, 1, &marks, &script)).await?.job_id;
     any.wait_job_state(job, pb::JobState::Running, WAIT).await?;
+    // The rank has a log on its node (before, the agent answers NOT_FOUND, for good).
+    wait_until("the rank's first line", WAIT, || async {
+        let (_, printed, _) = rota_cli(&cluster, &["--endpoints", &cluster.endpoints_csv(), "logs", &job.to_string()])?;
+        Ok(printed.starts_with("line-1\n").then_some(()))
+    })
+    .await?;
 
     // The command reads through a follower first (the endpoint listed first).
     let leader = cluster.wait_leader(WAIT).await?;
@@ -50,7 +56,14 @@ async fn log_follow_resumes_where_it_broke_when_its_replica_is_killed() -> Resul
         .spawn()
         .context("rota logs -f")?;
     let lines_out = || std::fs::read_to_string(&output).map(|text| text.lines().count()).unwrap_or(0);
-    wait_until("some lines through the relay", WAIT, || async { Ok((lines_out() >= 20).then_some(())) }).await?;
+    let waited = std::time::Instant::now();
+    while lines_out() < 20 {
+        if let Some(status) = follow.try_wait()? {
+            anyhow::bail!("rota logs -f ended ({status}) before the kill: {}", std::fs::read_to_string(&errors)?);
+        }
+        ensure!(waited.elapsed() < WAIT, "no lines through the relay within {WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     ensure!(lines_out() < LINES, "the rank ended before the kill: make it print longer");
     cluster.kill(relay)?;
     let printed_at_kill = lines_out();

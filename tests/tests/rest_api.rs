@@ -308,9 +308,10 @@ async fn serves_jobs_cluster_and_audit(rest: &Rest<'_>, alice: Auth, vera: Auth,
 /// the template's spec with what the body sets over it, its labels under
 /// the body's, the version asked for; a bad label, a version without a
 /// template and an unknown template are refused as over gRPC, the field
-/// named; the listing filters by label. Before REST took these fields, the
-/// first submit failed with "expected 201, got 400" naming `labels` as an
-/// unknown field.
+/// named; the listing filters by label. Before REST took these fields the
+/// body's `labels` was an unknown field (400); with them parsed but not
+/// passed on to the service, the first submit failed with "expected 201,
+/// got 400 ... spec.replicas: must be 1..=4096" (no template was used).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_submit_takes_labels_and_templates_as_grpc_does() -> Result<()> {
     let dir = tempfile::tempdir()?;

@@ -164,7 +164,9 @@ def test_bad_input_raises_the_error_naming_the_field(alice: Client) -> None:
 def test_labels_and_a_template_as_the_cli_gives_them(alice: Client) -> None:
     """The harness saved template `py-asr` (group vision, 2 GPUs, 600 s,
     label team=asr, `true`; see conftest.py): a submit from it takes what
-    it sets over the template, its labels over the template's."""
+    it sets over the template, its labels over the template's. With the
+    labels and template left off the request, this failed (the job had
+    neither)."""
     made = alice.submit(template=TEMPLATE, gpus=1, queue="short", labels={"paper": "2026q4", "team": "speech"})
     job = alice.job(made.job_id)
     assert (job.template, job.template_version) == (TEMPLATE, 1), job
@@ -206,7 +208,7 @@ def test_server_names_refuse_a_certificate_issued_to_another(
     Without the names the impostor is answered, as the first block shows;
     with `server_names` not passed on to the channel (the client as it was,
     checking the CA and the host 127.0.0.1 only), the second block failed
-    with "DID NOT RAISE" and the impostor served the call."""
+    with "DID NOT RAISE Unavailable": the impostor served the call."""
     cert, key = agent_identity
     impostor = Impostor()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))

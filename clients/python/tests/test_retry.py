@@ -200,7 +200,9 @@ def test_bad_input_is_refused_before_anything_is_sent(serve: Callable[[FakeRepli
 def test_a_template_submit_leaves_what_is_not_given_to_the_template(serve: Callable[[FakeReplica], str]) -> None:
     """Labels and the template go on the request as gRPC's SubmitJob takes
     them; with a template, what the call leaves out is unset (zero), so the
-    template's value holds, while a plain submit keeps its defaults."""
+    template's value holds, while a plain submit keeps its defaults. With
+    the labels and template not put on the request (the client as it was),
+    a bad label was not refused: "DID NOT RAISE InvalidArgument"."""
     replica = FakeReplica(accept(1))
     with Client(serve(replica), insecure=True) as client:
         client.submit(template="asr", template_version=2, gpus=1, labels={"paper": "2026q4"})
@@ -326,3 +328,41 @@ def test_a_log_stream_that_breaks_resumes_from_the_bytes_it_has(serve_logs: Call
     with Client(serve_logs(replica), insecure=True, timeout_s=10) as client:  # type: ignore[arg-type]
         assert b"".join(client.logs(7, follow=True)) == whole
     assert replica.offsets == list(range(0, len(whole), 37 * 3)), replica.offsets
+
+
+class QuietEvents(pb_grpc.EventServiceServicer):
+    """WatchEvents: the first stream sends one event, then progress past
+    it, then breaks (UNAVAILABLE); later streams record where they were
+    asked to resume and send one event after it."""
+
+    def __init__(self) -> None:
+        self.since: List[int] = []
+
+    def WatchEvents(self, request: pb.WatchEventsRequest, context: grpc.ServicerContext) -> Iterator[pb.WatchEventsResponse]:
+        self.since.append(request.since_index)
+        if len(self.since) == 1:
+            yield pb.WatchEventsResponse(events=[pb.Event(index=5, kind="quota_changed", topic="quotas")])
+            yield pb.WatchEventsResponse(progress_index=40)
+            yield pb.WatchEventsResponse(progress_index=90)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "replica going away")
+        yield pb.WatchEventsResponse(events=[pb.Event(index=request.since_index + 3, kind="quota_changed", topic="quotas")])
+
+
+def test_a_watch_resumes_from_the_progress_a_replica_sent() -> None:
+    """After progress (entries read through an index, none of the topics
+    asked for), a broken watch resumes from that index, not from its last
+    event: nothing after it is missed, nothing before it sent again. Before
+    progress was read, it resumed from 5, the last event's index
+    ("assert [5, 8] == [5, 93]")."""
+    replica = QuietEvents()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_EventServiceServicer_to_server(replica, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with Client(f"127.0.0.1:{port}", insecure=True, timeout_s=10) as client:
+            watched = client.watch(since_index=1, topics=["quotas"])
+            assert [next(watched).index, next(watched).index] == [5, 93]
+    finally:
+        server.stop(grace=None)
+    assert replica.since == [1, 90]
