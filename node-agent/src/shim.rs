@@ -245,17 +245,62 @@ fn copy_log(mut reader: Box<dyn Read + Send>, mut log: RotatingLog) {
 
 /// A log file capped at `cap_bytes` in total: when the current file would
 /// pass half the cap it becomes `NAME.1` (replacing the older one).
+///
+/// Readers resume a broken stream from a byte offset counted from the
+/// rank's first byte, so each rotation records where the new file starts
+/// in that count, with the new file's inode (`NAME.base`: "BASE INODE",
+/// replaced atomically): a reader that finds the inode of `NAME` differ is
+/// looking between the rename and the record, and looks again.
 pub struct RotatingLog {
     path: PathBuf,
     half_cap_bytes: u64,
     file: Option<File>,
     written: u64,
+    /// Bytes written to the files rotated out before the current one.
+    base: u64,
+}
+
+/// Where the current log file starts in the rank's whole output, and the
+/// inode of the file that holds from there (none: never rotated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogBase {
+    pub base: u64,
+    pub inode: Option<u64>,
+}
+
+impl LogBase {
+    pub fn path(log: &Path) -> PathBuf {
+        let mut name = log.as_os_str().to_owned();
+        name.push(".base");
+        PathBuf::from(name)
+    }
+
+    /// The record of `log` (base 0 when it never rotated).
+    pub fn read(log: &Path) -> LogBase {
+        let text = std::fs::read_to_string(Self::path(log)).unwrap_or_default();
+        let mut parts = text.split_whitespace().map(|p| p.parse::<u64>().ok());
+        match (parts.next().flatten(), parts.next().flatten()) {
+            (Some(base), inode) => LogBase { base, inode },
+            _ => LogBase { base: 0, inode: None },
+        }
+    }
+
+    fn write(&self, log: &Path) -> std::io::Result<()> {
+        let staged = {
+            let mut name = Self::path(log).into_os_string();
+            name.push(".tmp");
+            PathBuf::from(name)
+        };
+        std::fs::write(&staged, format!("{} {}\n", self.base, self.inode.unwrap_or(0)))?;
+        std::fs::rename(&staged, Self::path(log))
+    }
 }
 
 impl RotatingLog {
     pub fn new(path: PathBuf, cap_bytes: u64) -> RotatingLog {
         let written = std::fs::metadata(&path).map_or(0, |m| m.len());
-        RotatingLog { path, half_cap_bytes: (cap_bytes / 2).max(4096), file: None, written }
+        let base = LogBase::read(&path).base;
+        RotatingLog { path, half_cap_bytes: (cap_bytes / 2).max(4096), file: None, written, base }
     }
 
     pub fn rotated_path(path: &Path) -> PathBuf {
@@ -264,18 +309,34 @@ impl RotatingLog {
         PathBuf::from(name)
     }
 
+    fn open(&self) -> Option<File> {
+        // 0600: a job's output is its owner's (and the agent's).
+        File::options().create(true).append(true).mode(0o600).open(&self.path).ok()
+    }
+
     pub fn write(&mut self, bytes: &[u8]) {
         if self.written > 0 && self.written + bytes.len() as u64 > self.half_cap_bytes {
             self.file = None;
+            let rotated = std::fs::metadata(&self.path).map_or(self.written, |m| m.len());
             let _ = std::fs::rename(&self.path, Self::rotated_path(&self.path));
             self.written = 0;
+            self.base += rotated;
+            self.file = self.open();
+            let inode = self.file.as_ref().and_then(|f| f.metadata().ok()).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+            let _ = LogBase { base: self.base, inode }.write(&self.path);
         }
         if self.file.is_none() {
-            // 0600: a job's output is its owner's (and the agent's).
-            self.file = File::options().create(true).append(true).mode(0o600).open(&self.path).ok();
+            self.file = self.open();
         }
-        // A chunk larger than the file's share keeps only its tail.
-        let keep = &bytes[bytes.len().saturating_sub(self.half_cap_bytes as usize)..];
+        // A chunk larger than the file's share keeps only its tail (the
+        // head counts as written and rotated out, for readers' offsets).
+        let cut = bytes.len().saturating_sub(self.half_cap_bytes as usize);
+        if cut > 0 && self.written == 0 {
+            self.base += cut as u64;
+            let inode = self.file.as_ref().and_then(|f| f.metadata().ok()).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+            let _ = LogBase { base: self.base, inode }.write(&self.path);
+        }
+        let keep = &bytes[cut..];
         if let Some(file) = self.file.as_mut() {
             if file.write_all(keep).is_ok() {
                 self.written += keep.len() as u64;

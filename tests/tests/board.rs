@@ -5,8 +5,10 @@
 //! the DevTools protocol: sign in with a token, the grid shows the nodes and
 //! GPUs, a submitted job appears on the grid and in the events list (the
 //! page measures how long after its event), and the job's page shows the
-//! master address its ranks were given. Screenshots go to a directory the
-//! test prints.
+//! master address its ranks were given; quotas show what a lending group
+//! has lent, the idle GPUs section lists a job flagged idle, and the
+//! month's report chart is drawn from the replica's own `/v1/report`.
+//! Screenshots go to a directory the test prints.
 //!
 //! `board_at_1250_nodes` (ignored; run by hand, see BENCHMARKS.md): the
 //! same page over a fleet of 1,250 simulated nodes (10,000 GPUs): first
@@ -148,12 +150,23 @@ fn screenshot_dir() -> Result<PathBuf> {
 async fn the_board_guards_its_sessions_and_shows_the_cluster_live() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
-    let _agents = [
-        LocalAgent::start(dir.path(), "node-a", &cluster.endpoints_csv(), AgentOptions::default())?,
-        LocalAgent::start(dir.path(), "node-b", &cluster.endpoints_csv(), AgentOptions::default())?,
+    // Every fake GPU reads 0 % busy and a rank is idle after 300 ms, so a
+    // queue with a short idle rule flags its jobs (the others' rules are hours).
+    let idle_soon = || AgentOptions { extra_args: vec!["--idle-after-ms".into(), "300".into()], ..AgentOptions::default() };
+    let agents = [
+        LocalAgent::start(dir.path(), "node-a", &cluster.endpoints_csv(), idle_soon())?,
+        LocalAgent::start(dir.path(), "node-b", &cluster.endpoints_csv(), idle_soon())?,
     ];
+    let quiet: String = (0..8).map(|gpu| format!("{gpu} 0\n")).collect();
+    for agent in &agents {
+        std::fs::write(agent.data_dir.join("fake-utilization"), &quiet)?;
+    }
     wait_access_control(&cluster, WAIT).await?;
     wait_nodes_ready(&cluster, 2, WAIT).await?;
+    wait_until("the newest cluster version (idle records, reports)", WAIT, || async {
+        Ok(rota_json(&cluster, &["cluster"]).ok().filter(|c| c["cluster_version"].as_u64() >= Some(8)).map(|_| ()))
+    })
+    .await?;
     add_user(&cluster, "alice", "user", "vision")?;
     add_user(&cluster, "bob", "user", "audio")?;
     let (alice, bob) = (token(&cluster, "alice").await?, token(&cluster, "bob").await?);
@@ -166,6 +179,10 @@ async fn the_board_guards_its_sessions_and_shows_the_cluster_live() -> Result<()
                 let chromium = Chromium::start(&binary)?;
                 let mut page = chromium.new_page()?;
                 let shown = browser_shows_the_cluster_live(&mut page, &cluster, follower, &alice, dir.path()).await;
+                let shown = match shown {
+                    Ok(()) => browser_shows_quotas_idle_gpus_and_the_report(&mut page, &cluster, follower, &alice, &bob).await,
+                    failed => failed,
+                };
                 if shown.is_err() {
                     diagnose(&mut page);
                 }
@@ -362,6 +379,129 @@ async fn browser_shows_the_cluster_live(
     println!("board screenshots: {}", shots.display());
     let cancel = format!("/v1/jobs/{job}/cancel");
     curl(cluster, replica, "POST", &cancel, &[("Authorization", &bearer)], Some(("application/json", b"{}")))?.ok(200)?;
+    Ok(())
+}
+
+/// The cells of the board's quota row of `group`, once `lent` reads `lent`.
+fn quota_row_probe(group: &str, lent: u64) -> String {
+    format!(
+        "(() => {{ const r = document.querySelector('#quotas tr[data-group=\"{group}\"]');
+           const cells = r ? [...r.cells].map(c => c.textContent) : [];
+           const head = [...document.querySelectorAll('#quotas th')].map(c => c.textContent);
+           return cells[head.indexOf('lent')] === '{lent}' ? {{ head, cells }} : null; }})()"
+    )
+}
+
+/// Quotas (used, borrowed, lent, limit), the idle GPUs section and the
+/// month's report chart, on the board signed in by [`browser_shows_the_cluster_live`].
+///
+/// Before the board showed them (its quota table had "lendable" where
+/// "lent" is, and the idle and report sections were hidden), this failed
+/// with "quotas: vision's quota row with 8 lent: not within 30s", "idle
+/// GPUs: the idle job in the idle GPUs section: not within 30s" and
+/// "report: the report chart drawn: not within 30s".
+async fn browser_shows_quotas_idle_gpus_and_the_report(
+    page: &mut Page,
+    cluster: &LocalCluster,
+    replica: u64,
+    alice: &str,
+    bob: &str,
+) -> Result<()> {
+    let shots = screenshot_dir()?;
+    page.eval("location.hash = ''; true")?;
+    page.wait_for("the board again", "!document.getElementById('board').hidden", WAIT)?;
+    let post = |token: &str, body: Value| -> Result<u64> {
+        let bearer = format!("Bearer {token}");
+        let answer = curl(
+            cluster,
+            replica,
+            "POST",
+            "/v1/jobs",
+            &[("Authorization", &bearer)],
+            Some(("application/json", body.to_string().as_bytes())),
+        )?;
+        answer.ok(201)?["job_id"].as_u64().context("job_id")
+    };
+    let read = |path: &str| -> Result<Value> {
+        curl(cluster, replica, "GET", path, &[("Authorization", &format!("Bearer {alice}"))], None)?.ok(200)
+    };
+    wait_until("the cluster's GPUs free", WAIT, || async {
+        let nodes = read("/v1/nodes")?;
+        let held = nodes["nodes"].as_array().context("nodes")?.iter().flat_map(|n| n["gpus"].as_array().cloned().unwrap_or_default());
+        Ok(held.filter(|g| g["job_id"] != 0).count().eq(&0).then_some(()))
+    })
+    .await?;
+
+    // Each part is checked whatever the others show, so a failure names all
+    // that is missing.
+    let mut failures = Vec::new();
+
+    // Vision is guaranteed all 16 GPUs and lends them; bob's group borrows 8.
+    rota_json(cluster, &["quota", "set", "vision", "--gpus", "16", "--lend", "--borrow-limit", "4"])?;
+    let borrowing = post(bob, job_body("audio", &["sleep", "600"], json!({}), 1, 8))?;
+    let quotas_shown: Result<()> = async {
+        let vision = page.wait_for("vision's quota row with 8 lent", &quota_row_probe("vision", 8), WAIT)?;
+        ensure!(vision["head"] == json!(["group", "used", "borrowed", "lent", "guarantee", "limit"]), "{vision}");
+        ensure!(vision["cells"] == json!(["vision", "0", "0", "8", "16", "20"]), "vision: {vision}");
+        let audio = page.wait_for("audio's quota row", &quota_row_probe("audio", 0), WAIT)?;
+        ensure!(audio["cells"] == json!(["audio", "8", "8", "0", "0", "none"]), "audio: {audio}");
+        let quotas = read("/v1/quotas")?;
+        let listed = quotas["quotas"].as_array().context("quotas")?;
+        let vision_quota = listed.iter().find(|q| q["group"] == "vision").cloned().unwrap_or_default();
+        ensure!(vision_quota["lent"] == 8 && vision_quota["lendable"] == 16, "REST says what the board shows: {quotas}");
+        Ok(())
+    }
+    .await;
+    failures.extend(quotas_shown.err().map(|e| format!("quotas: {e:#}")));
+
+    // A job of the short queue, idle for 2 s, is flagged and listed.
+    rota_json(cluster, &["queue", "set", "short", "--idle-after", "2s", "--idle-action", "flag"])?;
+    let mut idle_body = job_body("vision", &["sleep", "600"], json!({}), 1, 8);
+    idle_body["spec"]["queue"] = json!("short");
+    let idle = post(alice, idle_body)?;
+    let idle_shown: Result<()> = async {
+        let probe = format!(
+            "(() => {{ const r = document.querySelector('#idle tr[data-job=\"{idle}\"]');
+               return r && !document.getElementById('idle-section').hidden ? [...r.cells].map(c => c.textContent) : null; }})()"
+        );
+        let row = page.wait_for("the idle job in the idle GPUs section", &probe, WAIT)?;
+        ensure!(row[1] == "alice" && row[2] == "vision" && row[3] == "short" && row[4] == "8", "idle row: {row}");
+        let listed = read("/v1/jobs?idle=true")?;
+        let ids: Vec<u64> = listed["jobs"].as_array().context("jobs")?.iter().filter_map(|j| j["id"].as_u64()).collect();
+        ensure!(ids == vec![idle], "REST lists the idle job alone (the training job's rule is 2 h): {listed}");
+        ensure!(listed["jobs"][0]["idle_flagged_ms"].as_u64() > Some(0), "{listed}");
+        Ok(())
+    }
+    .await;
+    failures.extend(idle_shown.err().map(|e| format!("idle GPUs: {e:#}")));
+
+    // The month's chart: the replica's own SVG, loaded as an image under
+    // the page's policy (nothing refused).
+    let report_shown: Result<()> = async {
+        let chart = page.wait_for(
+            "the report chart drawn",
+            "(() => { const i = document.getElementById('report-chart');
+               return i && i.complete && i.naturalWidth > 0 && !document.getElementById('report-section').hidden ? i.getAttribute('src') : null; })()",
+            WAIT,
+        )?;
+        ensure!(chart.as_str().is_some_and(|src| src.starts_with("/v1/report?format=svg&month=")), "chart: {chart}");
+        let refused = page.eval("window.rotaBoard.violations")?;
+        ensure!(refused == json!([]), "the page broke its policy: {refused}");
+        let page_answer = curl(cluster, replica, "GET", "/ui", &[], None)?;
+        let csp = page_answer.header("content-security-policy");
+        ensure!(csp.is_some_and(|csp| csp.starts_with("default-src 'self'")), "{:?}", page_answer.headers);
+        Ok(())
+    }
+    .await;
+    failures.extend(report_shown.err().map(|e| format!("report: {e:#}")));
+    page.screenshot(&shots.join("board-quotas-idle-report.png"))?;
+    ensure!(failures.is_empty(), "the board does not show:\n{}", failures.join("\n"));
+
+    for (job, token) in [(borrowing, bob), (idle, alice)] {
+        let cancel = format!("/v1/jobs/{job}/cancel");
+        curl(cluster, replica, "POST", &cancel, &[("Authorization", &format!("Bearer {token}"))], Some(("application/json", b"{}")))?
+            .ok(200)?;
+    }
     Ok(())
 }
 

@@ -331,3 +331,93 @@ async fn sse_resumes_with_last_event_id_old_entries_are_compacted_and_bad_input_
     ensure!(refused.code() == tonic::Code::ResourceExhausted, "{refused:?}");
     Ok(())
 }
+
+/// A stream whose topics match nothing on a busy cluster is sent the
+/// index it has read through now and then (progress, as etcd's progress
+/// notify), rising, at most one per `PROGRESS_INTERVAL_MS` (5 s); a reader
+/// resuming from the last progress gets exactly the events after it, none
+/// missed and none twice; over SSE progress is `event: progress` with its
+/// index as `id`. Without progress the quiet stream sent nothing at all
+/// (failed with "no progress on the quotas stream" after 60 s), and its
+/// reader could only resume from where it started, however far back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quiet_filtered_stream_sends_progress_to_resume_from() -> Result<()> {
+    const PROGRESS_INTERVAL_MS: u64 = 5_000;
+    let dir = tempfile::tempdir()?;
+    let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
+    let leader = cluster.wait_leader(WAIT).await?;
+    wait_access_control(&cluster, WAIT).await?;
+    let since = applied_index(&cluster, leader).await?;
+    let endpoints: Vec<u64> = cluster.replicas.keys().copied().collect();
+    let marks = dir.path().join("marks");
+
+    // Busy with submits (topic jobs; no agents: they stay pending), one
+    // every 100 ms, until stopped; the quotas stream matches none of them.
+    let any = AnyReplica::new(&cluster)?;
+    let busy = {
+        let any = any.clone();
+        let marks = marks.clone();
+        tokio::spawn(async move {
+            for _ in 0..2_000 {
+                any.submit(shell_job(1, 1, &marks, "true")).await?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok::<(), anyhow::Error>(())
+        })
+    };
+    let mut quiet = EventFollower::new(client_of(&cluster, &endpoints)?, since, vec!["quotas".into()]);
+    let mut progress: Vec<(u64, std::time::Instant)> = Vec::new();
+    while progress.len() < 3 {
+        match tokio::time::timeout(WAIT, quiet.next()).await.context("no progress on the quotas stream")?? {
+            Followed::Events(events) => {
+                ensure!(events.is_empty(), "the quotas stream sent events though no quota changed: {events:?}");
+                progress.push((quiet.since(), std::time::Instant::now()));
+            }
+            Followed::Compacted(compacted) => bail!("compacted: {compacted:?}"),
+        }
+    }
+    ensure!(progress.windows(2).all(|w| w[1].0 > w[0].0), "progress rises: {progress:?}");
+    ensure!(progress[0].0 > since, "progress past the start: {progress:?}");
+    for pair in progress.windows(2) {
+        let apart_ms = pair[1].1.duration_since(pair[0].1).as_millis() as u64;
+        // Bounded in rate (a little slack for when the reader saw them).
+        ensure!(apart_ms + 500 >= PROGRESS_INTERVAL_MS, "progress {apart_ms} ms apart: {progress:?}");
+    }
+
+    // Resume from the last progress: a quota change after it comes once,
+    // and nothing before it comes again.
+    let resume_from = progress.last().context("progress")?.0;
+    drop(quiet);
+    let (set, _, error) = rota_cli(&cluster, &["--endpoints", &cluster.endpoints_csv(), "quota", "set", "vision", "--gpus", "4"])?;
+    ensure!(set.success(), "rota quota set: {error}");
+    let mut resumed = EventFollower::new(client_of(&cluster, &endpoints)?, resume_from, vec!["quotas".into()]);
+    let changed = loop {
+        match tokio::time::timeout(WAIT, resumed.next()).await.context("the quota change")?? {
+            Followed::Events(events) if events.is_empty() => continue,
+            Followed::Events(events) => break events,
+            Followed::Compacted(compacted) => bail!("compacted: {compacted:?}"),
+        }
+    };
+    ensure!(changed.len() == 1 && changed[0].kind == "quota_changed" && changed[0].index > resume_from, "{changed:?}");
+    ensure!(changed[0].group == "vision", "{changed:?}");
+
+    // Every job event after the progress index, from a stream resumed
+    // there, is what an unfiltered stream from the start has after it.
+    let last_seen = changed[0].index;
+    let all = read_through(&cluster, &endpoints, since, last_seen).await?;
+    let after: Vec<pb::Event> = all.iter().filter(|e| e.index > resume_from).cloned().collect();
+    let from_progress = read_through(&cluster, &endpoints, resume_from, last_seen).await?;
+    ensure!(from_progress == after, "resuming at the progress index gapped or repeated:\n{from_progress:#?}\n{after:#?}");
+    check_whole_entries_in_order(&from_progress)?;
+    ensure!(all.iter().any(|e| e.index <= resume_from && e.kind == "job_submitted"), "the cluster was busy before the progress");
+
+    // Over SSE: progress messages carry their index as the id to resume from.
+    let (status, messages, body) = curl_events(&cluster, leader, &format!("?since={last_seen}&topic=quotas"), &[], 12)?;
+    busy.abort();
+    ensure!(status == 200, "{status}: {body}");
+    let ids: Vec<u64> = messages.iter().filter(|m| m.event == "progress").filter_map(|m| m.id).collect();
+    ensure!(!ids.is_empty() && ids.windows(2).all(|w| w[1] > w[0]) && ids[0] > last_seen, "SSE progress: {body}");
+    let data: Value = serde_json::from_str(&messages.iter().find(|m| m.event == "progress").context("progress")?.data)?;
+    ensure!(data["index"] == ids[0], "{data}");
+    Ok(())
+}

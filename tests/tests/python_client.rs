@@ -7,7 +7,8 @@
 //! of a stream of submits. Then the README's Python example runs as written.
 //!
 //! pytest asks this harness to act on the cluster through files in a
-//! control directory (`kill-leader`, `restart`; see the suite's conftest).
+//! control directory (`leader-address`, `kill-leader`, `restart`; see the
+//! suite's conftest).
 //! Python tooling comes from the tools' virtualenv (deploy/setup-debian.sh,
 //! `ROTA_VENV`, by default /var/tmp/rota-venv), else from one made here
 //! with the pinned versions of deploy/python-tools.txt; without either the
@@ -56,9 +57,18 @@ async fn python_client_passes_its_suite_against_a_real_cluster() -> Result<()> {
     for (user, role) in [("alice", "user"), ("vera", "viewer")] {
         rota_json(&cluster, &["auth", "user", "add", user, "--role", role, "--groups", "vision"])?;
     }
+    // The template the suite submits from (templates need cluster version 7).
+    let template = ["template", "save", "py-asr", "--group", "vision", "--gpus", "2", "--runtime-limit-s", "600", "--label", "team=asr"];
+    wait_until("cluster version 7 or later", WAIT, || async {
+        Ok(rota_json(&cluster, &["cluster"]).ok().filter(|c| c["cluster_version"].as_u64() >= Some(7)).map(|_| ()))
+    })
+    .await?;
+    rota_json(&cluster, &[&template[..], &["--", "true"]].concat())?;
     let alice_token = token(&cluster, "alice").await?;
     let viewer_token = token(&cluster, "vera").await?;
     let alice = cluster.pki.files(IdentityKind::User, "alice")?;
+    let agent = cluster.pki.files(IdentityKind::Agent, "node-a")?;
+    let replica_ids = cluster.replicas.keys().map(u64::to_string).collect::<Vec<_>>().join(",");
     let control = scratch.path().join("control");
     std::fs::create_dir_all(&control)?;
     let env: BTreeMap<&str, String> = [
@@ -69,6 +79,9 @@ async fn python_client_passes_its_suite_against_a_real_cluster() -> Result<()> {
         ("ROTA_TOKEN", alice_token),
         ("ROTA_VIEWER_TOKEN", viewer_token),
         ("ROTA_CONTROL_DIR", control.display().to_string()),
+        ("ROTA_REPLICA_IDS", replica_ids),
+        ("ROTA_AGENT_CERT", agent.cert.display().to_string()),
+        ("ROTA_AGENT_KEY", agent.key.display().to_string()),
         // Nothing is written into the checkout (pytest's rewritten modules).
         ("PYTHONDONTWRITEBYTECODE", "1".to_string()),
     ]
@@ -165,6 +178,10 @@ async fn answer_control_requests(cluster: &mut LocalCluster, control: &Path) -> 
 
 async fn act(cluster: &mut LocalCluster, command: &str) -> Result<String> {
     match command {
+        "leader-address" => {
+            let leader = cluster.wait_leader(WAIT).await?;
+            Ok(cluster.replicas[&leader].addr.clone())
+        }
         "kill-leader" => {
             let leader = cluster.wait_leader(WAIT).await?;
             cluster.kill(leader)?;

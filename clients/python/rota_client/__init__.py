@@ -9,7 +9,7 @@ Every call follows the leader through failovers within the client's
 the field at fault).
 """
 
-from rota_client.client import Client, new_request_id
+from rota_client.client import Client, new_request_id, replica_server_name
 from rota_client.errors import (
     AlreadyExists,
     ConfigError,
@@ -68,4 +68,5 @@ __all__ = [
     "WhoAmI",
     "Why",
     "new_request_id",
+    "replica_server_name",
 ]

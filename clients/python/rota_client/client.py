@@ -74,6 +74,18 @@ DEFAULT_LIST_LIMIT = 1_000
 MAX_LIST_PAGES = 1_000
 #: The longest request id the cluster takes.
 MAX_REQUEST_ID_BYTES = 128
+#: Times one log stream is opened again after it broke.
+MAX_LOG_RESUMES = 64
+#: The DNS domain of the names rota puts in replicas' certificates.
+REPLICA_DNS_DOMAIN = "replica.rota"
+
+
+def replica_server_name(replica_id: int) -> str:
+    """The DNS name `rota tls cert create --server ID` puts in replica
+    ID's certificate (beside `rota://replica/ID`): `ID.replica.rota`."""
+    if isinstance(replica_id, bool) or not isinstance(replica_id, int) or replica_id <= 0:
+        raise ConfigError(f"server_names: a replica id is a positive number, not {replica_id!r}", field="server_names")
+    return f"{replica_id}.{REPLICA_DNS_DOMAIN}"
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -83,6 +95,15 @@ _CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
+
+
+def _tls_options(server_name: Optional[str]) -> List[Tuple[str, object]]:
+    """A TLS channel's options: with `server_name`, the server's
+    certificate must be valid for that name (and the TLS server name sent
+    is it) rather than the dialled host."""
+    if server_name is None:
+        return list(_CHANNEL_OPTIONS)
+    return list(_CHANNEL_OPTIONS) + [("grpc.ssl_target_name_override", server_name)]
 
 
 def new_request_id() -> str:
@@ -131,6 +152,35 @@ def _endpoints(endpoints: Union[str, Sequence[str]]) -> List[str]:
     return parsed
 
 
+def _server_names(
+    names: Union[Mapping[str, Union[str, int]], Sequence[Union[str, int]]], endpoints: Sequence[str]
+) -> List[str]:
+    """The name each endpoint's certificate must carry: given per endpoint
+    (a mapping by endpoint, or a list in the endpoints' order), each a DNS
+    name or a replica's id (its `ID.replica.rota`)."""
+    if isinstance(names, (str, bytes)):
+        raise ConfigError("server_names: one name per endpoint (a list, or a mapping by endpoint)", field="server_names")
+    if isinstance(names, Mapping):
+        unknown = sorted(set(str(e) for e in names) - set(endpoints))
+        if unknown:
+            raise ConfigError(f"server_names: {unknown[0]!r} is none of the endpoints", field="server_names")
+        missing = [e for e in endpoints if e not in names]
+        if missing:
+            raise ConfigError(f"server_names: no name for endpoint {missing[0]!r}", field="server_names")
+        given = [names[e] for e in endpoints]
+    else:
+        given = list(names)
+        if len(given) != len(endpoints):
+            raise ConfigError(f"server_names: {len(given)} names for {len(endpoints)} endpoints", field="server_names")
+    parsed = []
+    for name in given:
+        if isinstance(name, int):
+            parsed.append(replica_server_name(name))
+        else:
+            parsed.append(_printable("server_names", str(name)))
+    return parsed
+
+
 def _printable(what: str, value: str) -> str:
     if not value or not all(0x20 <= ord(c) < 0x7F for c in value):
         raise ConfigError(f"{what}: must be printable ASCII", field=what)
@@ -149,7 +199,14 @@ class Client:
     retrying through failovers; `attempt_timeout_s`: one attempt's limit.
 
     The server's certificate is checked against the CA and the endpoint's
-    host name. Safe to share between threads.
+    host name. Any certificate of the cluster's CA valid for that host
+    passes, an agent's too (theirs serve 127.0.0.1 and localhost as well);
+    to require the replica dialled, give `server_names`, one per endpoint
+    (a list in their order, or a mapping by endpoint): each a replica's id
+    (its certificate's `ID.replica.rota`, see `replica_server_name`) or
+    another DNS name its certificate carries (a `--san`). The certificate
+    is then checked for that name instead of the host. Safe to share
+    between threads.
     """
 
     def __init__(
@@ -164,6 +221,7 @@ class Client:
         insecure: bool = False,
         timeout_s: float = 30.0,
         attempt_timeout_s: float = 3.0,
+        server_names: Optional[Union[Mapping[str, Union[str, int]], Sequence[Union[str, int]]]] = None,
     ) -> None:
         self.endpoints: List[str] = _endpoints(endpoints)
         if not timeout_s > 0:
@@ -179,20 +237,23 @@ class Client:
             metadata.append((ACT_AS_METADATA, _printable("act_as", act_as)))
         self._metadata: Tuple[Tuple[str, str], ...] = tuple(metadata)
         if insecure:
-            if ca is not None or cert is not None or key is not None:
-                raise ConfigError("insecure: plaintext takes no CA or certificate", field="insecure")
+            if ca is not None or cert is not None or key is not None or server_names is not None:
+                raise ConfigError("insecure: plaintext takes no CA, certificate or server names", field="insecure")
             self._channels = [grpc.insecure_channel(e, options=_CHANNEL_OPTIONS) for e in self.endpoints]
         else:
             if ca is None:
                 raise ConfigError("ca: the cluster's CA certificate is needed (or insecure=True)", field="ca")
             if (cert is None) != (key is None):
                 raise ConfigError("cert, key: give both or neither", field="cert" if cert is None else "key")
+            names: List[Optional[str]] = [None] * len(self.endpoints)
+            if server_names is not None:
+                names = list(_server_names(server_names, self.endpoints))
             credentials = grpc.ssl_channel_credentials(
                 root_certificates=_read("ca", ca),
                 private_key=_read("key", key),
                 certificate_chain=_read("cert", cert),
             )
-            self._channels = [grpc.secure_channel(e, credentials, options=_CHANNEL_OPTIONS) for e in self.endpoints]
+            self._channels = [grpc.secure_channel(e, credentials, options=_tls_options(name)) for e, name in zip(self.endpoints, names)]
         self._jobs = [pb_grpc.JobServiceStub(c) for c in self._channels]
         self._cluster = [pb_grpc.ClusterServiceStub(c) for c in self._channels]
         self._auth = [pb_grpc.AuthServiceStub(c) for c in self._channels]
@@ -266,14 +327,14 @@ class Client:
 
     def submit(
         self,
-        command: Sequence[str],
+        command: Optional[Sequence[str]] = None,
         *,
-        replicas: int = 1,
-        gpus: int = 1,
-        group: str = "default",
-        queue: str = "training",
+        replicas: Optional[int] = None,
+        gpus: Optional[int] = None,
+        group: Optional[str] = None,
+        queue: Optional[str] = None,
         name: str = "",
-        priority: Union[str, Priority] = Priority.MEDIUM,
+        priority: Optional[Union[str, Priority]] = None,
         gpu_model: str = "",
         min_gpu_memory_mib: int = 0,
         env: Optional[Mapping[str, str]] = None,
@@ -284,9 +345,13 @@ class Client:
         max_retries: int = 0,
         priority_ttl_s: int = 0,
         request_id: Optional[str] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        template: Optional[str] = None,
+        template_version: int = 0,
     ) -> Submitted:
-        """Submit a job: `replicas` ranks of `gpus` GPUs each, all placed
-        together, each running `command`.
+        """Submit a job: `replicas` ranks (default 1) of `gpus` GPUs each
+        (default 1), all placed together, each running `command`, in `group`
+        (default "default") and `queue` (default "training").
 
         The answer comes once the job is committed on a quorum. `request_id`
         (random when not given) is sent with every retry of this call, so a
@@ -295,24 +360,42 @@ class Client:
         (`deduplicated=True`), and one with the same id and another spec
         raises AlreadyExists. `secret_env` is added to the environment and
         its values also hidden in the command from readers other than the
-        owner, its group's admins and operators. Limits are the cluster's
-        (see rota.proto); bad input raises InvalidArgument naming the field.
+        owner, its group's admins and operators. `labels` (`{key: value}`,
+        at most 16) tag the job. With `template` (the name a group saved;
+        `template_version` 0 = its latest) the job is the template's spec
+        with what this call sets over it: what is left out, the command
+        included, keeps the template's value, and its labels come under
+        `labels`. Limits are the cluster's (see rota.proto); bad input
+        raises InvalidArgument naming the field.
         """
         if isinstance(command, (str, bytes)):
             raise InvalidArgument("spec.command: give a list of the program and its arguments", field="spec.command")
+        if labels is not None and not isinstance(labels, Mapping):
+            raise InvalidArgument("labels: give a mapping of key to value", field="labels")
+        if template is not None and not isinstance(template, str):
+            raise InvalidArgument(f"template: a template's name, not {template!r}", field="template")
+        if isinstance(template_version, bool) or not isinstance(template_version, int) or not 0 <= template_version < 2**32:
+            raise InvalidArgument(f"template_version: a version number, not {template_version!r}", field="template_version")
         request_id = new_request_id() if request_id is None else request_id
         if len(request_id.encode("utf-8")) > MAX_REQUEST_ID_BYTES:
             raise InvalidArgument(f"request_id: at most {MAX_REQUEST_ID_BYTES} bytes", field="request_id")
+        # With a template, what is not given stays unset, so the template's
+        # value holds; without one, the defaults the docstring names.
+        from_template = bool(template)
         merged_env = dict(env or {})
         merged_env.update(secret_env or {})
         spec = _spec(
             {
                 "name": name,
-                "group": group,
-                "queue": queue,
-                "priority": priority_to_pb(Priority.parse(priority)),
-                "replicas": replicas,
-                "gpus_per_replica": gpus,
+                "group": group if group is not None else ("" if from_template else "default"),
+                "queue": queue if queue is not None else ("" if from_template else "training"),
+                "priority": (
+                    priority_to_pb(Priority.parse(priority))
+                    if priority is not None
+                    else (pb.PRIORITY_UNSPECIFIED if from_template else priority_to_pb(Priority.MEDIUM))
+                ),
+                "replicas": replicas if replicas is not None else (0 if from_template else 1),
+                "gpus_per_replica": gpus if gpus is not None else (0 if from_template else 1),
                 "gpu_model": gpu_model,
                 "min_gpu_memory_mib": min_gpu_memory_mib,
                 "runtime_limit_s": runtime_limit_s,
@@ -320,7 +403,7 @@ class Client:
                 "max_retries": max_retries,
                 "priority_ttl_s": priority_ttl_s,
             },
-            command,
+            command or [],
             merged_env,
         )
         request = pb.SubmitJobRequest(
@@ -328,7 +411,13 @@ class Client:
             request_id=request_id,
             secret_env=sorted((secret_env or {}).keys()),
             secret_command=secret_command,
+            template=template or "",
+            template_version=template_version,
         )
+        try:
+            request.labels.update(labels or {})
+        except (TypeError, ValueError) as error:
+            raise InvalidArgument(f"labels: {error}", field="labels") from None
         answer = self._unary(self._jobs, "SubmitJob", request, request_id)
         return Submitted(answer.job_id, answer.deduplicated, answer.index, request_id)  # type: ignore[attr-defined]
 
@@ -411,10 +500,13 @@ class Client:
 
         With `follow=True` the chunks go on as the rank writes them and end
         when it has exited. The stream is opened (with the usual retries)
-        when iteration starts; an error once chunks have come is raised as
-        it is, since a second stream would repeat them. `timeout_s` bounds
-        the whole stream (default: none when following, else the client's
-        `timeout_s`).
+        when iteration starts. A stream that breaks for a reason a failover
+        explains (the replica relaying it went away, the agent restarted)
+        is opened again from the bytes received so far, so nothing comes
+        twice or is skipped; each reopening retries for the client's
+        `timeout_s`, at most `MAX_LOG_RESUMES` times a stream. `timeout_s`
+        bounds each stream opened (default: none when following, else the
+        client's `timeout_s`).
         """
         if stream not in ("stdout", "stderr"):
             raise InvalidArgument(f"stream: {stream!r} is neither stdout nor stderr", field="stream")
@@ -435,17 +527,24 @@ class Client:
                 return call, None
             return call, first.data
 
-        call, first = self._retrying(open_stream)
-        try:
-            if first is None:
+        resumes = 0
+        while True:
+            call, first = self._retrying(open_stream)
+            try:
+                if first is None:
+                    return
+                request.offset += len(first)
+                yield first
+                for chunk in call:
+                    request.offset += len(chunk.data)
+                    yield chunk.data
                 return
-            yield first
-            for chunk in call:
-                yield chunk.data
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
-        finally:
-            call.cancel()
+            except grpc.RpcError as error:
+                if not is_failover(status_code(error)) or resumes >= MAX_LOG_RESUMES:
+                    raise from_rpc_error(error) from None
+                resumes += 1
+            finally:
+                call.cancel()
 
     # ------------------------------------------------------------ events
 
@@ -456,8 +555,9 @@ class Client:
         `topics`: any of "jobs", "nodes", "quotas", "queues", "budgets" (default all).
         Any replica serves the stream from what it has applied. When the one
         serving fails, the stream is opened again on another, from the last
-        index received: an entry's events always arrive together, so nothing
-        is missed or repeated. No replica answering within the client's
+        index received (an event's, or the replica's progress: entries it
+        read through with no event of these topics): an entry's events
+        always arrive together, so nothing is missed or repeated. No replica answering within the client's
         `timeout_s` raises Unavailable. Events older than a replica keeps
         raise EventsCompacted: read the current state, then watch from its
         `current_index`. A replica cut off from its quorum stops advancing
@@ -499,6 +599,11 @@ class Client:
                         yield Event.from_pb(event)
                     if message.events:
                         last = message.events[-1].index
+                        backoff = Backoff()
+                    elif message.progress_index > last:
+                        # Entries passed with no event of these topics:
+                        # resume after them, not from the last event.
+                        last = message.progress_index
                         backoff = Backoff()
                     message = next(call, None)
             except grpc.RpcError as error:
@@ -589,4 +694,4 @@ def _gave_up(error: grpc.RpcError, attempts: int, elapsed_s: float) -> RotaError
     return refused
 
 
-__all__ = ["Client", "new_request_id"]
+__all__ = ["Client", "new_request_id", "replica_server_name"]

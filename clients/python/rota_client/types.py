@@ -178,6 +178,11 @@ class Job:
     last_nodes: List[str]
     #: Environment values (and secret parts of the command) were hidden from this reader.
     redacted: bool
+    #: Its labels (its template's and its own).
+    labels: Dict[str, str] = field(default_factory=dict)
+    #: The template it was made from, and that template's version; None = none.
+    template: Optional[str] = None
+    template_version: Optional[int] = None
 
     @staticmethod
     def from_pb(job: "pb.Job") -> "Job":
@@ -210,6 +215,9 @@ class Job:
             exit_code=job.exit_code if job.HasField("exit_code") else None,
             last_nodes=list(job.last_nodes),
             redacted=job.redacted,
+            labels=dict(job.labels),
+            template=job.template or None,
+            template_version=job.template_version or None,
         )
 
 

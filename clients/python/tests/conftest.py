@@ -8,8 +8,15 @@ environment:
 - ROTA_CA: the cluster's CA certificate;
 - ROTA_CERT, ROTA_KEY: user alice's certificate (role user, group vision);
 - ROTA_TOKEN: a bearer token of alice; ROTA_VIEWER_TOKEN: one of vera (viewer);
+- ROTA_REPLICA_IDS: the replicas' ids, in the order of ROTA_ENDPOINTS;
+- ROTA_AGENT_CERT, ROTA_AGENT_KEY: agent node-a's certificate and key
+  (signed by the same CA, valid for 127.0.0.1 like a replica's);
 - ROTA_CONTROL_DIR: where a test asks the harness to act on the cluster
-  (`control("kill-leader")`, `control("restart")`), see `Control`.
+  (`control("leader-address")`, `control("kill-leader")`,
+  `control("restart")`), see `Control`.
+
+The harness also saves template `py-asr` (group vision, 2 GPUs, a 600 s
+runtime limit, label team=asr, command `true`).
 
 Without them the cluster tests are skipped, saying so; the harness fails a
 run that skipped anything.
@@ -48,6 +55,18 @@ def endpoints() -> List[str]:
 @pytest.fixture(scope="session")
 def ca() -> str:
     return _env("ROTA_CA")
+
+
+@pytest.fixture(scope="session")
+def replica_ids() -> List[int]:
+    return [int(i) for i in _env("ROTA_REPLICA_IDS").split(",")]
+
+
+@pytest.fixture(scope="session")
+def agent_identity() -> "tuple[bytes, bytes]":
+    """Agent node-a's certificate and key (PEM)."""
+    with open(_env("ROTA_AGENT_CERT"), "rb") as cert, open(_env("ROTA_AGENT_KEY"), "rb") as key:
+        return cert.read(), key.read()
 
 
 @pytest.fixture(scope="session")

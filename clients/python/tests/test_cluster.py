@@ -6,13 +6,16 @@ answers. The leader-kill test comes last: it changes the cluster.
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
+from concurrent import futures
 from typing import List, Optional, Tuple
 
+import grpc
 import pytest
 
-from conftest import Control, wait_for, wait_job
+from conftest import WAIT_S, Control, wait_for, wait_job
 from rota_client import (
     AlreadyExists,
     Client,
@@ -22,10 +25,16 @@ from rota_client import (
     NotFound,
     PermissionDenied,
     Unauthenticated,
+    Unavailable,
+    replica_server_name,
 )
+from rota_client._proto import rota_pb2 as pb
+from rota_client._proto import rota_pb2_grpc as pb_grpc
 
 #: More GPUs per rank than a node has: such a job waits for good.
 TOO_MANY_GPUS = 16
+#: The template the harness saves before the suite runs.
+TEMPLATE = "py-asr"
 
 
 def tag() -> str:
@@ -152,6 +161,82 @@ def test_bad_input_raises_the_error_naming_the_field(alice: Client) -> None:
         list(alice.logs(999_999))
 
 
+def test_labels_and_a_template_as_the_cli_gives_them(alice: Client) -> None:
+    """The harness saved template `py-asr` (group vision, 2 GPUs, 600 s,
+    label team=asr, `true`; see conftest.py): a submit from it takes what
+    it sets over the template, its labels over the template's. With the
+    labels and template left off the request, this failed (the job had
+    neither)."""
+    made = alice.submit(template=TEMPLATE, gpus=1, queue="short", labels={"paper": "2026q4", "team": "speech"})
+    job = alice.job(made.job_id)
+    assert (job.template, job.template_version) == (TEMPLATE, 1), job
+    assert (job.spec.group, job.spec.gpus_per_replica, job.spec.runtime_limit_s, job.spec.command) == ("vision", 1, 600, ["true"])
+    assert job.labels == {"paper": "2026q4", "team": "speech"}, job.labels
+    plain = alice.job(alice.submit(["true"], group="vision", queue="short", labels={"team": "py"}).job_id)
+    assert (plain.template, plain.template_version, plain.labels) == (None, None, {"team": "py"}), plain
+    for kwargs, field in [
+        ({"labels": {"Team": "asr"}}, 'labels["Team"]'),
+        ({"labels": {"team": "a b"}}, 'labels["team"]'),
+        ({"template_version": 1}, "template_version"),
+    ]:
+        with pytest.raises(InvalidArgument) as refused:
+            alice.submit(["true"], group="vision", queue="short", **kwargs)  # type: ignore[arg-type]
+        assert refused.value.field == field, (kwargs, refused.value)
+    with pytest.raises(NotFound):
+        alice.submit(template="no-such-template")
+
+
+class Impostor(pb_grpc.AuthServiceServicer):
+    """A server holding a stolen agent key, posing as a replica."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def WhoAmI(self, request: pb.WhoAmIRequest, context: grpc.ServicerContext) -> pb.WhoAmIResponse:
+        self.calls += 1
+        return pb.WhoAmIResponse(user="impostor")
+
+
+def test_server_names_refuse_a_certificate_issued_to_another(
+    endpoints: List[str], ca: str, replica_ids: List[int], agent_identity: Tuple[bytes, bytes]
+) -> None:
+    """A certificate of the cluster's CA that is not the dialled replica's
+    (here agent node-a's, which serves 127.0.0.1 as replicas' do) is
+    refused once the client names the replicas it dials (`server_names`),
+    and the real replicas pass under their own names only.
+
+    Without the names the impostor is answered, as the first block shows;
+    with `server_names` not passed on to the channel (the client as it was,
+    checking the CA and the host 127.0.0.1 only), the second block failed
+    with "DID NOT RAISE Unavailable": the impostor served the call."""
+    cert, key = agent_identity
+    impostor = Impostor()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_AuthServiceServicer_to_server(impostor, server)
+    port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key, cert)]))
+    server.start()
+    fake = f"127.0.0.1:{port}"
+    try:
+        with Client([fake], ca=ca, timeout_s=5) as unchecked:
+            assert unchecked.whoami().user == "impostor", "the host alone is checked"
+        for name in [replica_ids[0], replica_server_name(replica_ids[0])]:
+            with Client([fake], ca=ca, timeout_s=2, server_names=[name]) as checked:
+                with pytest.raises(Unavailable):
+                    checked.whoami()
+        assert impostor.calls == 1, "only the unchecked client reached the impostor"
+    finally:
+        server.stop(grace=None)
+
+    token = os.environ["ROTA_TOKEN"]
+    by_endpoint = dict(zip(endpoints, replica_ids))
+    with Client(endpoints, ca=ca, token=token, timeout_s=WAIT_S, server_names=by_endpoint) as named:
+        assert named.whoami().user == "alice"
+    swapped = replica_ids[1:] + replica_ids[:1]
+    with Client(endpoints[:1], ca=ca, token=token, timeout_s=2, server_names=swapped[:1]) as wrong:
+        with pytest.raises(Unavailable):
+            wrong.whoami()
+
+
 def test_unauthenticated_and_forbidden_calls_are_refused(endpoints: List[str], ca: str, alice: Client, viewer: Client) -> None:
     with Client(endpoints, ca=ca, timeout_s=10) as anonymous:
         with pytest.raises(Unauthenticated):
@@ -168,6 +253,47 @@ def test_unauthenticated_and_forbidden_calls_are_refused(endpoints: List[str], c
         viewer.cancel(mine)
     assert viewer.job(mine).state == JobState.PENDING
     assert alice.cancel(mine) == JobState.CANCELLED
+
+
+def test_a_followed_log_resumes_through_the_kill_of_its_replica(endpoints: List[str], ca: str, control: Control) -> None:
+    """A rank prints numbered lines while its log is followed through the
+    leader, which is SIGKILLed mid-stream: the client opens the stream
+    again through another replica from the bytes it has, and the log comes
+    whole, each line once. Before it resumed, the kill raised Unavailable
+    from the iteration with the log cut where the kill was."""
+    try:
+        _follow_a_log_through_a_kill(endpoints, ca, control)
+    finally:
+        control("restart")
+
+
+def _follow_a_log_through_a_kill(endpoints: List[str], ca: str, control: Control) -> None:
+    leader = control("leader-address")
+    ordered = [leader] + [e for e in endpoints if e != leader]
+    lines = 300
+    script = f"i=1; while [ $i -le {lines} ]; do echo py-line-$i; i=$((i + 1)); sleep 0.02; done"
+    expected = "".join(f"py-line-{i}\n" for i in range(1, lines + 1)).encode()
+    with Client(ordered, ca=ca, token=os.environ["ROTA_TOKEN"], timeout_s=WAIT_S) as client:
+        submitted = client.submit(["sh", "-c", script], group="vision", queue="short")
+        wait_job(client, submitted.job_id, lambda j: j.state == JobState.RUNNING or j.state.is_final, "to start")
+        killed: List[str] = []
+
+        def follow() -> Optional[bytes]:
+            received = b""
+            try:
+                for chunk in client.logs(submitted.job_id, follow=True):
+                    received += chunk
+                    if not killed and received.count(b"\n") >= 20:
+                        killed.append(control("kill-leader"))
+            except NotFound:
+                if received:
+                    raise
+                return None  # not placed on the answering replica yet
+            return received
+
+        received = wait_for("the followed log", follow)
+    assert killed and killed[0].startswith("killed "), "the stream outlived the rank: print longer"
+    assert received == expected, received.decode(errors="replace")[-400:]
 
 
 def test_the_client_carries_on_through_a_leader_kill(alice: Client, control: Control) -> None:

@@ -197,6 +197,32 @@ def test_bad_input_is_refused_before_anything_is_sent(serve: Callable[[FakeRepli
     assert not replica.requests
 
 
+def test_a_template_submit_leaves_what_is_not_given_to_the_template(serve: Callable[[FakeReplica], str]) -> None:
+    """Labels and the template go on the request as gRPC's SubmitJob takes
+    them; with a template, what the call leaves out is unset (zero), so the
+    template's value holds, while a plain submit keeps its defaults. With
+    the labels and template not put on the request (the client as it was),
+    a bad label was not refused: "DID NOT RAISE InvalidArgument"."""
+    replica = FakeReplica(accept(1))
+    with Client(serve(replica), insecure=True) as client:
+        client.submit(template="asr", template_version=2, gpus=1, labels={"paper": "2026q4"})
+        client.submit(["true"], labels={"team": "asr"})
+        with pytest.raises(InvalidArgument) as refused:
+            client.submit(["true"], labels={"team": 7})  # type: ignore[dict-item]
+        assert refused.value.field == "labels"
+        with pytest.raises(InvalidArgument) as refused:
+            client.submit(template="asr", template_version=-1)
+        assert refused.value.field == "template_version"
+    templated, plain = replica.requests
+    assert (templated.template, templated.template_version, dict(templated.labels)) == ("asr", 2, {"paper": "2026q4"})
+    spec = templated.spec
+    assert (spec.replicas, spec.gpus_per_replica, spec.group, spec.queue, spec.priority) == (0, 1, "", "", pb.PRIORITY_UNSPECIFIED)
+    assert list(spec.command) == []
+    assert (plain.template, dict(plain.labels)) == ("", {"team": "asr"})
+    assert (plain.spec.replicas, plain.spec.gpus_per_replica, plain.spec.group, plain.spec.queue) == (1, 1, "default", "training")
+    assert plain.spec.priority == pb.PRIORITY_MEDIUM
+
+
 def test_configuration_errors_name_what_is_wrong() -> None:
     from rota_client import ConfigError
 
@@ -207,6 +233,11 @@ def test_configuration_errors_name_what_is_wrong() -> None:
         ({"endpoints": "127.0.0.1:1", "ca": b"x", "cert": b"y"}, "key"),
         ({"endpoints": "127.0.0.1:1", "ca": "/nonexistent/ca.pem"}, "ca"),
         ({"endpoints": "127.0.0.1:1", "insecure": True, "token": "bad\ntoken"}, "token"),
+        ({"endpoints": "127.0.0.1:1,127.0.0.1:2", "ca": b"x", "server_names": [1]}, "server_names"),
+        ({"endpoints": "127.0.0.1:1", "ca": b"x", "server_names": "1.replica.rota"}, "server_names"),
+        ({"endpoints": "127.0.0.1:1", "ca": b"x", "server_names": {"127.0.0.1:2": 1}}, "server_names"),
+        ({"endpoints": "127.0.0.1:1", "ca": b"x", "server_names": [0]}, "server_names"),
+        ({"endpoints": "127.0.0.1:1", "insecure": True, "server_names": [1]}, "insecure"),
     ]:
         with pytest.raises(ConfigError) as refused:
             Client(**kwargs)  # type: ignore[arg-type]
@@ -261,3 +292,77 @@ def test_an_empty_log_is_an_empty_stream(serve_logs: Callable[[FakeLogs], str]) 
     replica = FakeLogs(refusals=0, chunks=[])
     with Client(serve_logs(replica), insecure=True) as client:
         assert list(client.logs(7)) == []
+
+
+class BreakingLogs(pb_grpc.JobServiceServicer):
+    """ReadLogs of `whole`, in chunks of `chunk` bytes from the offset
+    asked for; each stream breaks (UNAVAILABLE, as when the replica
+    relaying it dies) after `per_stream` chunks, until the end."""
+
+    def __init__(self, whole: bytes, chunk: int, per_stream: int) -> None:
+        self.whole = whole
+        self.chunk = chunk
+        self.per_stream = per_stream
+        self.offsets: List[int] = []
+
+    def ReadLogs(self, request: object, context: grpc.ServicerContext) -> Iterator[object]:
+        from rota_client._proto import agent_pb2
+
+        offset = request.offset  # type: ignore[attr-defined]
+        self.offsets.append(offset)
+        for _ in range(self.per_stream):
+            if offset >= len(self.whole):
+                return
+            yield agent_pb2.LogChunk(data=self.whole[offset : offset + self.chunk])
+            offset += self.chunk
+        if offset < len(self.whole):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the replica relaying the log went away")
+
+
+def test_a_log_stream_that_breaks_resumes_from_the_bytes_it_has(serve_logs: Callable[[FakeLogs], str]) -> None:
+    """Every break is resumed at the offset received so far: the log comes
+    whole, each byte once. Before, the first break after a chunk raised
+    Unavailable ("the replica relaying the log went away")."""
+    whole = b"".join(f"line {i}\n".encode() for i in range(100))
+    replica = BreakingLogs(whole, chunk=37, per_stream=3)
+    with Client(serve_logs(replica), insecure=True, timeout_s=10) as client:  # type: ignore[arg-type]
+        assert b"".join(client.logs(7, follow=True)) == whole
+    assert replica.offsets == list(range(0, len(whole), 37 * 3)), replica.offsets
+
+
+class QuietEvents(pb_grpc.EventServiceServicer):
+    """WatchEvents: the first stream sends one event, then progress past
+    it, then breaks (UNAVAILABLE); later streams record where they were
+    asked to resume and send one event after it."""
+
+    def __init__(self) -> None:
+        self.since: List[int] = []
+
+    def WatchEvents(self, request: pb.WatchEventsRequest, context: grpc.ServicerContext) -> Iterator[pb.WatchEventsResponse]:
+        self.since.append(request.since_index)
+        if len(self.since) == 1:
+            yield pb.WatchEventsResponse(events=[pb.Event(index=5, kind="quota_changed", topic="quotas")])
+            yield pb.WatchEventsResponse(progress_index=40)
+            yield pb.WatchEventsResponse(progress_index=90)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "replica going away")
+        yield pb.WatchEventsResponse(events=[pb.Event(index=request.since_index + 3, kind="quota_changed", topic="quotas")])
+
+
+def test_a_watch_resumes_from_the_progress_a_replica_sent() -> None:
+    """After progress (entries read through an index, none of the topics
+    asked for), a broken watch resumes from that index, not from its last
+    event: nothing after it is missed, nothing before it sent again. Before
+    progress was read, it resumed from 5, the last event's index
+    ("assert [5, 8] == [5, 93]")."""
+    replica = QuietEvents()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_EventServiceServicer_to_server(replica, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with Client(f"127.0.0.1:{port}", insecure=True, timeout_s=10) as client:
+            watched = client.watch(since_index=1, topics=["quotas"])
+            assert [next(watched).index, next(watched).index] == [5, 93]
+    finally:
+        server.stop(grace=None)
+    assert replica.since == [1, 90]

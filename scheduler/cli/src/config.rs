@@ -180,16 +180,16 @@ pub async fn quota_show(client: &Client, format: Format) -> Result<()> {
                 .map(|s| {
                     let q = s.quota.clone().unwrap_or_default();
                     json!({"group": q.group, "gpus": q.gpus, "per_model": q.per_model, "lend": q.lend, "lend_to": q.lend_to,
-                           "borrow_limit": q.borrow_limit, "used": s.used, "borrowed": s.borrowed, "lendable": s.lendable})
+                           "borrow_limit": q.borrow_limit, "used": s.used, "borrowed": s.borrowed, "lendable": s.lendable, "lent": s.lent})
                 })
                 .collect();
             println!("{}", serde_json::to_string_pretty(&quotas)?)
         }
         Format::Table => {
-            println!("{:<16} {:>6} {:>6} {:>9} {:>9} {:<6}", "GROUP", "QUOTA", "USED", "BORROWED", "LENDABLE", "LENDS");
+            println!("{:<16} {:>6} {:>6} {:>9} {:>9} {:>6} {:<6}", "GROUP", "QUOTA", "USED", "BORROWED", "LENDABLE", "LENT", "LENDS");
             for s in &response.quotas {
                 let q = s.quota.clone().unwrap_or_default();
-                println!("{:<16} {:>6} {:>6} {:>9} {:>9} {:<6}", q.group, q.gpus, s.used, s.borrowed, s.lendable, q.lend);
+                println!("{:<16} {:>6} {:>6} {:>9} {:>9} {:>6} {:<6}", q.group, q.gpus, s.used, s.borrowed, s.lendable, s.lent, q.lend);
             }
         }
     }

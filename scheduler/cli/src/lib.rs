@@ -403,24 +403,50 @@ pub async fn node_command(client: &Client, request: NodeRequest, format: Format)
     Ok(())
 }
 
+/// Times one `rota logs` stream is opened again after it broke.
+const MAX_LOG_RESUMES: u32 = 64;
+
 /// `rota logs JOB [--rank N] [--stderr] [--follow]`: find the node that ran
-/// (or runs) the rank and read the log from that node's agent.
+/// (or runs) the rank and read the log from that node's agent. A stream
+/// that breaks for a reason a failover explains (the replica relaying it
+/// went away, the agent restarted) is opened again, through any replica,
+/// from the bytes received so far: nothing is printed twice or skipped.
+/// Each reopening keeps trying for the client's deadline, and a stream is
+/// reopened at most [`MAX_LOG_RESUMES`] times.
 pub async fn logs(client: &Client, job_id: u64, rank: u32, stderr: bool, follow: bool) -> Result<()> {
     use std::io::Write;
-    let request = pb::ReadLogRequest { job_id, rank, stream: if stderr { "stderr" } else { "stdout" }.into(), follow };
-    let mut stream = client
-        .retrying(|i| {
-            let mut jobs = client.jobs_at(i);
-            let request = request.clone();
-            async move { jobs.read_logs(request).await.map(|r| r.into_inner()) }
-        })
-        .await?;
     let mut out = std::io::stdout().lock();
-    while let Some(chunk) = stream.message().await.map_err(|s| anyhow::anyhow!("job {job_id} rank {rank}: {}", s.message()))? {
-        out.write_all(&chunk.data)?;
-        out.flush()?;
+    let mut received = 0u64;
+    let mut resumes = 0u32;
+    loop {
+        let stream = if stderr { "stderr" } else { "stdout" };
+        let request = pb::ReadLogRequest { job_id, rank, stream: stream.into(), follow, offset: received };
+        let mut chunks = client
+            .retrying(|i| {
+                let mut jobs = client.jobs_at(i);
+                let request = request.clone();
+                async move { jobs.read_logs(request).await.map(|r| r.into_inner()) }
+            })
+            .await?;
+        let broke = loop {
+            match chunks.message().await {
+                Ok(Some(chunk)) => {
+                    out.write_all(&chunk.data)?;
+                    out.flush()?;
+                    received += chunk.data.len() as u64;
+                }
+                Ok(None) => return Ok(()),
+                Err(status) => break status,
+            }
+        };
+        if !rota_client::retry::worth_retrying_now(broke.code()) {
+            bail!("job {job_id} rank {rank}: {}", broke.message());
+        }
+        if resumes >= MAX_LOG_RESUMES {
+            bail!("job {job_id} rank {rank}: the log stream broke {resumes} times; last: {}", broke.message());
+        }
+        resumes += 1;
     }
-    Ok(())
 }
 
 /// Follow the event stream, printing each event as it comes; a compacted

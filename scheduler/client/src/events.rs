@@ -1,7 +1,9 @@
 //! Following the event stream (`rota.v1.EventService/WatchEvents`) across
 //! replicas: when a stream breaks, the follower moves to the next replica
 //! and resumes after the last index it received. A stream sends whole log
-//! entries in order, so nothing is missed and nothing comes twice.
+//! entries in order, so nothing is missed and nothing comes twice. A
+//! replica's progress (entries read through an index, none with an event
+//! of the follower's topics) moves that index on too.
 
 use std::time::Instant;
 
@@ -18,7 +20,8 @@ const MAX_BACKOFF_MS: u64 = 1_000;
 /// What the follower got next.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Followed {
-    /// The events of one or more whole entries, in log order.
+    /// The events of one or more whole entries, in log order; none for a
+    /// replica's progress (see [`EventFollower::since`]).
     Events(Vec<pb::Event>),
     /// The entries after the follower's index are no longer kept on the
     /// replica it reads: read the current state, then follow from
@@ -36,6 +39,8 @@ pub struct EventFollower {
     backoff: Backoff,
     /// Replica switches so far (failovers seen and `switch` calls).
     pub switches: u64,
+    /// The progress index of the message just read, if it was progress.
+    progress: Option<u64>,
 }
 
 impl EventFollower {
@@ -48,6 +53,7 @@ impl EventFollower {
             stream: None,
             backoff: Backoff::new(FIRST_BACKOFF_MS, MAX_BACKOFF_MS),
             switches: 0,
+            progress: None,
         }
     }
 
@@ -57,7 +63,8 @@ impl EventFollower {
         self
     }
 
-    /// The last index received: what a new follower resumes from.
+    /// The last index received (an event's, or a replica's progress): what
+    /// a new follower resumes from.
     pub fn since(&self) -> u64 {
         self.since
     }
@@ -88,6 +95,9 @@ impl EventFollower {
                     self.backoff.reset();
                     if let Followed::Events(events) = &followed {
                         self.since = events.last().map_or(self.since, |e| e.index);
+                    }
+                    if let Some(progress) = self.progress.take() {
+                        self.since = self.since.max(progress);
                     }
                     return Ok(followed);
                 }
@@ -123,7 +133,12 @@ impl EventFollower {
                     self.stream = None;
                     Ok(Some(Followed::Compacted(compacted)))
                 }
-                None => Ok(Some(Followed::Events(message.events))),
+                None => {
+                    if message.events.is_empty() && message.progress_index > 0 {
+                        self.progress = Some(message.progress_index);
+                    }
+                    Ok(Some(Followed::Events(message.events)))
+                }
             },
             Ok(None) => {
                 self.stream = None;

@@ -261,7 +261,13 @@ impl ClusterApi {
                 .map(|r| {
                     let configured =
                         state.quotas.get(&r.group).cloned().unwrap_or(GroupQuota { group: r.group.clone(), ..Default::default() });
-                    pb::QuotaStatus { quota: Some(quota_to_pb(&configured)), used: r.used, borrowed: r.borrowed, lendable: r.lendable }
+                    pb::QuotaStatus {
+                        quota: Some(quota_to_pb(&configured)),
+                        used: r.used,
+                        borrowed: r.borrowed,
+                        lendable: r.lendable,
+                        lent: r.lent,
+                    }
                 })
                 .collect()
         });

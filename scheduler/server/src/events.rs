@@ -11,7 +11,11 @@
 //!
 //! A stream sends whole entries only, in log order, so a reader resuming
 //! with the last index it received (on this replica or another after a
-//! failover) gets every later event exactly once.
+//! failover) gets every later event exactly once. A stream whose topics
+//! match nothing for a while sends progress instead (the index it has read
+//! through, as etcd's progress notify does), at most every
+//! [`PROGRESS_INTERVAL_MS`], so its reader resumes from there and not from
+//! its last event, however far back that is.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::pin::Pin;
@@ -45,6 +49,9 @@ const STREAM_BUFFER: usize = 8;
 pub const SLOW_READER_TIMEOUT_MS: u64 = 30_000;
 /// Topics named in one request at most.
 const MAX_TOPICS: usize = 16;
+/// A stream whose entries pass without an event it sends reports the index
+/// it has read through at most this often (and only when it moved).
+pub const PROGRESS_INTERVAL_MS: u64 = 5_000;
 
 /// The events of the entries a replica applied, bounded in count and bytes.
 #[derive(Debug)]
@@ -199,7 +206,8 @@ impl EventService for EventApi {
         let known = status.last_log_index.unwrap_or(0).max(status.committed_index.unwrap_or(0));
         check_since(message.since_index, known, "since_index").map_err(Status::invalid_argument)?;
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER + 1);
-        tokio::spawn(stream_events(self.ctx.clone(), message.since_index, topics, sender, SLOW_READER_TIMEOUT_MS));
+        let limits = StreamLimits { slow_reader_timeout_ms: SLOW_READER_TIMEOUT_MS, progress_interval_ms: PROGRESS_INTERVAL_MS };
+        tokio::spawn(stream_events(self.ctx.clone(), message.since_index, topics, sender, limits));
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
 }
@@ -219,43 +227,80 @@ pub fn check_since(since: u64, last_log_index: u64, field: &str) -> Result<(), S
     Ok(())
 }
 
+/// How a stream treats its reader.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamLimits {
+    /// A reader leaving no room this long is cut off.
+    pub slow_reader_timeout_ms: u64,
+    /// Progress is sent at most this often.
+    pub progress_interval_ms: u64,
+}
+
 /// Send the events after `since`, then each new entry's, until the reader
-/// goes away, falls out of the ring, or reads too slowly.
+/// goes away, falls out of the ring, or reads too slowly; while entries
+/// pass with no event to send, their index as progress now and then.
 pub async fn stream_events(
     ctx: Arc<Context>,
     since: u64,
     topics: BTreeSet<Topic>,
     sender: mpsc::Sender<Result<pb::WatchEventsResponse, Status>>,
-    slow_reader_timeout_ms: u64,
+    limits: StreamLimits,
 ) {
     let mut applied = ctx.replica.applied_watch();
     let mut cursor = since;
+    // Where the reader would resume now (the last index sent to it), and when it was sent.
+    let mut reported = since;
+    let mut reported_at = tokio::time::Instant::now();
+    let progress_every = Duration::from_millis(limits.progress_interval_ms);
     loop {
         let (read, applied_index) =
             ctx.replica.read(|r| (r.events.read(cursor, &topics, MAX_MESSAGE_EVENTS, MAX_MESSAGE_EVENT_BYTES), r.events.bounds().1));
         let (events, through) = match read {
             Read::Compacted { oldest_index, current_index } => {
                 let compacted = pb::EventsCompacted { oldest_index, current_index };
-                let _ = sender.send(Ok(pb::WatchEventsResponse { events: vec![], compacted: Some(compacted) })).await;
+                let _ = sender.send(Ok(pb::WatchEventsResponse { compacted: Some(compacted), ..Default::default() })).await;
                 return;
             }
             Read::Events { events, through } => (events, through),
         };
         let caught_up = through >= applied_index;
-        if !events.is_empty() {
-            let message = pb::WatchEventsResponse { events: events.iter().map(event_to_pb).collect(), compacted: None };
-            if !send_or_cut_off(&sender, message, slow_reader_timeout_ms, cursor).await {
+        if let Some(last) = events.last().map(|e| e.index) {
+            let message = pb::WatchEventsResponse { events: events.iter().map(event_to_pb).collect(), ..Default::default() };
+            if !send_or_cut_off(&sender, message, limits.slow_reader_timeout_ms, cursor).await {
                 return;
             }
+            (reported, reported_at) = (last, tokio::time::Instant::now());
         }
         cursor = cursor.max(through);
-        if caught_up {
-            tokio::select! {
-                changed = applied.changed() => if changed.is_err() { return },
-                () = sender.closed() => return,
+        if !caught_up {
+            continue;
+        }
+        let progress_due = (cursor > reported).then_some(reported_at + progress_every);
+        if progress_due.is_some_and(|due| due <= tokio::time::Instant::now()) {
+            let message = progress_message(cursor);
+            if !send_or_cut_off(&sender, message, limits.slow_reader_timeout_ms, cursor).await {
+                return;
             }
+            (reported, reported_at) = (cursor, tokio::time::Instant::now());
+            continue;
+        }
+        let progress_timer = async {
+            match progress_due {
+                Some(due) => tokio::time::sleep_until(due).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            changed = applied.changed() => if changed.is_err() { return },
+            () = sender.closed() => return,
+            () = progress_timer => {}
         }
     }
+}
+
+/// Progress through `index`: every entry up to it was read, none had an event to send.
+pub fn progress_message(index: u64) -> pb::WatchEventsResponse {
+    pb::WatchEventsResponse { progress_index: index, ..Default::default() }
 }
 
 /// Send one message, waiting at most `slow_reader_timeout_ms` for room.
@@ -364,7 +409,7 @@ mod tests {
     async fn a_slow_reader_is_cut_off_with_a_status_naming_where_to_resume() {
         let (sender, mut receiver) = mpsc::channel(STREAM_BUFFER + 1);
         let message =
-            |index| pb::WatchEventsResponse { events: vec![event_to_pb(&event(index, 0, EventKind::QuotaChanged))], compacted: None };
+            |index| pb::WatchEventsResponse { events: vec![event_to_pb(&event(index, 0, EventKind::QuotaChanged))], ..Default::default() };
         let mut sent = 0;
         while send_or_cut_off(&sender, message(sent + 1), 20, sent).await {
             sent += 1;

@@ -129,7 +129,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ("rota_gpus_fenced", "GPUs not placeable for health: reported unhealthy or fenced"),
     ("rota_nodes", "Nodes by state"),
     ("rota_node_heartbeat_age_max_seconds", "Oldest last-heard age among ready nodes"),
-    ("rota_quota_gpus", "Quota figures by group: limit, guarantee, used, borrowed, lent"),
+    ("rota_quota_gpus", "Quota figures by group: limit, guarantee, used, borrowed, lendable, lent"),
     ("rota_budget_used_ratio", "GPU-hours used of the group's budget of the month (1 = spent), by group and month"),
     ("rota_archive_records_total", "Records of dropped finished jobs appended to this replica's monthly archive"),
     ("rota_archive_write_errors_total", "Failed appends or syncs of this replica's monthly archive"),

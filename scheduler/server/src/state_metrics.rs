@@ -166,8 +166,9 @@ pub fn quota_gauges(state: &ClusterState) -> Vec<(String, &'static str, f64)> {
         out.push((line.group.clone(), "guarantee", line.guaranteed as f64));
         out.push((line.group.clone(), "used", line.used as f64));
         out.push((line.group.clone(), "borrowed", line.borrowed as f64));
-        // Idle guarantee other groups may borrow now.
-        out.push((line.group.clone(), "lent", line.lendable as f64));
+        // Idle guarantee other groups may borrow now, and what they hold of it.
+        out.push((line.group.clone(), "lendable", line.lendable as f64));
+        out.push((line.group.clone(), "lent", line.lent as f64));
         // The most the group may hold: its guarantee plus its borrow limit
         // (absent: no limit).
         if let Some(limit) = line.borrow_limit {

@@ -15,7 +15,9 @@
   const JOB_PAGE = 500; // jobs per request (the API's largest page)
   const MAX_JOB_PAGES = 200; // 100,000 active jobs at most
   const NODES_REFETCH_MS = 300; // node events are coalesced this long
-  const TABLES_REFETCH_MS = 500; // quota/queue events likewise
+  const TABLES_REFETCH_MS = 500; // quota/queue events likewise (and job starts and ends: quota use)
+  const IDLE_REFETCH_MS = 1000; // idle jobs, after job events
+  const MAX_IDLE_SHOWN = 200; // rows in the idle list
   const LOG_TAIL_BYTES = 64 * 1024; // the log shown is its last 64 KiB
   const RECONNECT_MS = 2000; // after the stream closes
   const GAP = 1; // between GPU cells, CSS pixels
@@ -26,7 +28,12 @@
     "job_submitted", "job_placed", "job_started", "job_stopping", "job_preempted", "job_requeued",
     "job_finished", "job_failed", "job_cancelled", "node_registered", "node_up", "node_down",
     "node_drained", "node_undrained", "node_fenced", "node_readmitted", "quota_changed", "queue_changed",
+    "job_idle_flagged",
   ];
+  // Job events that change a group's GPUs in use, so its quota figures.
+  const QUOTA_KINDS = new Set([
+    "job_placed", "job_preempted", "job_requeued", "job_finished", "job_failed", "job_cancelled",
+  ]);
   const ENDED = new Set(["succeeded", "failed", "cancelled"]);
 
   const $ = (id) => document.getElementById(id);
@@ -44,9 +51,13 @@
     loadStartedAt: 0,
     pendingJobFetch: new Map(), // id -> {kind, at, time_ms}
     timers: {},
+    violations: [], // what the Content-Security-Policy refused (should stay empty)
   };
   // For people debugging in the console, and for the end-to-end test.
   window.rotaBoard = board;
+  document.addEventListener("securitypolicyviolation", (e) => {
+    if (board.violations.length < 100) board.violations.push(`${e.violatedDirective}: ${e.blockedURI}`);
+  });
 
   // ------------------------------------------------------------------ API
 
@@ -165,7 +176,70 @@
     drawGrid();
     if (board.firstRenderMs === null) board.firstRenderMs = performance.now() - board.loadStartedAt;
     renderQueues();
-    await loadTables();
+    await Promise.all([loadTables(), loadIdle()]);
+    loadReport();
+  }
+
+  // The month (UTC) a report covers: this one.
+  function reportMonth() {
+    return new Date().toISOString().slice(0, 7);
+  }
+
+  // The chart is an image this replica draws (`/v1/report?format=svg`):
+  // same origin, so the policy allows it, and an SVG shown as an image
+  // runs no script and loads nothing. A browser shows an image URL it has
+  // loaded once as it was, so the chart is the month's as of sign-in (or
+  // the last full reload of the board).
+  function loadReport() {
+    const month = reportMonth();
+    const img = $("report-chart");
+    $("report-month").textContent = month;
+    img.onload = () => { $("report-error").textContent = ""; img.hidden = false; board.reportLoaded = month; };
+    img.onerror = () => { img.hidden = true; $("report-error").textContent = `the report of ${month} could not be drawn`; };
+    img.src = `/v1/report?format=svg&month=${month}`;
+  }
+
+  // Jobs flagged idle, as `rota jobs --idle` lists them.
+  async function loadIdle() {
+    const answer = await json(`/v1/jobs?idle=true&limit=${JOB_PAGE}`);
+    board.idle = answer.jobs;
+    renderIdle();
+  }
+
+  function renderIdle() {
+    const jobs = board.idle || [];
+    const gpus = jobs.reduce((n, j) => n + j.spec.replicas * j.spec.gpus_per_replica, 0);
+    $("idle-summary").textContent = jobs.length ? `${jobs.length} jobs, ${gpus} GPUs` : "";
+    if (!jobs.length) {
+      const none = document.createElement("p");
+      none.className = "muted";
+      none.textContent = "No job is flagged idle.";
+      $("idle").replaceChildren(none);
+      return;
+    }
+    const [t, body] = table(["job", "user", "group", "queue", "GPUs", "idle since", "idle for", "idle GPU-hours"], [4, 6, 7]);
+    const now = Date.now();
+    for (const job of jobs.slice(0, MAX_IDLE_SHOWN)) {
+      const row = body.insertRow();
+      row.dataset.job = job.id;
+      const link = document.createElement("a");
+      link.href = `#job/${job.id}`;
+      link.textContent = job.id;
+      row.insertCell().appendChild(link);
+      cell(row, job.owner);
+      cell(row, job.spec.group);
+      cell(row, job.spec.queue);
+      cell(row, String(job.spec.replicas * job.spec.gpus_per_replica), "num");
+      cell(row, when(job.idle_since_ms));
+      cell(row, job.idle_since_ms ? duration(now - job.idle_since_ms) : "", "num");
+      cell(row, (job.idle_gpu_ms / 3600000).toFixed(2), "num");
+    }
+    $("idle").replaceChildren(t);
+  }
+
+  function duration(ms) {
+    const minutes = Math.max(0, Math.floor(ms / 60000));
+    return minutes < 120 ? `${minutes} min` : `${(minutes / 60).toFixed(1)} h`;
   }
 
   function showCluster() {
@@ -223,6 +297,10 @@
     for (const kind of KINDS) {
       source.addEventListener(kind, (message) => onEvent(JSON.parse(message.data), message.lastEventId));
     }
+    // Entries passed with none of our events: resume after them.
+    source.addEventListener("progress", (message) => {
+      board.lastIndex = Math.max(board.lastIndex, Number(message.lastEventId) || 0);
+    });
     source.addEventListener("compacted", () => {
       // The events since our index are gone: take a new snapshot.
       source.close();
@@ -276,6 +354,10 @@
     scheduleEventsList(event, at);
     if (event.topic === "jobs" && event.job_id) {
       applyJobEvent(event, at);
+      if (QUOTA_KINDS.has(event.kind)) later("tables", TABLES_REFETCH_MS, () => loadTables().catch(reportError));
+      if (event.kind === "job_idle_flagged" || ENDED.has(event.state) || (board.idle || []).some((j) => j.id === event.job_id)) {
+        later("idle", IDLE_REFETCH_MS, () => loadIdle().catch(reportError));
+      }
     } else if (event.topic === "nodes") {
       later("nodes", NODES_REFETCH_MS, refetchNodes);
     } else if (event.topic === "quotas" || event.topic === "queues") {
@@ -689,14 +771,18 @@
   }
 
   function renderQuotas() {
-    const [t, body] = table(["group", "used", "borrowed", "lendable", "limit"], [1, 2, 3, 4]);
+    // Lent: the group's guaranteed GPUs other groups hold now. Limit: the
+    // most it may hold (its guarantee plus its borrow limit; none: no cap).
+    const [t, body] = table(["group", "used", "borrowed", "lent", "guarantee", "limit"], [1, 2, 3, 4, 5]);
     for (const q of board.quotas || []) {
       const row = body.insertRow();
+      row.dataset.group = q.group;
       cell(row, q.group);
       cell(row, String(q.used), "num");
       cell(row, String(q.borrowed), "num");
-      cell(row, String(q.lendable), "num");
+      cell(row, String(q.lent), "num");
       cell(row, String(q.gpus), "num");
+      cell(row, q.borrow_limit === undefined || q.borrow_limit === null ? "none" : String(q.gpus + q.borrow_limit), "num");
     }
     if (!(board.quotas || []).length) {
       const none = document.createElement("p");

@@ -2,6 +2,10 @@
 //! signed by it, as PEM files in one directory. Every certificate names its
 //! identity in a `rota://KIND/NAME` SAN URI; replicas and agents also serve
 //! TLS, so theirs are valid for 127.0.0.1 and localhost plus any extra SANs.
+//! A replica's also carries the DNS form of its identity, `ID.replica.rota`
+//! ([`replica_dns_name`]), for clients whose TLS checks DNS names only
+//! (gRPC's Python: `grpc.ssl_target_name_override`); no other certificate
+//! may carry a name under `replica.rota`.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -26,6 +30,19 @@ pub const MAX_DAYS: u32 = 11_000;
 /// Extra SANs one certificate may carry.
 pub const MAX_EXTRA_SANS: usize = 64;
 const CA_COMMON_NAME: &str = "rota cluster CA";
+/// The DNS domain of replicas' names (`ID.replica.rota`).
+pub const REPLICA_DNS_DOMAIN: &str = "replica.rota";
+
+/// The DNS name a replica's certificate carries beside `rota://replica/ID`.
+pub fn replica_dns_name(id: &str) -> String {
+    format!("{id}.{REPLICA_DNS_DOMAIN}")
+}
+
+/// Is `name` a DNS name under [`REPLICA_DNS_DOMAIN`] (any case, with or without the root dot)?
+fn under_replica_domain(name: &str) -> bool {
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name == REPLICA_DNS_DOMAIN || name.ends_with(&format!(".{REPLICA_DNS_DOMAIN}"))
+}
 
 /// Where a certificate and its key were written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,7 +114,20 @@ pub fn issue(ca_key_pem: &str, identity: &Identity, extra_sans: &[String], days:
     if serves {
         params.subject_alt_names.push(SanType::IpAddress(IpAddr::from([127, 0, 0, 1])));
         params.subject_alt_names.push(SanType::DnsName("localhost".try_into().expect("a valid DNS name")));
+        if identity.kind == IdentityKind::Replica {
+            let own = replica_dns_name(&identity.name);
+            let own = own.clone().try_into().map_err(|e| TlsError::Flags { flag: "--server", why: format!("{own:?}: {e}") })?;
+            params.subject_alt_names.push(SanType::DnsName(own));
+        }
         for san in extra_sans {
+            // Only the replica itself is named under the replicas' domain:
+            // a client checking that name must not accept anyone else.
+            if under_replica_domain(san) {
+                return Err(TlsError::Flags {
+                    flag: "--san",
+                    why: format!("{san:?}: names under {REPLICA_DNS_DOMAIN} are the replicas' own (added to each replica's certificate)"),
+                });
+            }
             let entry = match san.parse::<IpAddr>() {
                 Ok(ip) => SanType::IpAddress(ip),
                 Err(_) => {
@@ -195,6 +225,25 @@ mod tests {
             crate::link::verify_server_cert(ca.cert_pem.as_bytes(), der, name).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
         assert!(crate::link::verify_server_cert(ca.cert_pem.as_bytes(), der, "10.0.0.8").is_err());
+    }
+
+    /// A client that can check DNS names only (gRPC's Python) tells a
+    /// replica from an agent by `ID.replica.rota`, which only that
+    /// replica's certificate carries.
+    #[test]
+    fn a_replica_certificate_carries_its_dns_name_and_no_other_does() {
+        let ca = new_ca(10).expect("ca");
+        let replica = issue(&ca.key_pem, &Identity::new(IdentityKind::Replica, "3").expect("identity"), &[], 30).expect("issued");
+        let der = &certificates_from_pem(replica.cert_pem.as_bytes()).expect("pem")[0];
+        crate::link::verify_server_cert(ca.cert_pem.as_bytes(), der, "3.replica.rota").expect("its own name");
+        assert!(crate::link::verify_server_cert(ca.cert_pem.as_bytes(), der, "2.replica.rota").is_err(), "another replica's name");
+        let agent = Identity::new(IdentityKind::Agent, "gpu-001").expect("identity");
+        let der = &certificates_from_pem(issue(&ca.key_pem, &agent, &[], 30).expect("issued").cert_pem.as_bytes()).expect("pem")[0];
+        assert!(crate::link::verify_server_cert(ca.cert_pem.as_bytes(), der, "3.replica.rota").is_err(), "an agent is no replica");
+        for san in ["3.replica.rota", "3.Replica.Rota.", "replica.rota"] {
+            assert!(issue(&ca.key_pem, &agent, &[san.into()], 30).is_err(), "{san} on an agent");
+        }
+        assert!(issue(&ca.key_pem, &agent, &["notreplica.rota".into()], 30).is_ok());
     }
 
     #[test]

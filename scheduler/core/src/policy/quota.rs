@@ -197,15 +197,18 @@ pub struct QuotaReport {
     pub borrowed: u64,
     /// Guaranteed GPUs idle now and available to others (0 if it does not lend).
     pub lendable: u64,
+    /// Of those, GPUs other groups' borrowing jobs hold now (see [`lent_by_group`]).
+    pub lent: u64,
     pub borrow_limit: Option<u32>,
     pub lend: bool,
     pub lend_to: Vec<String>,
 }
 
-/// Quota, use, borrowed and lendable GPUs of every group with a quota or a
-/// running job, in group order.
+/// Quota, use, borrowed, lendable and lent GPUs of every group with a
+/// quota or a running job, in group order.
 pub fn quota_report(state: &ClusterState) -> Vec<QuotaReport> {
     let mut view = View::build(state, state.now_ms);
+    let capacity = view.capacity();
     let book = QuotaBook::new(state, &mut view);
     let mut lines: Vec<QuotaReport> = book
         .books
@@ -218,6 +221,7 @@ pub fn quota_report(state: &ClusterState) -> Vec<QuotaReport> {
                 used: b.used,
                 borrowed: b.used.saturating_sub(b.guaranteed),
                 lendable: if lend { b.guaranteed.saturating_sub(b.used) } else { 0 },
+                lent: 0,
                 borrow_limit: b.quota.and_then(|q| q.borrow_limit),
                 lend,
                 lend_to: b.quota.map(|q| q.lend_to.clone()).unwrap_or_default(),
@@ -225,5 +229,84 @@ pub fn quota_report(state: &ClusterState) -> Vec<QuotaReport> {
         })
         .collect();
     lines.sort_by(|a, b| a.group.cmp(&b.group));
+    let lent = lent_by_group(capacity, &lines);
+    for (line, lent) in lines.iter_mut().zip(lent) {
+        line.lent = lent;
+    }
     lines
+}
+
+/// How many of each group's lendable GPUs other groups hold now.
+///
+/// Borrowed GPUs (use beyond a guarantee) come first out of the capacity
+/// nobody is guaranteed; what is left of them can only be lenders' idle
+/// guarantee (a group that does not lend keeps its idle guarantee free).
+/// Guarantees are counts, not particular GPUs, so that part is split
+/// between the lenders in proportion to their lendable GPUs (largest
+/// remainders first, ties in group order): the figures add up to what is
+/// lent in all, and no group is shown lending more than it has idle.
+pub fn lent_by_group(capacity: u64, lines: &[QuotaReport]) -> Vec<u64> {
+    let guaranteed: u64 = lines.iter().map(|l| l.guaranteed).sum();
+    let borrowed: u64 = lines.iter().map(|l| l.borrowed).sum();
+    let lendable: u64 = lines.iter().map(|l| l.lendable).sum();
+    let lent = borrowed.saturating_sub(capacity.saturating_sub(guaranteed)).min(lendable);
+    if lent == 0 {
+        return vec![0; lines.len()];
+    }
+    let (lent, lendable) = (u128::from(lent), u128::from(lendable));
+    let mut shares: Vec<u64> = lines.iter().map(|l| (lent * u128::from(l.lendable) / lendable) as u64).collect();
+    let mut left = lent as u64 - shares.iter().sum::<u64>();
+    let mut by_remainder: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].lendable > shares[i]).collect();
+    by_remainder.sort_by_key(|&i| std::cmp::Reverse(lent * u128::from(lines[i].lendable) % lendable));
+    for i in by_remainder {
+        if left == 0 {
+            break;
+        }
+        shares[i] += 1;
+        left -= 1;
+    }
+    shares
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(group: &str, guaranteed: u64, used: u64, lend: bool) -> QuotaReport {
+        QuotaReport {
+            group: group.into(),
+            guaranteed,
+            used,
+            borrowed: used.saturating_sub(guaranteed),
+            lendable: if lend { guaranteed.saturating_sub(used) } else { 0 },
+            lent: 0,
+            borrow_limit: None,
+            lend,
+            lend_to: vec![],
+        }
+    }
+
+    #[test]
+    fn borrowing_past_the_unguaranteed_capacity_is_lent_by_the_lenders() {
+        // 16 GPUs, all guaranteed to vision, which lends; audio borrows 8.
+        let lines = [line("audio", 0, 8, false), line("vision", 16, 0, true)];
+        assert_eq!(lent_by_group(16, &lines), vec![0, 8]);
+        // With 8 more GPUs nobody is guaranteed, audio borrows those first.
+        assert_eq!(lent_by_group(24, &lines), vec![0, 0]);
+        assert_eq!(lent_by_group(20, &lines), vec![0, 4]);
+    }
+
+    #[test]
+    fn lent_is_split_by_lendable_and_never_passes_it() {
+        // 30 GPUs all guaranteed; nlp keeps its idle 8 (it does not lend);
+        // audio borrows 7 out of vision's 12 idle and speech's 6.
+        let lines = [line("audio", 0, 7, false), line("nlp", 8, 0, false), line("speech", 6, 0, true), line("vision", 16, 4, true)];
+        let lent = lent_by_group(30, &lines);
+        assert_eq!(lent.iter().sum::<u64>(), 7);
+        assert_eq!(lent, vec![0, 0, 2, 5], "7 x 12/18 = 4.67 -> 5, 7 x 6/18 = 2.33 -> 2");
+        // More borrowed than lendable (a node went down since): capped.
+        let lines = [line("audio", 0, 20, false), line("vision", 16, 10, true)];
+        assert_eq!(lent_by_group(16, &lines), vec![0, 6]);
+        assert_eq!(lent_by_group(16, &[]), Vec::<u64>::new());
+    }
 }

@@ -93,7 +93,7 @@ type Shared = State<Arc<Rest>>;
         submit_job, list_jobs, get_job, cancel_job, why_job, job_logs, list_nodes, list_queues, list_quotas, get_usage, get_cluster,
         list_audit, watch_events, history::get_history, history::get_report
     ),
-    components(schemas(Problem, LogStream, JobState, EventMessage, EventsCompacted)),
+    components(schemas(Problem, LogStream, JobState, EventMessage, EventsCompacted, EventsProgress)),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
 )]
@@ -308,6 +308,7 @@ async fn list_jobs(State(rest): Shared, caller: Caller, RawQuery(raw): RawQuery)
             None => return Ok(Json(JobPage { jobs: vec![], total: 0, next_cursor: None })),
         },
     };
+    let labels = filter.label.map(|all| all.split(',').filter(|l| !l.is_empty()).map(str::to_string).collect()).unwrap_or_default();
     let request = pb::ListJobsRequest {
         state: state as i32,
         limit,
@@ -315,7 +316,8 @@ async fn list_jobs(State(rest): Shared, caller: Caller, RawQuery(raw): RawQuery)
         queue: filter.queue.unwrap_or_default(),
         user: filter.user.unwrap_or_default(),
         before_id,
-        ..Default::default()
+        labels,
+        idle: filter.idle.unwrap_or(false),
     };
     let page = rest.jobs.list_jobs(caller.inbound.request(request)).await?.into_inner();
     let next_cursor = page.truncated.then(|| page.jobs.last().map(|job| job.id.to_string())).flatten();
@@ -406,7 +408,7 @@ async fn job_logs(State(rest): Shared, parts: Parts, Path(raw_id): Path<String>,
         LogStream::Stderr => "stderr",
     };
     let follow = options.follow.unwrap_or(false);
-    let request = pb::ReadLogRequest { job_id, rank: options.rank.unwrap_or(0), stream: stream.into(), follow };
+    let request = pb::ReadLogRequest { job_id, rank: options.rank.unwrap_or(0), stream: stream.into(), follow, offset: 0 };
     let mut chunks = rest.jobs.read_logs(inbound.request(request)).await?.into_inner();
     // An error the agent answers at once (no such log) is a problem, not a
     // cut-off body; a followed log may have nothing to say yet, so it is not waited for.
@@ -546,8 +548,10 @@ async fn list_audit(State(rest): Shared, caller: Caller, RawQuery(raw): RawQuery
     responses(
         (status = 200, description = "Server-sent events, in log order: each `event: KIND` with `data:` an EventMessage; \
             `id: INDEX` on the last event of each log entry; `event: compacted` (data EventsCompacted) when the \
-            entries asked for are no longer kept, then the stream ends; `event: error` (data a Problem) when \
-            the stream is cut off (a reader too slow); comment lines keep it alive", body = String, content_type = "text/event-stream"),
+            entries asked for are no longer kept, then the stream ends; `event: progress` (data EventsProgress, \
+            `id` its index) every few seconds at most while entries pass with no event the topics match; \
+            `event: error` (data a Problem) when the stream is cut off (a reader too slow); comment lines keep \
+            it alive", body = String, content_type = "text/event-stream"),
         (status = 400, description = "Bad `since`, `topic` or `Last-Event-ID`; `field` names it", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 403, body = Problem, content_type = "application/problem+json"),
@@ -616,6 +620,13 @@ fn sse_frames(message: pb::WatchEventsResponse) -> String {
         text.push_str(&format!("event: compacted\ndata: {}\n\n", serde_json::to_string(&data).unwrap_or_default()));
         return text;
     }
+    if message.events.is_empty() && message.progress_index > 0 {
+        // Its id is where a reconnecting EventSource resumes.
+        let index = message.progress_index;
+        let data = serde_json::to_string(&EventsProgress { index }).unwrap_or_default();
+        text.push_str(&format!("event: progress\nid: {index}\ndata: {data}\n\n"));
+        return text;
+    }
     let count = message.events.len();
     let indexes: Vec<u64> = message.events.iter().map(|e| e.index).collect();
     for (i, event) in message.events.into_iter().enumerate() {
@@ -661,6 +672,10 @@ mod tests {
         let submit = &document["paths"]["/v1/jobs"]["post"];
         assert!(submit["responses"]["400"]["content"]["application/problem+json"].is_object(), "{submit}");
         assert!(document["components"]["schemas"]["Problem"].is_object());
+        let submit_schema = &document["components"]["schemas"]["SubmitRequest"]["properties"];
+        for field in ["labels", "template", "template_version", "spec"] {
+            assert!(submit_schema[field].is_object(), "SubmitRequest.{field}: {submit_schema}");
+        }
         assert!(document["components"]["securitySchemes"]["bearer"].is_object());
     }
 
@@ -688,6 +703,7 @@ mod tests {
     fn sse_puts_the_id_on_the_last_event_of_each_entry_only() {
         let event = |index, seq, kind: &str| pb::Event { index, seq, kind: kind.into(), topic: "jobs".into(), ..Default::default() };
         let message = pb::WatchEventsResponse {
+            progress_index: 0,
             events: vec![event(7, 0, "job_submitted"), event(7, 1, "job_submitted"), event(9, 0, "job_placed")],
             compacted: None,
         };
@@ -698,8 +714,10 @@ mod tests {
         assert!(frames[1].starts_with("event: job_submitted\nid: 7\ndata: {"), "{text}");
         assert!(frames[2].starts_with("event: job_placed\nid: 9\ndata: {"), "{text}");
         let compacted =
-            pb::WatchEventsResponse { events: vec![], compacted: Some(pb::EventsCompacted { oldest_index: 40, current_index: 52 }) };
+            pb::WatchEventsResponse { compacted: Some(pb::EventsCompacted { oldest_index: 40, current_index: 52 }), ..Default::default() };
         assert_eq!(sse_frames(compacted), "event: compacted\ndata: {\"oldest_index\":40,\"current_index\":52}\n\n");
+        let progress = crate::events::progress_message(61);
+        assert_eq!(sse_frames(progress), "event: progress\nid: 61\ndata: {\"index\":61}\n\n");
     }
 
     #[tokio::test]
@@ -714,7 +732,24 @@ mod tests {
         assert_eq!(garbage.field.as_deref(), Some("body"), "{garbage:?}");
         let large = parse(&format!(r#"{{"spec": {{"name": "{}"}}}}"#, "x".repeat(MAX_BODY_BYTES))).await.unwrap_err();
         assert_eq!(large.status, 413);
-        let fine = parse(r#"{"spec": {"command": ["true"]}}"#).await.expect("a spec");
-        assert_eq!((fine.spec.replicas, fine.spec.gpus_per_replica), (1, 1));
+        let fine = parse(r#"{"spec": {"command": ["true"]}}"#).await.expect("a spec").to_pb();
+        let spec = fine.spec.expect("a spec");
+        assert_eq!((spec.replicas, spec.gpus_per_replica, spec.priority), (1, 1, pb::Priority::Medium as i32));
+        let label = parse(r#"{"labels": {"team": 7}}"#).await.unwrap_err();
+        assert_eq!(label.field.as_deref(), Some("labels.team"), "{label:?}");
+    }
+
+    /// With a template, what the spec leaves out stays unset (zero), so
+    /// the template's value holds, as a gRPC submit's does.
+    #[tokio::test]
+    async fn a_template_submit_leaves_unset_fields_to_the_template() {
+        let headers = http::HeaderMap::new();
+        let body = r#"{"template": "asr", "template_version": 2, "spec": {"gpus_per_replica": 4}, "labels": {"paper": "q4"}}"#;
+        let submit = json_body::<SubmitRequest>(&headers, Body::from(body)).await.expect("a submit").to_pb();
+        assert_eq!((submit.template.as_str(), submit.template_version), ("asr", 2));
+        assert_eq!(submit.labels.get("paper").map(String::as_str), Some("q4"));
+        let spec = submit.spec.expect("a spec");
+        assert_eq!((spec.replicas, spec.gpus_per_replica, spec.priority), (0, 4, pb::Priority::Unspecified as i32));
+        assert!(spec.command.is_empty() && spec.group.is_empty(), "{spec:?}");
     }
 }

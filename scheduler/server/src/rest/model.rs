@@ -153,32 +153,84 @@ impl JobSpec {
             priority_ttl_s: spec.priority_ttl_s,
         }
     }
+}
 
-    fn to_pb(&self) -> pb::JobSpec {
+/// The spec of a submit: as [`JobSpec`], but a field left out is unset,
+/// so that with a `template` the template's value holds (as over gRPC);
+/// without one, [`JobSpec`]'s defaults do.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitSpec {
+    /// Human-readable name, at most 128 bytes.
+    pub name: Option<String>,
+    /// Accounting group; empty = "default" (or the template's).
+    pub group: Option<String>,
+    /// Queue; empty = "training" (or the template's).
+    pub queue: Option<String>,
+    /// Default medium (or the template's).
+    pub priority: Option<Priority>,
+    /// Number of ranks, placed together or not at all; default 1 (or the template's).
+    #[schema(minimum = 1, maximum = 4096)]
+    pub replicas: Option<u32>,
+    /// GPUs per rank; default 1 (or the template's).
+    #[schema(minimum = 1, maximum = 64)]
+    pub gpus_per_replica: Option<u32>,
+    /// Required GPU model; empty = any.
+    pub gpu_model: Option<String>,
+    /// Minimum memory per GPU, MiB; 0 = any.
+    pub min_gpu_memory_mib: Option<u64>,
+    /// Program and arguments of each rank (a template's when left out).
+    #[schema(max_items = 256)]
+    pub command: Option<Vec<String>>,
+    /// Extra environment of every rank (over a template's, entry by entry).
+    pub env: Option<BTreeMap<String, String>>,
+    /// Wall-clock limit, seconds; 0 = the queue's default.
+    pub runtime_limit_s: Option<u64>,
+    /// Time between SIGTERM and SIGKILL, seconds; 0 = 60.
+    pub grace_period_s: Option<u64>,
+    /// Retries of a failed job.
+    pub max_retries: Option<u32>,
+    /// Seconds after which a high priority falls back to medium; 0 = never.
+    pub priority_ttl_s: Option<u64>,
+}
+
+impl SubmitSpec {
+    /// The gRPC spec. Without a template, what is left out takes
+    /// [`JobSpec`]'s defaults; with one, it stays unset (zero) so the
+    /// template's value holds.
+    pub fn to_pb(&self, from_template: bool) -> pb::JobSpec {
+        let or_one = |value: Option<u32>| value.unwrap_or(if from_template { 0 } else { 1 });
+        let priority = match self.priority {
+            Some(priority) => priority.to_pb(),
+            None if from_template => pb::Priority::Unspecified,
+            None => Priority::default().to_pb(),
+        };
         pb::JobSpec {
-            name: self.name.clone(),
-            group: self.group.clone(),
-            queue: self.queue.clone(),
-            priority: self.priority.to_pb() as i32,
-            replicas: self.replicas,
-            gpus_per_replica: self.gpus_per_replica,
-            gpu_model: self.gpu_model.clone(),
-            min_gpu_memory_mib: self.min_gpu_memory_mib,
-            command: self.command.clone(),
-            env: self.env.clone().into_iter().collect(),
-            runtime_limit_s: self.runtime_limit_s,
-            grace_period_s: self.grace_period_s,
-            max_retries: self.max_retries,
-            priority_ttl_s: self.priority_ttl_s,
+            name: self.name.clone().unwrap_or_default(),
+            group: self.group.clone().unwrap_or_default(),
+            queue: self.queue.clone().unwrap_or_default(),
+            priority: priority as i32,
+            replicas: or_one(self.replicas),
+            gpus_per_replica: or_one(self.gpus_per_replica),
+            gpu_model: self.gpu_model.clone().unwrap_or_default(),
+            min_gpu_memory_mib: self.min_gpu_memory_mib.unwrap_or(0),
+            command: self.command.clone().unwrap_or_default(),
+            env: self.env.clone().unwrap_or_default().into_iter().collect(),
+            runtime_limit_s: self.runtime_limit_s.unwrap_or(0),
+            grace_period_s: self.grace_period_s.unwrap_or(0),
+            max_retries: self.max_retries.unwrap_or(0),
+            priority_ttl_s: self.priority_ttl_s.unwrap_or(0),
         }
     }
 }
 
-/// A job to submit.
+/// A job to submit: a spec, or a template with what the spec sets over it.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
-    pub spec: JobSpec,
+    /// May be left out with a template.
+    #[serde(default)]
+    pub spec: SubmitSpec,
     /// Idempotency key, at most 128 bytes: a retry with the same key
     /// returns the job created first. Absent or empty: no deduplication.
     #[serde(default)]
@@ -189,16 +241,32 @@ pub struct SubmitRequest {
     /// The command and its arguments are secret too.
     #[serde(default)]
     pub secret_command: bool,
+    /// Labels (cluster version 7 on): at most 16; a key is 1 to 63 bytes of
+    /// `[a-z0-9._/-]` starting with a letter or digit, a value at most 128
+    /// bytes of `[A-Za-z0-9._-]`. Over a template's, key by key.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Make the job from this template (cluster version 7 on): the fields
+    /// the spec sets override the template's. Another group's template
+    /// needs its grant.
+    #[serde(default)]
+    pub template: Option<String>,
+    /// The template's version; absent or 0 = its latest.
+    #[serde(default)]
+    pub template_version: Option<u32>,
 }
 
 impl SubmitRequest {
     pub fn to_pb(&self) -> pb::SubmitJobRequest {
+        let template = self.template.clone().unwrap_or_default();
         pb::SubmitJobRequest {
-            spec: Some(self.spec.to_pb()),
+            spec: Some(self.spec.to_pb(!template.is_empty())),
             request_id: self.request_id.clone().unwrap_or_default(),
             secret_env: self.secret_env.clone(),
             secret_command: self.secret_command,
-            ..Default::default()
+            template,
+            template_version: self.template_version.unwrap_or(0),
+            labels: self.labels.clone().into_iter().collect(),
         }
     }
 }
@@ -267,6 +335,20 @@ pub struct Job {
     /// (0 = the built-in defaults); absent = never placed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy_version: Option<u64>,
+    /// The job's labels (its template's and its own).
+    pub labels: BTreeMap<String, String>,
+    /// The template it was made from; absent = none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// That template's version; 0 = none.
+    pub template_version: u32,
+    /// Every rank of the current attempt has been idle since this
+    /// committed time, Unix ms; 0 = not idle.
+    pub idle_since_ms: u64,
+    /// When the attempt was flagged idle past its queue's idle time, Unix ms; 0 = not flagged.
+    pub idle_flagged_ms: u64,
+    /// GPU-milliseconds the job's attempts have spent idle.
+    pub idle_gpu_ms: u64,
 }
 
 impl From<pb::Job> for Job {
@@ -296,6 +378,12 @@ impl From<pb::Job> for Job {
             last_nodes: job.last_nodes,
             redacted: job.redacted,
             policy_version: job.policy_version,
+            labels: job.labels.into_iter().collect(),
+            template: (!job.template.is_empty()).then_some(job.template),
+            template_version: job.template_version,
+            idle_since_ms: job.idle_since_ms,
+            idle_flagged_ms: job.idle_flagged_ms,
+            idle_gpu_ms: job.idle_gpu_ms,
         }
     }
 }
@@ -313,6 +401,10 @@ pub struct ListJobsQuery {
     pub group: Option<String>,
     /// Only jobs this user submitted.
     pub user: Option<String>,
+    /// Only jobs carrying every one of these labels, `key=value`, comma-separated.
+    pub label: Option<String>,
+    /// Only jobs flagged idle past their queue's idle time (`rota jobs --idle`).
+    pub idle: Option<bool>,
     /// Jobs per page, 1..=500; default 50.
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
@@ -526,6 +618,8 @@ pub struct Quota {
     pub borrowed: u64,
     /// Guaranteed GPUs idle now and available to others.
     pub lendable: u64,
+    /// Of those, GPUs other groups' borrowing jobs hold now.
+    pub lent: u64,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -550,6 +644,7 @@ impl From<pb::ListQuotasResponse> for Quotas {
                     used: status.used,
                     borrowed: status.borrowed,
                     lendable: status.lendable,
+                    lent: status.lent,
                 }
             })
             .collect();
@@ -742,4 +837,12 @@ impl From<pb::Event> for EventMessage {
 pub struct EventsCompacted {
     pub oldest_index: u64,
     pub current_index: u64,
+}
+
+/// The `data` of an SSE `progress` message: every entry through `index`
+/// was read and none had an event of the topics asked for; its `id` is
+/// `index`, where a reconnecting reader resumes.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventsProgress {
+    pub index: u64,
 }
