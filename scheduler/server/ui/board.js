@@ -220,14 +220,7 @@
     const [t, body] = table(["job", "user", "group", "queue", "GPUs", "idle since", "idle for", "idle GPU-hours"], [4, 6, 7]);
     const now = Date.now();
     for (const job of jobs.slice(0, MAX_IDLE_SHOWN)) {
-      const row = body.insertRow();
-      row.dataset.job = job.id;
-      const link = document.createElement("a");
-      link.href = `#job/${job.id}`;
-      link.textContent = job.id;
-      row.insertCell().appendChild(link);
-      cell(row, job.owner);
-      cell(row, job.spec.group);
+      const row = jobRow(body, job);
       cell(row, job.spec.queue);
       cell(row, String(job.spec.replicas * job.spec.gpus_per_replica), "num");
       cell(row, when(job.idle_since_ms));
@@ -702,6 +695,19 @@
 
   // ---------------------------------------------------------------- tables
 
+  // A table row for a job: its id linking to its page, its owner and group.
+  function jobRow(body, job) {
+    const row = body.insertRow();
+    row.dataset.job = job.id;
+    const link = document.createElement("a");
+    link.href = `#job/${job.id}`;
+    link.textContent = job.id;
+    row.insertCell().appendChild(link);
+    cell(row, job.owner);
+    cell(row, job.spec.group);
+    return row;
+  }
+
   function cell(row, text, className) {
     const td = document.createElement("td");
     td.textContent = text;
@@ -747,14 +753,7 @@
       jobs.sort((a, b) => a.id - b.id);
       const [t, body] = table(["job", "user", "group", "GPUs", "reason", "estimated start"], [3]);
       for (const job of jobs.slice(0, 200)) {
-        const row = body.insertRow();
-        row.dataset.job = job.id;
-        const link = document.createElement("a");
-        link.href = `#job/${job.id}`;
-        link.textContent = job.id;
-        row.insertCell().appendChild(link);
-        cell(row, job.owner);
-        cell(row, job.spec.group);
+        const row = jobRow(body, job);
         cell(row, String(job.spec.replicas * job.spec.gpus_per_replica), "num");
         cell(row, job.reason || job.reason_code || "");
         cell(row, job.estimated_start_ms ? when(job.estimated_start_ms) : "unknown");

@@ -149,6 +149,20 @@ pub fn router(ctx: Arc<Context>, limiter: Arc<Limiter>) -> Router {
         })
         .with_state(rest)
         .layer(axum::middleware::from_fn_with_state(sessions, session::authenticate))
+        .layer(axum::middleware::from_fn(read_whole_body))
+}
+
+/// Read every request's body whole (at most [`MAX_BODY_BYTES`]) before any
+/// layer or handler answers it. An answer given while the client still
+/// sends its body (a refusal, or a handler that takes no body, as cancel)
+/// comes with a reset of the HTTP/2 stream, and clients such as curl then
+/// report the reset instead of the answer.
+async fn read_whole_body(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let (parts, body) = request.into_parts();
+    match read_body(&parts.headers, body).await {
+        Ok(bytes) => next.run(axum::extract::Request::from_parts(parts, Body::from(bytes))).await,
+        Err(problem) => problem.into_response(),
+    }
 }
 
 /// Serve the REST API on `listener` until the process ends: TLS with the
