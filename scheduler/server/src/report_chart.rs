@@ -80,13 +80,14 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> Result<(), Box<dyn std::err
         .caption(format!("GPU-hours per day, {} (busy solid, idle light)", month_text(report.month)), ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(36)
-        .y_label_area_size(60)
+        .y_label_area_size(80)
         .build_cartesian_2d(0.5_f64..(days as f64 + 0.5), 0.0_f64..top)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
         .x_desc("day of month (UTC)")
         .y_desc("GPU-hours")
+        .y_label_formatter(&|hours| format!("{:.*}", label_decimals(top), hours))
         .x_labels(days.min(31))
         .x_label_formatter(&|day| format!("{}", day.round() as u32))
         .draw()?;
@@ -115,6 +116,16 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> Result<(), Box<dyn std::err
     Ok(())
 }
 
+/// Decimals that tell the axis' ticks apart when it reaches `top` (a month
+/// of short test jobs is a few millionths of a GPU-hour a day).
+fn label_decimals(top: f64) -> usize {
+    let tick = top / 10.0;
+    if tick <= 0.0 || !tick.is_finite() {
+        return 0;
+    }
+    (-tick.log10()).ceil().clamp(0.0, 9.0) as usize
+}
+
 /// One bar per day with a value, drawn on top of `base`, which then rises by it.
 fn stack_bars(base: &mut [f64], values: impl Iterator<Item = f64>, style: ShapeStyle) -> Vec<Rectangle<(f64, f64)>> {
     let mut bars = Vec::new();
@@ -131,6 +142,14 @@ fn stack_bars(base: &mut [f64], values: impl Iterator<Item = f64>, style: ShapeS
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn axis_labels_have_the_decimals_their_ticks_need() {
+        assert_eq!(label_decimals(0.000_022), 6);
+        assert_eq!(label_decimals(1.1), 1);
+        assert_eq!(label_decimals(110.0), 0);
+        assert_eq!(label_decimals(0.0), 0);
+    }
     use rota_core::report::{DayUse, ReportBy};
     use std::collections::BTreeMap;
 
