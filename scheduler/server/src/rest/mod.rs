@@ -152,17 +152,39 @@ pub fn router(ctx: Arc<Context>, limiter: Arc<Limiter>) -> Router {
         .layer(axum::middleware::from_fn(read_whole_body))
 }
 
+/// Bodies being read at once, over all connections: with [`MAX_BODY_BYTES`]
+/// each, at most 64 MiB of bodies are buffered before anyone is known.
+const MAX_BODY_READS: usize = 64;
+/// A body must arrive within this; a client that trickles it is refused.
+const BODY_READ_TIMEOUT_MS: u64 = 10_000;
+static BODY_READS: Semaphore = Semaphore::const_new(MAX_BODY_READS);
+
 /// Read every request's body whole (at most [`MAX_BODY_BYTES`]) before any
 /// layer or handler answers it. An answer given while the client still
 /// sends its body (a refusal, or a handler that takes no body, as cancel)
 /// comes with a reset of the HTTP/2 stream, and clients such as curl then
-/// report the reset instead of the answer.
+/// report the reset instead of the answer. The reads happen before the
+/// caller is known, so they are bounded in number and time as well as size.
 async fn read_whole_body(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let (parts, body) = request.into_parts();
-    match read_body(&parts.headers, body).await {
+    if axum::body::HttpBody::is_end_stream(&body) {
+        return next.run(axum::extract::Request::from_parts(parts, body)).await;
+    }
+    match read_body_in_time(&parts.headers, body, Duration::from_millis(BODY_READ_TIMEOUT_MS)).await {
         Ok(bytes) => next.run(axum::extract::Request::from_parts(parts, Body::from(bytes))).await,
         Err(problem) => problem.into_response(),
     }
+}
+
+/// [`read_body`] under a permit of [`BODY_READS`], within `timeout`.
+async fn read_body_in_time(headers: &http::HeaderMap, body: Body, timeout: Duration) -> Result<Bytes, Problem> {
+    let reading = async {
+        let _permit = BODY_READS.acquire().await.map_err(|_| Problem::new(StatusCode::SERVICE_UNAVAILABLE, "closing", "shutting down"))?;
+        read_body(headers, body).await
+    };
+    tokio::time::timeout(timeout, reading).await.unwrap_or_else(|_| {
+        Err(Problem::new(StatusCode::REQUEST_TIMEOUT, "body_timeout", format!("the body did not arrive within {} ms", timeout.as_millis())))
+    })
 }
 
 /// Serve the REST API on `listener` until the process ends: TLS with the
@@ -660,6 +682,17 @@ fn sse_frames(message: pb::WatchEventsResponse) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client that opens a body and never finishes it is refused in
+    /// time, and gives its read permit back.
+    #[tokio::test]
+    async fn a_body_that_never_arrives_is_refused_in_time() {
+        let never = futures::stream::pending::<Result<Bytes, std::io::Error>>();
+        let body = Body::from_stream(never);
+        let refused = read_body_in_time(&http::HeaderMap::new(), body, Duration::from_millis(50)).await.unwrap_err();
+        assert_eq!(refused.status, 408, "{refused:?}");
+        assert_eq!(BODY_READS.available_permits(), MAX_BODY_READS);
+    }
 
     #[test]
     fn the_openapi_document_names_every_operation_and_its_problems() {
