@@ -124,6 +124,25 @@ async fn roles_tokens_impersonation_audit_and_redaction() -> Result<()> {
     ensure!(rota.job(&alice, job)?["state"] == "cancelled", "the group admin's cancel took");
     rota.ok(&otto, &["cancel", &bobs.to_string()])?;
 
+    // Priorities: alice may lower her job's but not raise it; her group's
+    // admin raises it; bob may not touch it; an operator sets any.
+    wait_until("cluster version 10 or later", WAIT, || async {
+        Ok(rota.ok(&admin, &["cluster"]).ok().filter(|c| c["cluster_version"].as_u64() >= Some(10)).map(|_| ()))
+    })
+    .await?;
+    let queued = rota.submit(&alice, "vision", &[])?;
+    let queued_id = queued.to_string();
+    rota.refused(&alice, &["priority", &queued_id, "high"], "raising it needs the group-admin role")?;
+    rota.ok(&alice, &["priority", &queued_id, "low"])?;
+    rota.refused(&bob, &["priority", &queued_id, "medium"], "permission denied")?;
+    ensure!(rota.job(&alice, queued)?["priority"] == "low", "refused priority changes changed the job");
+    let raised = rota.ok(&gina, &["priority", &queued_id, "high"])?;
+    ensure!(raised["priority"] == "high", "the group admin raises it: {raised}");
+    rota.ok(&otto, &["priority", &queued_id, "medium"])?;
+    ensure!(rota.job(&alice, queued)?["priority"] == "medium", "the operator's change took");
+    rota.ok(&alice, &["cancel", &queued_id])?;
+    rota.refused(&gina, &["priority", &queued_id, "high"], "has ended")?;
+
     // Queues and users: operators change the first, admins the second.
     rota.refused(&alice, &["queue", "set", "training", "--weight", "2"], "operator")?;
     rota.ok(&otto, &["queue", "set", "training", "--weight", "2"])?;

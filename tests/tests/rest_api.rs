@@ -246,6 +246,26 @@ async fn serves_jobs_cluster_and_audit(rest: &Rest<'_>, alice: Auth, vera: Auth,
     let waiting = rest.post(follower, "/v1/jobs", &alice, &big)?.ok(201)?["job_id"].as_u64().context("job_id")?;
     let why = rest.get(follower, &format!("/v1/jobs/{waiting}/why"), &alice)?.ok(200)?;
     ensure!(why["state"] == "pending" && why["code"].as_str().is_some_and(|c| !c.is_empty()), "why: {why}");
+    // Its owner lowers its priority, may not raise it, and a bad value names the field.
+    let priority = format!("/v1/jobs/{waiting}/priority");
+    let lowered = rest.post(follower, &priority, &alice, &json!({"priority": "low"}))?.ok(200)?;
+    ensure!(lowered["spec"]["priority"] == "low", "{lowered}");
+    rest.post(follower, &priority, &alice, &json!({"priority": "high"}))?.problem(403)?;
+    ensure!(rest.post(follower, &priority, &alice, &json!({"priority": "urgent"}))?.problem(400)?["field"] == "priority");
+    // The same change sent twice under one request id (a retry after a lost
+    // answer) is applied once: one audit record, on the leader that applied
+    // both. Before REST requests were served under their caller's id, each
+    // send was a change of its own and made a record.
+    let once = [("rota-request-id", "rest-lower-once")];
+    let medium = json!({"priority": "medium"}).to_string();
+    for _ in 0..2 {
+        let answer = rest.call(follower, "POST", &priority, &admin, &once, Some(medium.as_bytes()))?;
+        ensure!(answer.ok(200)?["spec"]["priority"] == "medium", "a repeat answers as the first did");
+    }
+    let what = format!("set priority of job {waiting} to medium");
+    let audit = rest.get(leader, "/v1/audit?limit=1000", &admin)?.ok(200)?;
+    let records = audit["records"].as_array().context("records")?.iter().filter(|r| r["what"] == what.as_str()).count();
+    ensure!(records == 1, "{records} audit records of {what:?} for one request id: {audit}");
     let cancelled = rest.post(follower, &format!("/v1/jobs/{waiting}/cancel"), &alice, &json!({}))?.ok(200)?;
     ensure!(cancelled["state"] == "cancelled", "{cancelled}");
     // Cancel takes no body, but one sent late is read before the answer.

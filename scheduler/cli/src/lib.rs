@@ -327,6 +327,17 @@ pub async fn cancel(client: &Client, job_id: u64, format: Format) -> Result<()> 
     Ok(())
 }
 
+pub async fn set_priority(client: &Client, job_id: u64, priority: &str, format: Format) -> Result<()> {
+    let level = Priority::parse(priority).with_context(|| format!("priority {priority:?}: expected high, medium or low"))?;
+    let job = client.set_job_priority(job_id, priority_to_pb(level)).await?;
+    let shown = output::priority_name(job.spec.as_ref().map_or(0, |s| s.priority));
+    match format {
+        Format::Json => println!("{}", serde_json::json!({"job_id": job_id, "priority": shown, "state": output::state_name(job.state)})),
+        Format::Table => println!("job {job_id}: priority {shown}"),
+    }
+    Ok(())
+}
+
 /// The status as the leader sees it (members' matched indexes are known there),
 /// else as the first replica that answers sees it.
 pub async fn cluster_status(client: &Client) -> Result<pb::ClusterStatus> {

@@ -134,6 +134,9 @@ enum Command {
     Sim(rota_cli::sim::SimArgs),
     /// Cancel a job.
     Cancel { job_id: u64 },
+    /// Change the priority of a job not yet finished: high, medium or low.
+    /// Its owner may lower it; its group's admins and operators may set any.
+    Priority { job_id: u64, priority: String },
     /// Print a rank's output, read from the agent of the node that ran it.
     Logs {
         job_id: u64,
@@ -741,6 +744,7 @@ async fn main() -> Result<()> {
         Command::Change { action } => cli::change::change(&client, action, format).await,
         Command::Policy { action } => cli::policy::policy(&client, action, output).await,
         Command::Cancel { job_id } => cli::cancel(&client, job_id, format).await,
+        Command::Priority { job_id, priority } => cli::set_priority(&client, job_id, &priority, format).await,
         Command::Logs { job_id, rank, stderr, follow } => cli::logs(&client, job_id, rank, stderr, follow).await,
         Command::Events { since, topic, max_events } => cli::events(&client, since, topic, max_events, format).await,
         Command::Cluster => cli::cluster(&client, format).await,

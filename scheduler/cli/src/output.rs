@@ -16,7 +16,7 @@ pub fn state_name(state: i32) -> String {
     pb::JobState::try_from(state).map_or("unknown".into(), |s| s.as_str_name().trim_start_matches("JOB_STATE_").to_lowercase())
 }
 
-fn priority_name(priority: i32) -> &'static str {
+pub fn priority_name(priority: i32) -> &'static str {
     match pb::Priority::try_from(priority) {
         Ok(pb::Priority::High) => "high",
         Ok(pb::Priority::Low) => "low",

@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -78,6 +78,12 @@ impl ClientError {
     }
 }
 
+tokio::task_local! {
+    /// The request id of the call this task makes (see `Client::attempts`):
+    /// every attempt of one call carries it, hedged ones included.
+    static CALL_ID: MetadataValue<Ascii>;
+}
+
 /// What a client adds to every request beyond its certificate: a bearer
 /// token (for a client without a certificate) and the user it acts for
 /// (`rota-as`, for portals holding the impersonate permission).
@@ -127,8 +133,8 @@ impl Interceptor for Credentials {
         if let Some(act_as) = &self.act_as {
             request.metadata_mut().insert(wire::ACT_AS_METADATA, act_as.clone());
         }
-        if let Some(id) = &self.request_id {
-            request.metadata_mut().insert(wire::REQUEST_ID_METADATA, id.clone());
+        if let Some(id) = CALL_ID.try_with(Clone::clone).ok().or_else(|| self.request_id.clone()) {
+            request.metadata_mut().insert(wire::REQUEST_ID_METADATA, id);
         }
         Ok(request)
     }
@@ -151,6 +157,8 @@ pub struct Client {
     pub hedge_after: Duration,
     /// The endpoint that answered last: the next call starts there.
     answered: Arc<AtomicUsize>,
+    /// Calls made so far (clones share it), numbering their request ids.
+    calls: Arc<AtomicU64>,
 }
 
 /// No endpoint has answered yet.
@@ -184,6 +192,7 @@ impl Client {
             attempt_timeout: Duration::from_secs(3),
             hedge_after: Duration::from_millis(HEDGE_AFTER_MS),
             answered: Arc::new(AtomicUsize::new(NONE_ANSWERED)),
+            calls: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -267,7 +276,26 @@ impl Client {
         self.attempts(call, self.endpoints.len() > 1).await
     }
 
-    async fn attempts<T, F, Fut>(&self, mut call: F, hedge: bool) -> Result<T, ClientError>
+    /// One call: its attempts all carry the call's own request id, so a
+    /// replica applies the change it asks for once however many attempts
+    /// reach the log.
+    async fn attempts<T, F, Fut>(&self, call: F, hedge: bool) -> Result<T, ClientError>
+    where
+        F: FnMut(usize) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        let id = match self.credentials.request_id.as_ref().and_then(|base| base.to_str().ok()) {
+            Some(base) => wire::call_request_id(base, n),
+            None => wire::new_request_id(),
+        };
+        match MetadataValue::try_from(id) {
+            Ok(id) => CALL_ID.scope(id, self.attempts_of_one_call(call, hedge)).await,
+            Err(_) => self.attempts_of_one_call(call, hedge).await,
+        }
+    }
+
+    async fn attempts_of_one_call<T, F, Fut>(&self, mut call: F, hedge: bool) -> Result<T, ClientError>
     where
         F: FnMut(usize) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
@@ -403,6 +431,17 @@ impl Client {
         self.retrying(|i| {
             let mut jobs = self.jobs_at(i);
             async move { jobs.cancel_job(pb::CancelJobRequest { job_id }).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    /// Change a job's priority (not hedged: one attempt at a time, the
+    /// call's request id making a retry apply it once).
+    pub async fn set_job_priority(&self, job_id: u64, priority: pb::Priority) -> Result<pb::Job, ClientError> {
+        self.retrying(|i| {
+            let mut jobs = self.jobs_at(i);
+            let request = pb::SetJobPriorityRequest { job_id, priority: priority as i32 };
+            async move { jobs.set_job_priority(request).await.map(|r| r.into_inner()) }
         })
         .await
     }

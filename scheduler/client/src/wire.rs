@@ -29,6 +29,24 @@ pub fn new_request_id() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
+/// The id of a client's `n`th call (from 1) under its id `base`: the base
+/// itself for the first, `base.n` after it (the base shortened to keep the
+/// whole within `MAX_REQUEST_ID_BYTES`). A replica applies a change once
+/// per id, so every call needs its own, the same on each of its retries;
+/// numbering from the base makes a rerun of the same commands under the
+/// same id find the changes the first run made.
+pub fn call_request_id(base: &str, n: u64) -> String {
+    if n <= 1 {
+        return base.to_string();
+    }
+    let suffix = format!(".{n}");
+    let mut keep = MAX_REQUEST_ID_BYTES.saturating_sub(suffix.len()).min(base.len());
+    while !base.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!("{}{suffix}", &base[..keep])
+}
+
 /// Request metadata key set on a request forwarded from a follower, so a
 /// request is forwarded at most once.
 pub const FORWARDED_METADATA: &str = "rota-forwarded";
@@ -167,6 +185,16 @@ mod address_tests {
 #[cfg(test)]
 mod request_id_tests {
     use super::*;
+
+    #[test]
+    fn each_call_of_a_client_has_its_own_id_numbered_from_its_base() {
+        assert_eq!(call_request_id("cli-7", 1), "cli-7");
+        assert_eq!(call_request_id("cli-7", 2), "cli-7.2");
+        let long = "a".repeat(MAX_REQUEST_ID_BYTES);
+        let numbered = call_request_id(&long, 1234);
+        assert!(is_request_id(&numbered) && numbered.ends_with(".1234"), "{numbered}");
+        assert_ne!(call_request_id(&long, 12), call_request_id(&long, 13));
+    }
 
     #[test]
     fn request_ids_are_short_plain_tokens() {

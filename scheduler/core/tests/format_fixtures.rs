@@ -78,7 +78,19 @@ fn every_command(version: u16) -> Proposal {
     if version >= 9 {
         proposal.commands.extend(commands_of_format_9());
     }
+    if version >= 10 {
+        proposal.commands.extend(commands_of_format_10());
+    }
     proposal
+}
+
+fn commands_of_format_10() -> Vec<Command> {
+    let audited = |command: Command| Box::new(Command::Audited { actor: admin(), command: Box::new(command) });
+    vec![
+        Command::Once { request_id: "cli-q".into(), command: audited(Command::SetQueue(QueueConfig::defaults()[1].clone())) },
+        Command::Once { request_id: "cli-c".into(), command: audited(Command::CancelJob { job_id: 9 }) },
+        Command::Once { request_id: "cli-p".into(), command: audited(Command::SetJobPriority { job_id: 9, priority: Priority::Low }) },
+    ]
 }
 
 fn commands_of_format_9() -> Vec<Command> {
@@ -364,6 +376,18 @@ fn small_cluster(version: u16) -> ClusterState {
         );
         assert_eq!(results[0], rota_core::state::CommandResult::PlanApplied { placed: 1, rejected: 0, stopped: 0 });
         assert_eq!((state.policy.active, state.policy.history.len(), state.policy.job_versions.get(&job_id)), (1, 2, Some(&2)));
+    }
+    if version >= 10 {
+        state.apply_proposal(17, &Proposal { now_ms: 1_700_000_017_000, commands: vec![Command::SetClusterVersion { version: 10 }] });
+        // A queue change sent twice under one request id: one outcome kept.
+        let queue = QueueConfig { weight: 7, ..QueueConfig::defaults()[1].clone() };
+        let change = Command::Once {
+            request_id: "cli-1".into(),
+            command: Box::new(Command::Audited { actor: admin(), command: Box::new(Command::SetQueue(queue)) }),
+        };
+        let results = state.apply_proposal(18, &Proposal { now_ms: 1_700_000_018_000, commands: vec![change.clone(), change] });
+        assert_eq!(results, vec![rota_core::state::CommandResult::Done; 2]);
+        assert_eq!(state.outcomes.len(), 1);
     }
     state.check_invariants().expect("a consistent fixture");
     state

@@ -222,6 +222,28 @@ impl JobApi {
         Ok(rota_client::records::report_to_pb(&report, truncated))
     }
 
+    async fn set_priority_here(&self, actor: &Actor, message: &pb::SetJobPriorityRequest) -> Result<pb::Job, Failure> {
+        if message.priority == pb::Priority::Unspecified as i32 {
+            return Err(Status::invalid_argument("priority: name one: high, medium or low").into());
+        }
+        let priority = rota_client::convert::priority_from_pb(message.priority).map_err(|r| rejection(&r))?;
+        if self.ctx.read(|state| state.cluster_version()) < rota_core::state::OUTCOMES_FROM_VERSION {
+            return Err(Status::failed_precondition("priority changes need cluster version 10; upgrade every replica first").into());
+        }
+        self.ctx.leader_in_contact()?;
+        let job_id = message.job_id;
+        let command = self.ctx.as_actor(actor, Command::SetJobPriority { job_id, priority });
+        let (_, result) = self.ctx.proposer.propose(command).await?;
+        match result {
+            CommandResult::Done => self
+                .ctx
+                .read(|state| state.jobs.get(&job_id).map(|job| job_for(state, actor, job)))
+                .ok_or_else(|| Status::not_found(format!("job {job_id}")).into()),
+            CommandResult::Rejected(r) => Err(rejection(&r).into()),
+            other => Err(internal("set_job_priority", format!("unexpected result {other:?}")).into()),
+        }
+    }
+
     async fn cancel_here(&self, actor: &Actor, message: &pb::CancelJobRequest) -> Result<pb::CancelJobResponse, Failure> {
         self.ctx.leader_in_contact()?;
         let command = self.ctx.as_actor(actor, Command::CancelJob { job_id: message.job_id });
@@ -346,6 +368,15 @@ impl JobService for JobApi {
         let here = |message| async move { self.report_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.get_report(request).await };
         serve_or_forward("get_report", request, here, forward).await
+    }
+
+    async fn set_job_priority(&self, request: Request<pb::SetJobPriorityRequest>) -> Result<Response<pb::Job>, Status> {
+        let mut request = request;
+        let actor = self.ctx.actor(&mut request).await?;
+        let actor = &actor;
+        let here = |message| async move { self.set_priority_here(actor, &message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.set_job_priority(request).await };
+        serve_or_forward("set_job_priority", request, here, forward).await
     }
 
     async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::CancelJobResponse>, Status> {

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::clock::{proposal_time_ms, wall_clock_ms};
 use crate::replicated::Replicated;
+use rota_core::state::outcomes::OUTCOMES_FROM_VERSION;
 use rota_core::state::{codec, Command, CommandResult, Proposal, TRACED_FROM_VERSION};
 
 /// Commands in one Raft entry at most.
@@ -80,10 +81,19 @@ impl Proposer {
     }
 
     /// The command with the id of the request it serves (see
-    /// `request_id`), once the cluster writes a format that holds it.
+    /// `request_id`), once the cluster writes a format that holds it: a
+    /// person's change under an id its client chose is applied once per
+    /// id (`Once`, see `rota_core::state::outcomes`), anything else only
+    /// carries the id into the replicas' logs (`Traced`).
     fn traced(&self, command: Command) -> Command {
+        let version = self.cluster_version();
+        if version >= OUTCOMES_FROM_VERSION && command.settles_by_request_id() {
+            if let Some(request_id) = crate::request_id::current_from_client() {
+                return Command::Once { request_id, command: Box::new(command) };
+            }
+        }
         match crate::request_id::current() {
-            Some(request_id) if self.cluster_version() >= TRACED_FROM_VERSION => Command::Traced { request_id, command: Box::new(command) },
+            Some(request_id) if version >= TRACED_FROM_VERSION => Command::Traced { request_id, command: Box::new(command) },
             _ => command,
         }
     }

@@ -16,23 +16,42 @@ use tonic::body::Body;
 use tonic::server::NamedService;
 use tracing::Instrument;
 
+/// A request's id, and whether its client chose it (only such an id is
+/// the same on a retry, so only it can make a change happen once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestId {
+    pub id: String,
+    pub from_client: bool,
+}
+
 tokio::task_local! {
     /// The id of the request the current task serves.
-    static CURRENT: String;
+    static CURRENT: RequestId;
 }
 
 /// The id of the request this task serves, if it serves one.
 pub fn current() -> Option<String> {
-    CURRENT.try_with(Clone::clone).ok()
+    CURRENT.try_with(|current| current.id.clone()).ok()
+}
+
+/// The id of the request this task serves, if its client sent it.
+pub fn current_from_client() -> Option<String> {
+    CURRENT.try_with(|current| current.from_client.then(|| current.id.clone())).ok().flatten()
+}
+
+/// Serve `answer` as the request `id` (the REST API's requests, which do
+/// not pass through `Traced`).
+pub async fn serve_as<F: Future>(id: RequestId, answer: F) -> F::Output {
+    CURRENT.scope(id, answer).await
 }
 
 /// The id a request carries if well formed, else a fresh one: a header is
 /// the caller's to choose, so a malformed one (too long, odd characters
 /// that would garble a log line) is replaced rather than refused.
-pub fn choose(header: Option<&HeaderValue>) -> String {
+pub fn choose(header: Option<&HeaderValue>) -> RequestId {
     match header.and_then(|value| value.to_str().ok()) {
-        Some(id) if is_request_id(id) => id.to_string(),
-        _ => new_request_id(),
+        Some(id) if is_request_id(id) => RequestId { id: id.to_string(), from_client: true },
+        _ => RequestId { id: new_request_id(), from_client: false },
     }
 }
 
@@ -69,9 +88,9 @@ where
 
     fn call(&mut self, mut request: http::Request<B>) -> ResponseFuture {
         let id = choose(request.headers().get(REQUEST_ID_METADATA));
-        let header = HeaderValue::from_str(&id).expect("a request id is a valid header value");
+        let header = HeaderValue::from_str(&id.id).expect("a request id is a valid header value");
         request.headers_mut().insert(REQUEST_ID_METADATA, header.clone());
-        let span = tracing::info_span!("request", request_id = %id, method = %request.uri().path());
+        let span = tracing::info_span!("request", request_id = %id.id, method = %request.uri().path());
         let answer = self.inner.call(request);
         let served = CURRENT.scope(id, answer).instrument(span);
         Box::pin(async move {
@@ -88,18 +107,22 @@ mod tests {
 
     #[test]
     fn a_well_formed_id_is_kept_and_any_other_replaced() {
-        assert_eq!(choose(Some(&HeaderValue::from_static("cli-42"))), "cli-42");
+        assert_eq!(choose(Some(&HeaderValue::from_static("cli-42"))), RequestId { id: "cli-42".into(), from_client: true });
         let long = "a".repeat(rota_client::wire::MAX_REQUEST_ID_BYTES + 1);
         for bad in [None, Some(HeaderValue::from_static("a b")), Some(HeaderValue::from_str(&long).expect("ascii"))] {
             let chosen = choose(bad.as_ref());
-            assert!(is_request_id(&chosen) && chosen.len() == 16, "{bad:?} -> {chosen}");
+            assert!(is_request_id(&chosen.id) && chosen.id.len() == 16 && !chosen.from_client, "{bad:?} -> {chosen:?}");
         }
     }
 
     #[tokio::test]
     async fn the_id_is_the_current_one_inside_its_request_only() {
         assert_eq!(current(), None);
-        let seen = CURRENT.scope("r-1".to_string(), async { current() }).await;
-        assert_eq!(seen.as_deref(), Some("r-1"));
+        let given = RequestId { id: "r-1".into(), from_client: true };
+        let seen = CURRENT.scope(given, async { (current(), current_from_client()) }).await;
+        assert_eq!(seen, (Some("r-1".to_string()), Some("r-1".to_string())));
+        let made = RequestId { id: "r-2".into(), from_client: false };
+        let seen = CURRENT.scope(made, async { (current(), current_from_client()) }).await;
+        assert_eq!(seen, (Some("r-2".to_string()), None), "a made-up id cannot match a retry");
     }
 }

@@ -52,6 +52,7 @@ impl ClusterState {
             Command::NodesHeard { nodes } => Ok(self.nodes_heard(nodes)),
             Command::Audited { actor, command } => Ok(self.apply_audited(index, actor, command)),
             Command::Traced { command, .. } => Ok(self.apply(index, command)),
+            Command::Once { request_id, command } => Ok(self.apply_once(index, request_id, command)),
             Command::BootstrapAdmin { name } => self.bootstrap_admin(name),
             Command::GpuXid { node, gpu, xid, at_ms } => self.gpu_xid(index, node, *gpu, *xid, *at_ms),
             Command::GpuReset { node, gpu } => self.gpu_reset(node, *gpu),
@@ -79,6 +80,7 @@ impl ClusterState {
             | Command::ApplyPolicy { .. }
             | Command::PromotePolicy
             | Command::RollbackPolicy { .. }
+            | Command::SetJobPriority { .. }
             | Command::SetQueueIdle { .. } => Err(Rejection::Invalid {
                 field: "command".into(),
                 message: "this command is applied only inside an audited command naming its sender".into(),
@@ -198,6 +200,13 @@ impl ClusterState {
             Command::SetBudget { .. } | Command::RequireApproval { .. } => Action::Operate,
             // Who may approve or withdraw depends on the change (checked in apply).
             Command::ApproveChange { .. } | Command::WithdrawChange { .. } => Action::Read,
+            Command::SetJobPriority { job_id, priority } => match self.jobs.get(job_id) {
+                None => Action::Read,
+                Some(job) => {
+                    let owner = self.auth.job_marks.get(job_id).and_then(|m| m.owner.as_deref());
+                    Action::Reprioritize { owner, group: &job.spec.group, raising: *priority > job.spec.priority }
+                }
+            },
             Command::CancelJob { job_id } => match self.jobs.get(job_id) {
                 // Apply answers NotFound; nothing is revealed by it that a read would not show.
                 None => Action::Read,
@@ -270,6 +279,7 @@ impl ClusterState {
             }
             Command::PromotePolicy => self.promote_policy(),
             Command::RollbackPolicy { to } => self.rollback_policy(*to),
+            Command::SetJobPriority { job_id, priority } => self.set_job_priority(*job_id, *priority),
             other => Ok(self.apply(index, other)),
         }
     }
@@ -460,6 +470,20 @@ impl ClusterState {
         }
         let state = self.jobs[&job_id].state;
         Ok(CommandResult::Cancelled { job_id, state })
+    }
+
+    /// A pending job is ordered by its new priority from the next pass on;
+    /// a running one may preempt, or be preempted, by it.
+    fn set_job_priority(&mut self, job_id: JobId, priority: Priority) -> Result<CommandResult, Rejection> {
+        let job = self.jobs.get_mut(&job_id).ok_or(Rejection::NotFound { what: format!("job {job_id}") })?;
+        if job.state.is_final() {
+            return Err(Rejection::Invalid {
+                field: "job_id".into(),
+                message: format!("job {job_id} has ended ({}); its priority no longer matters", job.state.as_str()),
+            });
+        }
+        job.spec.priority = priority;
+        Ok(CommandResult::Done)
     }
 
     fn register_node(&mut self, index: u64, registration: &NodeRegistration) -> Result<CommandResult, Rejection> {

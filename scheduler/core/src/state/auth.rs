@@ -151,6 +151,13 @@ pub enum Action<'a> {
         owner: Option<&'a str>,
         group: &'a str,
     },
+    /// Change a job's priority: its owner may lower it; raising it is
+    /// for its group's admins and the operators.
+    Reprioritize {
+        owner: Option<&'a str>,
+        group: &'a str,
+        raising: bool,
+    },
     /// Queues, quotas, nodes, drills, alarms, membership.
     Operate,
     /// Users, roles, everyone's tokens, the audit trail.
@@ -219,6 +226,19 @@ impl AuthState {
                     Ok(())
                 } else {
                     Err(format!("{who} ({}) may not administer group {group:?}: it needs the group-admin role in it", user.role.as_str()))
+                }
+            }
+            Action::Reprioritize { owner, group, raising } => {
+                let owns = owner == Some(name) && user.role >= Role::User;
+                let admins = user.role >= Role::GroupAdmin && user.groups.contains(group);
+                if admins || user.role >= Role::Operator || (owns && !raising) {
+                    Ok(())
+                } else if owns {
+                    Err(format!(
+                        "{who} may lower the priority of its own job only: raising it needs the group-admin role in group {group:?}"
+                    ))
+                } else {
+                    Err(format!("{who} may not change the priority of a job of {} in group {group:?}", owner.unwrap_or("nobody")))
                 }
             }
             Action::OwnJob { owner, group } => {
@@ -333,6 +353,22 @@ mod tests {
         assert!(auth.permits(&as_user("gina"), alices).is_ok());
         assert!(auth.permits(&as_user("gina"), Action::OwnJob { owner: Some("bob"), group: "nlp" }).is_err());
         assert!(auth.permits(&as_user("otto"), Action::OwnJob { owner: Some("bob"), group: "nlp" }).is_ok());
+    }
+
+    /// A user may not raise its own job over its group's other jobs; the
+    /// group's admins order the group's work.
+    #[test]
+    fn owners_lower_priorities_and_group_admins_and_operators_set_any() {
+        let auth = state();
+        let change = |raising| Action::Reprioritize { owner: Some("alice"), group: "vision", raising };
+        assert!(auth.permits(&as_user("alice"), change(false)).is_ok());
+        assert!(auth.permits(&as_user("alice"), change(true)).unwrap_err().contains("group-admin role in group \"vision\""));
+        assert!(auth.permits(&as_user("gina"), change(true)).is_ok());
+        assert!(auth.permits(&as_user("otto"), change(true)).is_ok());
+        assert!(auth.permits(&as_user("bob"), change(false)).unwrap_err().contains("may not change the priority"));
+        assert!(auth.permits(&as_user("vera"), change(false)).is_err(), "a viewer in the group changes nothing");
+        let bobs = Action::Reprioritize { owner: Some("bob"), group: "nlp", raising: true };
+        assert!(auth.permits(&as_user("gina"), bobs).is_err(), "another group's admin");
     }
 
     #[test]

@@ -34,6 +34,7 @@
 //! | 7 | `Command::SubmitTagged`, `SaveTemplate`, `DeleteTemplate`, `GrantTemplate`, `SetBudget`, `Traced`, `ReasonCode::BudgetExhausted`; then the templates, job labels, budgets and metered use (`tenancy`) |
 //! | 8 | `Command::RequireApproval`, `ApproveChange`, `WithdrawChange`, `AllocIdle`, `IdleFlagged`, `SetQueueIdle`, `StopReason::IdleReclaimed`, `ReasonCode::IdleReclaimed`; then the approval rules and pending changes (`approvals`), then the idle records, per-job idle GPU-time and queue idle rules (`idle`), then the job statistics of history and reports (`records`) |
 //! | 9 | `Command::ApplyPolicy`, `PromotePolicy`, `RollbackPolicy`; then the policy documents, the active and staged version and each job's version (`policy_doc`) |
+//! | 10 | `Command::Once` (a person's change applied once per sender and request id), `SetJobPriority`; then the request outcomes (`outcomes`) |
 
 use serde::Serialize;
 
@@ -41,7 +42,7 @@ use super::command::Proposal;
 use super::ClusterState;
 
 /// The newest format this build reads (and writes, once the cluster runs it).
-pub const FORMAT_VERSION: u16 = 9;
+pub const FORMAT_VERSION: u16 = 10;
 pub use super::command::FIRST_FORMAT_VERSION;
 const MAGIC: &[u8; 4] = b"rota";
 const HEADER_BYTES: usize = 6;
@@ -154,6 +155,11 @@ pub fn encode_snapshot(state: &ClusterState) -> Vec<u8> {
     } else {
         debug_assert!(state.policy == Default::default(), "policy documents exist from format 9 on");
     }
+    if version >= 10 {
+        bincode::serialize_into(&mut bytes, &state.outcomes).expect("request outcomes encode");
+    } else {
+        debug_assert!(state.outcomes == Default::default(), "request outcomes exist from format 10 on");
+    }
     bytes
 }
 
@@ -212,6 +218,9 @@ pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterStat
     }
     if version >= 9 {
         state.policy = read_part(what, &mut reader)?;
+    }
+    if version >= 10 {
+        state.outcomes = read_part(what, &mut reader)?;
     }
     if !reader.is_empty() {
         return Err(CodecError::Corrupt { what, detail: format!("{} bytes after the state", reader.len()) });
@@ -279,7 +288,8 @@ mod tests {
             + bincode::serialize(&state.approvals).unwrap().len()
             + bincode::serialize(&state.idle).unwrap().len()
             + bincode::serialize(&state.records).unwrap().len()
-            + bincode::serialize(&state.policy).unwrap().len();
+            + bincode::serialize(&state.policy).unwrap().len()
+            + bincode::serialize(&state.outcomes).unwrap().len();
         let mut hostile = bytes[..bytes.len() - tail_len].to_vec();
         hostile.extend_from_slice(&1u64.to_le_bytes());
         hostile.extend_from_slice(&((1u64 << 39) - 1).to_le_bytes());

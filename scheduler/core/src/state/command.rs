@@ -10,7 +10,9 @@ use super::auth::{Actor, Role};
 use super::idle::IdlePolicy;
 use super::policy_doc::{CanaryScope, PolicyDocument};
 use super::tenancy::{Month, TemplateRef};
-use super::types::{AlarmKind, AllocId, ChangeKind, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, QueueConfig, ReasonCode, StopReason};
+use super::types::{
+    AlarmKind, AllocId, ChangeKind, GpuInfo, GroupQuota, JobId, JobReason, JobSpec, Priority, QueueConfig, ReasonCode, StopReason,
+};
 
 /// The format of every entry whose commands existed in the first layout,
 /// and of a cluster that has not raised its version yet (see `codec`).
@@ -284,10 +286,27 @@ pub enum Command {
     RollbackPolicy {
         to: Option<u64>,
     },
+    /// A person's change with the request id its client sent (format 10
+    /// on, outermost, in place of `Traced`): applied once per sender and
+    /// id, a repeat getting the first outcome back (see `outcomes`).
+    Once {
+        request_id: String,
+        command: Box<Command>,
+    },
+    /// Change the priority of a job not yet finished (format 10 on, inside
+    /// `Audited`): its owner may lower it, its group's admins and the
+    /// operators may set any.
+    SetJobPriority {
+        job_id: JobId,
+        priority: Priority,
+    },
 }
 
 /// The first format with `Command::Traced`.
 pub const TRACED_FROM_VERSION: u16 = 7;
+/// The first cluster version whose replicas keep request outcomes and
+/// apply `Command::Once` (see `outcomes`) and `Command::SetJobPriority`.
+pub const OUTCOMES_FROM_VERSION: u16 = 10;
 /// The first cluster version whose replicas keep pending changes and apply
 /// the commands that need and give approval (see `approvals`).
 pub const APPROVALS_FROM_VERSION: u16 = 8;
@@ -304,19 +323,35 @@ impl Command {
     #[inline(never)]
     pub fn min_format(&self) -> u16 {
         match self {
+            // A wrapper is as new as what it holds: an older replica must
+            // refuse the entry (TooNew), never misread it.
+            Command::Audited { command, .. } => command.min_format().max(5),
+            Command::Traced { command, .. } => command.min_format().max(TRACED_FROM_VERSION),
+            Command::Once { command, .. } => command.min_format().max(OUTCOMES_FROM_VERSION),
+            Command::ApplyPlan(plan) => plan.min_format(),
+            other => other.own_format(),
+        }
+    }
+
+    /// The format that introduced this command's own variant. Every variant
+    /// is named, with no catch-all arm: a release build of one match with a
+    /// catch-all, wrappers and this together returned 5 for `CancelJob`
+    /// (its debug build returned 1); split and exhaustive, both agree
+    /// (`codec::tests` and the fixtures check every variant).
+    #[inline(never)]
+    fn own_format(&self) -> u16 {
+        match self {
             Command::SetClusterVersion { .. } => 2,
             Command::SetAlarm { .. } => 3,
             Command::NodesHeard { .. } => 4,
-            // The sender's wrapper is as new as what it holds: an older
-            // replica must refuse the entry (TooNew), never misread it.
-            Command::Audited { command, .. } => command.min_format().max(5),
             Command::SubmitMarked { .. }
             | Command::SetUser { .. }
             | Command::RemoveUser { .. }
             | Command::CreateToken { .. }
             | Command::RevokeToken { .. }
             | Command::BootstrapAdmin { .. }
-            | Command::Note { .. } => 5,
+            | Command::Note { .. }
+            | Command::Audited { .. } => 5,
             Command::GpuXid { .. } | Command::GpuReset { .. } | Command::ReadmitNode { .. } | Command::FenceNode { .. } => {
                 super::faults::FAULTS_FROM_VERSION
             }
@@ -324,24 +359,68 @@ impl Command {
             | Command::SaveTemplate { .. }
             | Command::DeleteTemplate { .. }
             | Command::GrantTemplate { .. }
-            | Command::SetBudget { .. } => super::tenancy::TENANCY_FROM_VERSION,
+            | Command::SetBudget { .. }
+            | Command::Traced { .. } => super::tenancy::TENANCY_FROM_VERSION,
             Command::AllocIdle { .. } | Command::IdleFlagged { .. } | Command::SetQueueIdle { .. } => super::idle::IDLE_FROM_VERSION,
-            Command::ApplyPlan(plan) => plan.min_format(),
-            Command::Traced { command, .. } => command.min_format().max(TRACED_FROM_VERSION),
             Command::RequireApproval { .. } | Command::ApproveChange { .. } | Command::WithdrawChange { .. } => APPROVALS_FROM_VERSION,
             Command::ApplyPolicy { .. } | Command::PromotePolicy | Command::RollbackPolicy { .. } => {
                 super::policy_doc::POLICY_DOC_FROM_VERSION
             }
-            _ => FIRST_FORMAT_VERSION,
+            Command::Once { .. } | Command::SetJobPriority { .. } => OUTCOMES_FROM_VERSION,
+            Command::SubmitJob { .. }
+            | Command::CancelJob { .. }
+            | Command::RegisterNode(_)
+            | Command::NodeHealth { .. }
+            | Command::DrainNode { .. }
+            | Command::NodeDown { .. }
+            | Command::ApplyPlan(_)
+            | Command::AllocStarted { .. }
+            | Command::AllocExited { .. }
+            | Command::Checkpoint { .. }
+            | Command::SetQueue(_)
+            | Command::SetQuota(_)
+            | Command::AllocLost { .. } => FIRST_FORMAT_VERSION,
         }
     }
 
     /// The command itself, without the request id and sender it may carry.
     pub fn unwrapped(&self) -> &Command {
         match self {
-            Command::Traced { command, .. } | Command::Audited { command, .. } => command.unwrapped(),
+            Command::Traced { command, .. } | Command::Audited { command, .. } | Command::Once { command, .. } => command.unwrapped(),
             other => other,
         }
+    }
+
+    /// Is this a change a person makes whose repeat under one request id
+    /// must not apply twice (see `outcomes`)? Submits have their own table;
+    /// what agents and the leader send is not sent under a person's id.
+    pub fn settles_by_request_id(&self) -> bool {
+        matches!(
+            self.unwrapped(),
+            Command::CancelJob { .. }
+                | Command::SetJobPriority { .. }
+                | Command::DrainNode { .. }
+                | Command::SetQueue(_)
+                | Command::SetQuota(_)
+                | Command::SetAlarm { .. }
+                | Command::SetUser { .. }
+                | Command::RemoveUser { .. }
+                | Command::CreateToken { .. }
+                | Command::RevokeToken { .. }
+                | Command::ReadmitNode { .. }
+                | Command::FenceNode { .. }
+                | Command::SaveTemplate { .. }
+                | Command::DeleteTemplate { .. }
+                | Command::GrantTemplate { .. }
+                | Command::SetBudget { .. }
+                | Command::RequireApproval { .. }
+                | Command::ApproveChange { .. }
+                | Command::WithdrawChange { .. }
+                | Command::SetQueueIdle { .. }
+                | Command::ApplyPolicy { .. }
+                | Command::PromotePolicy
+                | Command::RollbackPolicy { .. }
+        )
     }
 }
 
@@ -375,6 +454,7 @@ impl Command {
                 format!("remove budget of group {group} for {}", super::tenancy::month_text(*month))
             }
             Command::CancelJob { job_id } => format!("cancel job {job_id}"),
+            Command::SetJobPriority { job_id, priority } => format!("set priority of job {job_id} to {}", priority.as_str()),
             Command::DrainNode { node, drain } => format!("{} node {node}", if *drain { "drain" } else { "undrain" }),
             Command::SetQueue(queue) => format!("set queue {}", queue.name),
             Command::SetQueueIdle { queue, idle } => {
@@ -410,7 +490,7 @@ impl Command {
             Command::PromotePolicy => "promote the staged policy document".into(),
             Command::RollbackPolicy { to: Some(version) } => format!("roll the policy back to version {version}"),
             Command::RollbackPolicy { to: None } => "roll the policy back".into(),
-            Command::Audited { command, .. } | Command::Traced { command, .. } => command.audit_summary(),
+            Command::Audited { command, .. } | Command::Traced { command, .. } | Command::Once { command, .. } => command.audit_summary(),
             other => format!("{:?}", std::mem::discriminant(other)),
         }
     }

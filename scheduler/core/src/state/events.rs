@@ -235,8 +235,11 @@ impl ClusterState {
         let mut results = Vec::with_capacity(proposal.commands.len());
         for command in &proposal.commands {
             let probe = self.probe(command);
+            let repeat = self.repeats_an_outcome(command);
             let result = self.apply(index, command);
-            self.derive(index, command, &result, probe, events);
+            if !repeat {
+                self.derive(index, command, &result, probe, events);
+            }
             results.push(result);
         }
         self.derive_budgets(index, budgets, events);

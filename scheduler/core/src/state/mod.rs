@@ -19,6 +19,7 @@ pub mod events;
 pub mod faults;
 pub mod gpu_model;
 pub mod idle;
+pub mod outcomes;
 pub mod policy_doc;
 pub mod records;
 pub mod tenancy;
@@ -138,6 +139,10 @@ pub struct ClusterState {
     /// on, written after the job statistics.
     #[serde(skip)]
     pub policy: policy_doc::PolicyState,
+    /// What people's changes produced, by sender and request id. Kept from
+    /// format 10 on, written after the policy documents.
+    #[serde(skip)]
+    pub outcomes: outcomes::OutcomeState,
     /// Records of jobs this replica dropped, for its archive (not
     /// replicated; see `records::ArchiveOutbox`).
     #[serde(skip)]
@@ -179,6 +184,7 @@ impl ClusterState {
             idle: idle::IdleState::default(),
             records: records::RecordsState::default(),
             policy: policy_doc::PolicyState::default(),
+            outcomes: outcomes::OutcomeState::default(),
             archive_outbox: records::ArchiveOutbox::default(),
         }
     }
@@ -297,6 +303,7 @@ impl ClusterState {
         if let Some(job_id) = self.policy.job_versions.keys().find(|id| !self.jobs.contains_key(id)) {
             return Err(format!("job {job_id} has a policy version but is not held"));
         }
+        self.outcomes.check()?;
         if self.cluster_version() >= tenancy::TENANCY_FROM_VERSION {
             let mut running: BTreeMap<&str, u64> = BTreeMap::new();
             for alloc in self.allocs.values() {

@@ -141,6 +141,26 @@ fn cancel_pending_and_running_jobs() {
     assert_eq!(state.jobs[&2].state, JobState::Cancelled);
 }
 
+/// A priority change reaches the job's spec while it is held, and is
+/// refused (naming the job) once it ended or without the sender's name.
+#[test]
+fn a_held_jobs_priority_changes_and_an_ended_jobs_does_not() {
+    let mut state = ClusterState { cluster_version: OUTCOMES_FROM_VERSION, ..ClusterState::default() };
+    let otto = auth::Actor::unchecked("127.0.0.1:1");
+    let set = |job_id, priority| Command::Audited { actor: otto.clone(), command: Box::new(Command::SetJobPriority { job_id, priority }) };
+    submit(&mut state, "p", gang(1, 1));
+    let results = run(&mut state, vec![set(1, Priority::High), set(99, Priority::Low)]);
+    assert_eq!(results[0], CommandResult::Done);
+    assert!(matches!(results[1], CommandResult::Rejected(Rejection::NotFound { .. })), "{results:?}");
+    assert_eq!(state.jobs[&1].spec.priority, Priority::High);
+    let bare = run(&mut state, vec![Command::SetJobPriority { job_id: 1, priority: Priority::Low }]);
+    assert!(matches!(&bare[0], CommandResult::Rejected(Rejection::Invalid { field, .. }) if field == "command"), "{bare:?}");
+    run(&mut state, vec![Command::CancelJob { job_id: 1 }]);
+    let ended = run(&mut state, vec![set(1, Priority::Low)]);
+    assert!(matches!(&ended[0], CommandResult::Rejected(Rejection::Invalid { field, .. }) if field == "job_id"), "{ended:?}");
+    assert_eq!(state.jobs[&1].spec.priority, Priority::High);
+}
+
 /// Job 1, a gang of 2 x 4 GPUs, running on nodes a and b (GPUs 0-3 of each).
 fn running_gang_on_a_and_b() -> ClusterState {
     let mut state = ClusterState::default();

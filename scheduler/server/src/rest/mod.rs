@@ -29,6 +29,7 @@ use axum::{Json, Router};
 use futures::StreamExt;
 use http::{header, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
+use rota_client::wire::REQUEST_ID_METADATA;
 use rota_proto::v1 as pb;
 use rota_proto::v1::auth_service_server::AuthService;
 use rota_proto::v1::cluster_service_server::ClusterService;
@@ -37,6 +38,7 @@ use rota_proto::v1::job_service_server::JobService;
 use rota_tls::{ConnInfo, Security};
 use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 use utoipa::OpenApi;
 
 use crate::limits::{limited_caller, Class, Limiter, Permit};
@@ -90,7 +92,7 @@ type Shared = State<Arc<Rest>>;
         Authenticate with `Authorization: Bearer TOKEN` (from `rota token create`) or a user certificate. \
         Errors are RFC 9457 problems (application/problem+json)."),
     paths(
-        submit_job, list_jobs, get_job, cancel_job, why_job, job_logs, list_nodes, list_queues, list_quotas, get_usage, get_cluster,
+        submit_job, list_jobs, get_job, cancel_job, set_job_priority, why_job, job_logs, list_nodes, list_queues, list_quotas, get_usage, get_cluster,
         list_audit, watch_events, history::get_history, history::get_report
     ),
     components(schemas(Problem, LogStream, JobState, EventMessage, EventsCompacted, EventsProgress)),
@@ -131,6 +133,7 @@ pub fn router(ctx: Arc<Context>, limiter: Arc<Limiter>) -> Router {
         .route("/v1/jobs", post(submit_job).get(list_jobs))
         .route("/v1/jobs/{job_id}", get(get_job))
         .route("/v1/jobs/{job_id}/cancel", post(cancel_job))
+        .route("/v1/jobs/{job_id}/priority", post(set_job_priority))
         .route("/v1/jobs/{job_id}/why", get(why_job))
         .route("/v1/jobs/{job_id}/logs", get(job_logs))
         .route("/v1/nodes", get(list_nodes))
@@ -150,6 +153,20 @@ pub fn router(ctx: Arc<Context>, limiter: Arc<Limiter>) -> Router {
         .with_state(rest)
         .layer(axum::middleware::from_fn_with_state(sessions, session::authenticate))
         .layer(axum::middleware::from_fn(read_whole_body))
+        .layer(axum::middleware::from_fn(with_request_id))
+}
+
+/// Serve a request under the id its caller sent (`rota-request-id`, as
+/// over gRPC) or a fresh one, and answer with it: the id names the
+/// request's log lines, and a change sent twice under one id by its caller
+/// (a retry after a lost answer) is applied once.
+async fn with_request_id(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let id = crate::request_id::choose(request.headers().get(REQUEST_ID_METADATA));
+    let header = HeaderValue::from_str(&id.id).expect("a request id is a valid header value");
+    let span = tracing::info_span!("request", request_id = %id.id, method = %request.method(), path = %request.uri().path());
+    let mut response = crate::request_id::serve_as(id, next.run(request)).instrument(span).await;
+    response.headers_mut().insert(REQUEST_ID_METADATA, header);
+    response
 }
 
 /// Bodies being read at once, over all connections: with [`MAX_BODY_BYTES`]
@@ -418,6 +435,31 @@ async fn cancel_job(State(rest): Shared, caller: Caller, Path(raw_id): Path<Stri
     let job_id = job_id(&raw_id)?;
     let answer = rest.jobs.cancel_job(caller.inbound.request(pb::CancelJobRequest { job_id })).await?.into_inner();
     Ok(Json(Cancelled { job_id, state: JobState::from_pb(answer.state) }))
+}
+
+#[utoipa::path(
+    post, path = "/v1/jobs/{job_id}/priority", tag = "jobs",
+    params(("job_id" = u64, Path, description = "The job's id", minimum = 1)),
+    request_body = PriorityChange,
+    responses(
+        (status = 200, description = "The job with its new priority", body = Job),
+        (status = 400, description = "Bad input, or the job has ended", body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Only the job's group admins and operators raise a priority; its owner may lower it", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
+        (status = 409, body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The body is over 1 MiB", body = Problem, content_type = "application/problem+json"),
+        (status = 429, body = Problem, content_type = "application/problem+json"),
+        (status = 503, body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn set_job_priority(State(rest): Shared, parts: Parts, Path(raw_id): Path<String>, body: Body) -> Result<Json<Job>, Problem> {
+    let bytes = read_body(&parts.headers, body).await;
+    let (inbound, _permit) = admit(&rest, &parts, false)?;
+    let job_id = job_id(&raw_id)?;
+    let change: PriorityChange = parse_json(&bytes?)?;
+    let job = rest.jobs.set_job_priority(inbound.request(change.to_pb(job_id))).await?.into_inner();
+    Ok(Json(Job::from(job)))
 }
 
 #[utoipa::path(

@@ -423,6 +423,19 @@ pub struct JobPage {
     pub next_cursor: Option<String>,
 }
 
+/// A job's new priority (`POST /v1/jobs/{job_id}/priority`).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PriorityChange {
+    pub priority: Priority,
+}
+
+impl PriorityChange {
+    pub fn to_pb(&self, job_id: u64) -> pb::SetJobPriorityRequest {
+        pb::SetJobPriorityRequest { job_id, priority: self.priority.to_pb() as i32 }
+    }
+}
+
 /// A cancelled job.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Cancelled {
