@@ -517,6 +517,17 @@ class Client:
         answer = self._unary(self._jobs, "CancelJob", pb.CancelJobRequest(job_id=_job_id(job_id)), hedge=False)
         return state_from_pb(answer.state)  # type: ignore[attr-defined]
 
+    def set_priority(self, job_id: int, priority: Union[str, Priority]) -> Job:
+        """Change the priority of a job that has not ended; the job as it is
+        now. Its owner may lower it; its group's admins and the operators
+        may set any (PermissionDenied otherwise)."""
+        wanted = Priority.parse(priority, "priority")
+        request = pb.SetJobPriorityRequest(job_id=_job_id(job_id), priority=priority_to_pb(wanted))
+        # Not hedged: one attempt at a time. Its retries share the call's
+        # request id, so a replica applies the change once however many
+        # of them reach the log.
+        return Job.from_pb(self._unary(self._jobs, "SetJobPriority", request, hedge=False))
+
     def jobs(
         self,
         *,
