@@ -6,6 +6,12 @@ turn, jumps to a leader a replica named, and backs off between rounds,
 until the call's deadline (`timeout_s`): a failover looks like a short
 delay, never like an error. A submit carries one request id over all its
 retries, so a retried submit never makes a second job.
+
+A call that may run twice with one effect (a read, or a submit, which its
+request id makes exactly-once) that is unanswered after `hedge_after_s` is
+also sent to the next replica (see rota_client.hedging): a replica that
+hangs costs a quarter of a second, not an attempt's timeout. A call that
+must not run twice (a cancel) is never hedged: one attempt at a time.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from rota_client.errors import (
     status_message,
     trailing,
 )
+from rota_client.hedging import HEDGE_AFTER_S, Verdict, hedged_round
 from rota_client.retry import Backoff, is_failover, next_target
 from rota_client.types import (
     EVENT_TOPICS,
@@ -52,6 +59,9 @@ from rota_client.types import (
 )
 
 T = TypeVar("T")
+#: One round of attempts: the endpoint whose answer it is, how many
+#: attempts it sent, and the answer (a value, or the error it failed with).
+_RoundOutcome = Tuple[int, int, Union[T, grpc.RpcError]]
 PathOrBytes = Union[str, "os.PathLike[str]", bytes]
 
 #: Response metadata carrying the leader's address on UNAVAILABLE.
@@ -197,6 +207,8 @@ class Client:
     started `--insecure`. `act_as`: the user to act for (`rota-as`; needs
     the impersonate permission). `timeout_s`: how long one call keeps
     retrying through failovers; `attempt_timeout_s`: one attempt's limit.
+    `hedge_after_s`: a read or a submit unanswered this long is also sent
+    to the next replica, the first answer winning (0 or None: never).
 
     The server's certificate is checked against the CA and the endpoint's
     host name. Any certificate of the cluster's CA valid for that host
@@ -221,6 +233,7 @@ class Client:
         insecure: bool = False,
         timeout_s: float = 30.0,
         attempt_timeout_s: float = 3.0,
+        hedge_after_s: Optional[float] = HEDGE_AFTER_S,
         server_names: Optional[Union[Mapping[str, Union[str, int]], Sequence[Union[str, int]]]] = None,
     ) -> None:
         self.endpoints: List[str] = _endpoints(endpoints)
@@ -228,8 +241,12 @@ class Client:
             raise ConfigError(f"timeout_s: must be above 0, not {timeout_s}", field="timeout_s")
         if not attempt_timeout_s > 0:
             raise ConfigError(f"attempt_timeout_s: must be above 0, not {attempt_timeout_s}", field="attempt_timeout_s")
+        if hedge_after_s is not None and not hedge_after_s >= 0:
+            raise ConfigError(f"hedge_after_s: must be 0 or more (or None), not {hedge_after_s}", field="hedge_after_s")
         self.timeout_s = float(timeout_s)
         self.attempt_timeout_s = float(attempt_timeout_s)
+        # None: calls are never hedged.
+        self.hedge_after_s: Optional[float] = float(hedge_after_s) if hedge_after_s else None
         metadata: List[Tuple[str, str]] = []
         if token is not None:
             metadata.append(("authorization", f"Bearer {_printable('token', token.strip())}"))
@@ -279,43 +296,105 @@ class Client:
 
     def _retrying(self, attempt: Callable[[int, float], T]) -> T:
         """Run `attempt(endpoint_index, attempt_timeout_s)` until it answers,
-        fails for a reason no retry changes, or the deadline passes."""
+        fails for a reason no retry changes, or the deadline passes. One
+        attempt at a time: for calls that must not run twice, and streams."""
+
+        def one_at_a_time(target: int, timeout_s: float) -> "_RoundOutcome[T]":
+            try:
+                return target, 1, attempt(target, timeout_s)
+            except grpc.RpcError as error:
+                return target, 1, error
+
+        return self._rounds(one_at_a_time)
+
+    def _hedged(self, start: Callable[[int, float], "grpc.Future"]) -> object:
+        """As `_retrying`, for a call that may run twice with one effect:
+        `start(endpoint_index, timeout_s)` sends an attempt without waiting
+        for it, and each round is hedged (see rota_client.hedging)."""
+        hedge_after_s = self.hedge_after_s
+        if hedge_after_s is None or len(self.endpoints) < 2:
+            return self._retrying(lambda i, timeout_s: start(i, timeout_s).result())
+
+        def hedged(target: int, timeout_s: float) -> "_RoundOutcome[object]":
+            done = hedged_round(
+                start,
+                target,
+                len(self.endpoints),
+                verdict=_verdict,
+                leader_of=self._leader_index,
+                hedge_after_s=hedge_after_s,
+                timeout_s=timeout_s,
+            )
+            return done.endpoint, done.sent, _outcome(done.settled)
+
+        return self._rounds(hedged)
+
+    def _rounds(self, round_: Callable[[int, float], "_RoundOutcome[T]"]) -> T:
+        """Run `round_(endpoint_index, attempt_timeout_s)` (one attempt, or
+        a hedged round of them) until it answers, fails for a reason no
+        retry changes, or the deadline passes."""
         started = time.monotonic()
         with self._lock:
             target = self._preferred
         backoff = Backoff()
         attempts = 0
         while True:
-            attempts += 1
             remaining = self.timeout_s - (time.monotonic() - started)
-            try:
-                result = attempt(target, max(0.05, min(self.attempt_timeout_s, remaining)))
-            except grpc.RpcError as error:
-                code = status_code(error)
-                wait_ms = _retry_after_ms(error) if code == grpc.StatusCode.RESOURCE_EXHAUSTED else None
-                if not is_failover(code) and wait_ms is None:
-                    raise from_rpc_error(error) from None
-                elapsed = time.monotonic() - started
-                if elapsed >= self.timeout_s:
-                    raise _gave_up(error, attempts, elapsed) from None
-                remaining = self.timeout_s - elapsed
-                if wait_ms is not None:
-                    time.sleep(min(wait_ms / 1000.0, remaining))
-                    continue
-                target, back_off = next_target(target, self.endpoints, trailing(error, LEADER_METADATA))
-                if back_off:
-                    time.sleep(min(backoff.next_delay_ms() / 1000.0, remaining))
+            answered_by, sent, outcome = round_(target, max(0.05, min(self.attempt_timeout_s, remaining)))
+            attempts += sent
+            if not isinstance(outcome, grpc.RpcError):
+                with self._lock:
+                    self._preferred = answered_by
+                return outcome
+            error = outcome
+            code = status_code(error)
+            wait_ms = _retry_after_ms(error) if code == grpc.StatusCode.RESOURCE_EXHAUSTED else None
+            if not is_failover(code) and wait_ms is None:
+                raise from_rpc_error(error) from None
+            elapsed = time.monotonic() - started
+            if elapsed >= self.timeout_s:
+                raise _gave_up(error, attempts, elapsed) from None
+            remaining = self.timeout_s - elapsed
+            if wait_ms is not None:
+                # Refused by the caller's own limits: the same replica
+                # takes it after the wait it named.
+                target = answered_by
+                time.sleep(min(wait_ms / 1000.0, remaining))
                 continue
-            with self._lock:
-                self._preferred = target
-            return result
+            target, back_off = next_target(answered_by, self.endpoints, trailing(error, LEADER_METADATA))
+            if back_off:
+                time.sleep(min(backoff.next_delay_ms() / 1000.0, remaining))
+
+    def _leader_index(self, attempt: "grpc.Future") -> Optional[int]:
+        """The endpoint of the leader a failed attempt's answer names, if it is one of ours."""
+        error = _error_of(attempt)
+        leader = trailing(error, LEADER_METADATA) if error is not None else None
+        return self.endpoints.index(leader) if leader in self.endpoints else None
 
     def _call_metadata(self, request_id: Optional[str] = None) -> Tuple[Tuple[str, str], ...]:
         """The client's metadata and one call's request id (kept over its retries)."""
         return self._metadata + ((REQUEST_ID_METADATA, _trace_id(request_id)),)
 
-    def _unary(self, stubs: Sequence[object], method: str, request: object, request_id: Optional[str] = None) -> object:
+    def _unary(
+        self,
+        stubs: Sequence[object],
+        method: str,
+        request: object,
+        request_id: Optional[str] = None,
+        *,
+        hedge: bool = True,
+    ) -> object:
+        """Call `method` with the usual retries; hedged unless `hedge` is
+        False (a call that must not run twice). Every attempt carries the
+        same metadata, the request id included."""
         metadata = self._call_metadata(request_id)
+        if hedge:
+
+            def start(i: int, timeout_s: float) -> "grpc.Future":
+                call = getattr(stubs[i], method)
+                return call.future(request, timeout=timeout_s, metadata=metadata)
+
+            return self._hedged(start)
 
         def attempt(i: int, timeout_s: float) -> object:
             call = getattr(stubs[i], method)
@@ -354,8 +433,9 @@ class Client:
         (default "default") and `queue` (default "training").
 
         The answer comes once the job is committed on a quorum. `request_id`
-        (random when not given) is sent with every retry of this call, so a
-        retry through a failover returns the job the first attempt made; a
+        (random when not given) is sent with every retry and hedged attempt
+        of this call, so a retry through a failover returns the job the
+        first attempt made; a
         later submit with the same id returns that job too
         (`deduplicated=True`), and one with the same id and another spec
         raises AlreadyExists. `secret_env` is added to the environment and
@@ -433,8 +513,20 @@ class Client:
     def cancel(self, job_id: int) -> JobState:
         """Cancel a job; its state after the cancel (a running job is
         STOPPING until its ranks have exited)."""
-        answer = self._unary(self._jobs, "CancelJob", pb.CancelJobRequest(job_id=_job_id(job_id)))
+        # Not hedged: a cancel carries no request id to make a second one harmless.
+        answer = self._unary(self._jobs, "CancelJob", pb.CancelJobRequest(job_id=_job_id(job_id)), hedge=False)
         return state_from_pb(answer.state)  # type: ignore[attr-defined]
+
+    def set_priority(self, job_id: int, priority: Union[str, Priority]) -> Job:
+        """Change the priority of a job that has not ended; the job as it is
+        now. Its owner may lower it; its group's admins and the operators
+        may set any (PermissionDenied otherwise)."""
+        wanted = Priority.parse(priority, "priority")
+        request = pb.SetJobPriorityRequest(job_id=_job_id(job_id), priority=priority_to_pb(wanted))
+        # Not hedged: one attempt at a time. Its retries share the call's
+        # request id, so a replica applies the change once however many
+        # of them reach the log.
+        return Job.from_pb(self._unary(self._jobs, "SetJobPriority", request, hedge=False))
 
     def jobs(
         self,
@@ -674,6 +766,51 @@ def _list_request(
         user=user or "",
         before_id=before_id or 0,
     )
+
+
+class _NoAnswer(grpc.RpcError):
+    """A failover error made up by the client: an attempt that never
+    settled, or one cancelled under it (the client was closed)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self._code = code
+        self._message = message
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._message
+
+    def trailing_metadata(self) -> Tuple[Tuple[str, str], ...]:
+        return ()
+
+
+def _error_of(attempt: "grpc.Future") -> Optional[grpc.RpcError]:
+    """The error a settled attempt failed with (None: it succeeded)."""
+    try:
+        error = attempt.exception()
+    except grpc.FutureCancelledError:
+        return _NoAnswer(grpc.StatusCode.CANCELLED, "the attempt was cancelled")
+    if error is None:
+        return None
+    if isinstance(error, grpc.RpcError):
+        return error
+    return _NoAnswer(grpc.StatusCode.UNKNOWN, str(error))
+
+
+def _verdict(attempt: "grpc.Future") -> Verdict:
+    error = _error_of(attempt)
+    return Verdict.FAILOVER if error is not None and is_failover(status_code(error)) else Verdict.ANSWER
+
+
+def _outcome(attempt: "Optional[grpc.Future]") -> Union[object, grpc.RpcError]:
+    """A hedged round's answer: the value, or the error it failed with."""
+    if attempt is None:
+        return _NoAnswer(grpc.StatusCode.DEADLINE_EXCEEDED, "attempt timed out")
+    error = _error_of(attempt)
+    return error if error is not None else attempt.result()
 
 
 def _retry_after_ms(error: grpc.RpcError) -> Optional[int]:

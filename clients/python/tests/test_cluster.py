@@ -24,6 +24,7 @@ from rota_client import (
     JobState,
     NotFound,
     PermissionDenied,
+    Priority,
     Unauthenticated,
     Unavailable,
     replica_server_name,
@@ -110,6 +111,18 @@ def test_why_a_job_waits_and_cancelling_it(alice: Client) -> None:
     assert why.state == JobState.PENDING and why.reason.startswith(why.code), why  # type: ignore[attr-defined]
     assert alice.cancel(waiting) == JobState.CANCELLED
     assert alice.job(waiting).state == JobState.CANCELLED
+
+
+def test_a_job_owner_lowers_its_priority_but_may_not_raise_it(alice: Client) -> None:
+    waiting = alice.submit(["true"], gpus=TOO_MANY_GPUS, group="vision", queue="short").job_id
+    assert alice.set_priority(waiting, "low").spec.priority == Priority.LOW
+    with pytest.raises(PermissionDenied):
+        alice.set_priority(waiting, Priority.HIGH)
+    with pytest.raises(InvalidArgument) as refused:
+        alice.set_priority(waiting, "urgent")
+    assert refused.value.field == "priority"
+    assert alice.job(waiting).spec.priority == Priority.LOW
+    assert alice.cancel(waiting) == JobState.CANCELLED
 
 
 def test_cancelling_a_running_job_stops_it(alice: Client) -> None:
