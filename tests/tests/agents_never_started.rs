@@ -1,7 +1,7 @@
 //! A rank assigned to a node whose agent never reports it started (its
 //! exec wedged, its records refused, its reports lost) must not hold its
 //! GPUs and its job `running` for good: past `--start-timeout-ms` the
-//! leader stops the allocation as lost; the GPUs are freed, and the job
+//! leader stops the allocation (`never_started`); the GPUs are freed, and the job
 //! requeued, only once the agent is known not to run the rank (it reports
 //! the rank ended, as an agent does for a stop of a rank it never started).
 //!
@@ -30,6 +30,11 @@ async fn a_rank_never_started_is_stopped_and_its_gpus_freed_only_once_its_agent_
     let options = ClusterOptions { start_timeout_ms: Some(START_TIMEOUT_MS), ..ClusterOptions::default() };
     let cluster = LocalCluster::start(dir.path(), 3, options)?;
     let leader = cluster.wait_leader(WAIT).await?;
+    // The stop has its own reason from cluster version 10 on (`node_lost` before).
+    wait_until("cluster version 10 or later", WAIT, || async {
+        Ok(cluster.status(leader).await.filter(|s| s.cluster_version >= 10).map(|_| ()))
+    })
+    .await?;
     let as_n1 = cluster.security_of(IdentityKind::Agent, "n1")?;
     let mut agent = AgentServiceClient::new(channel(&cluster.replicas[&leader].addr, &as_n1)?);
     agent.register_node(fake_registration("n1", 8)).await?;
@@ -64,7 +69,7 @@ async fn a_rank_never_started_is_stopped_and_its_gpus_freed_only_once_its_agent_
     })
     .await
     .context("the never-started rank was never stopped")??;
-    ensure!(stopped.stop_reason == "node_lost", "stopped as lost: {:?}", stopped.stop_reason);
+    ensure!(stopped.stop_reason == "never_started", "stopped as never started: {:?}", stopped.stop_reason);
     let job = any.get(job_id).await?;
     ensure!(job.state == pb::JobState::Stopping as i32, "the job waits for its agent: {job:?}");
     let nodes = rota_e2e::list_nodes(&cluster, leader).await?;

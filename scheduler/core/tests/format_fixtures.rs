@@ -90,6 +90,15 @@ fn commands_of_format_10() -> Vec<Command> {
         Command::Once { request_id: "cli-q".into(), command: audited(Command::SetQueue(QueueConfig::defaults()[1].clone())) },
         Command::Once { request_id: "cli-c".into(), command: audited(Command::CancelJob { job_id: 9 }) },
         Command::Once { request_id: "cli-p".into(), command: audited(Command::SetJobPriority { job_id: 9, priority: Priority::Low }) },
+        Command::ApplyPlan(Plan {
+            stops: vec![Stop { alloc_id: 1, reason: StopReason::NeverStarted }],
+            pending: vec![PendingNote {
+                job_id: 2,
+                reason: JobReason::new(ReasonCode::NeverStarted, "requeued: a rank was assigned and not started in time"),
+                estimated_start_ms: None,
+            }],
+            ..Plan::default()
+        }),
     ]
 }
 

@@ -34,7 +34,7 @@
 //! | 7 | `Command::SubmitTagged`, `SaveTemplate`, `DeleteTemplate`, `GrantTemplate`, `SetBudget`, `Traced`, `ReasonCode::BudgetExhausted`; then the templates, job labels, budgets and metered use (`tenancy`) |
 //! | 8 | `Command::RequireApproval`, `ApproveChange`, `WithdrawChange`, `AllocIdle`, `IdleFlagged`, `SetQueueIdle`, `StopReason::IdleReclaimed`, `ReasonCode::IdleReclaimed`; then the approval rules and pending changes (`approvals`), then the idle records, per-job idle GPU-time and queue idle rules (`idle`), then the job statistics of history and reports (`records`) |
 //! | 9 | `Command::ApplyPolicy`, `PromotePolicy`, `RollbackPolicy`; then the policy documents, the active and staged version and each job's version (`policy_doc`) |
-//! | 10 | `Command::Once` (a person's change applied once per sender and request id), `SetJobPriority`; then the request outcomes (`outcomes`) |
+//! | 10 | `Command::Once` (a person's change applied once per sender and request id), `SetJobPriority`, `StopReason::NeverStarted`, `ReasonCode::NeverStarted`; then the request outcomes (`outcomes`) |
 
 use serde::Serialize;
 

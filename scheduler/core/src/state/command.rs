@@ -520,6 +520,10 @@ impl Plan {
     /// The oldest format that has every stop reason and pending reason of
     /// the plan.
     pub fn min_format(&self) -> u16 {
+        // A stop of a rank that never started exists from format 10 on.
+        if self.stops.iter().any(|s| s.reason == StopReason::NeverStarted) {
+            return OUTCOMES_FROM_VERSION;
+        }
         // A stop that reclaims idle GPUs exists from format 8 on.
         if self.stops.iter().any(|s| s.reason == StopReason::IdleReclaimed) {
             return super::idle::IDLE_FROM_VERSION;

@@ -145,6 +145,9 @@ pub enum StopReason {
     /// Its GPUs stayed idle past its queue's idle time under the `reclaim`
     /// action (format 8 on): the job ends, not retried (see `idle`).
     IdleReclaimed,
+    /// A rank was assigned and not started within the leader's start
+    /// timeout (format 10 on; `node_lost` before): the job is requeued.
+    NeverStarted,
 }
 
 impl StopReason {
@@ -157,6 +160,7 @@ impl StopReason {
             StopReason::GpuLost => "gpu_lost",
             StopReason::Failed => "failed",
             StopReason::IdleReclaimed => "idle_reclaimed",
+            StopReason::NeverStarted => "never_started",
         }
     }
 }
@@ -379,6 +383,8 @@ pub enum ReasonCode {
     BudgetExhausted,
     /// Ended: its GPUs stayed idle past its queue's idle time (format 8 on).
     IdleReclaimed,
+    /// Requeued: a rank was assigned and not started in time (format 10 on).
+    NeverStarted,
 }
 
 impl ReasonCode {
@@ -407,6 +413,7 @@ impl ReasonCode {
             ReasonCode::Fenced => "fenced",
             ReasonCode::BudgetExhausted => "budget_exhausted",
             ReasonCode::IdleReclaimed => "idle_reclaimed",
+            ReasonCode::NeverStarted => "never_started",
         }
     }
 }

@@ -34,6 +34,7 @@ use crate::replicated::PlannerCopy;
 use crate::Context;
 use heartbeats::HeartbeatTable;
 use planner::PlannerThread;
+use rota_core::state::outcomes::OUTCOMES_FROM_VERSION;
 use rota_core::state::{ClusterState, Command, CommandResult, Plan, Stop, StopReason};
 
 /// Shortest time between two plans; applied-index changes in between are coalesced.
@@ -546,11 +547,11 @@ async fn propose_node_downs(ctx: &Context) -> bool {
     true
 }
 
-/// Stop, as lost, every allocation with a rank assigned and not started
+/// Stop (`never_started`) every allocation with a rank assigned and not started
 /// within the bound (see `starts`). False when leadership is lost.
 async fn stop_never_started(ctx: &Context, starts: &mut starts::StartWatch) -> bool {
     let now_ms = ctx.leader.now_ms();
-    let (overdue, index) = ctx.read(|state| (starts.overdue(state, now_ms), state.applied_index));
+    let (overdue, index, version) = ctx.read(|state| (starts.overdue(state, now_ms), state.applied_index, state.cluster_version()));
     if overdue.is_empty() {
         return true;
     }
@@ -562,7 +563,9 @@ async fn stop_never_started(ctx: &Context, starts: &mut starts::StartWatch) -> b
         );
     }
     metrics::counter!("rota_allocs_never_started_total").increment(overdue.len() as u64);
-    let stops = overdue.into_iter().map(|alloc_id| Stop { alloc_id, reason: StopReason::NodeLost }).collect();
+    // Its own reason once every replica reads it (format 10); else as lost.
+    let reason = if version >= OUTCOMES_FROM_VERSION { StopReason::NeverStarted } else { StopReason::NodeLost };
+    let stops = overdue.into_iter().map(|alloc_id| Stop { alloc_id, reason }).collect();
     let plan = Plan { computed_at_index: index, stops, ..Plan::default() };
     match ctx.proposer.propose(Command::ApplyPlan(plan)).await {
         Ok(_) => true,
