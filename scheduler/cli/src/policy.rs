@@ -14,6 +14,7 @@ use rota_core::sim::engine::SimConfig;
 use rota_core::state::faults::utc_text;
 use rota_core::state::policy_doc::{PolicyDocument, POLICY_FIELDS};
 use rota_core::state::records::JobRecord;
+use rota_core::state::QueueConfig;
 use rota_proto::v1 as pb;
 use serde_json::{json, Value};
 
@@ -254,7 +255,7 @@ const MAX_DRY_RUN_WEEKS: u64 = 26;
 
 /// The simulated cluster: as many nodes as the live one, each with its
 /// largest node's GPU count, and its quotas.
-pub fn simulated_cluster(nodes: &pb::ListNodesResponse, quotas: &pb::ListQuotasResponse) -> SimConfig {
+pub fn simulated_cluster(nodes: &pb::ListNodesResponse, quotas: &pb::ListQuotasResponse, queues: &pb::ListQueuesResponse) -> SimConfig {
     let gpus_per_node = nodes.nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(0).max(1);
     SimConfig {
         nodes: (nodes.nodes.len() as u32).max(1),
@@ -262,8 +263,24 @@ pub fn simulated_cluster(nodes: &pb::ListNodesResponse, quotas: &pb::ListQuotasR
         racks: 1,
         policy: PolicyConfig::default(),
         quotas: quotas.quotas.iter().filter_map(|q| q.quota.as_ref()).map(|q| (q.group.clone(), q.gpus)).collect(),
+        queues: queues.queues.iter().map(queue_config).collect(),
         checkpoint_every_ms: 30 * 60 * 1000,
         tick_ms: Some(300_000),
+    }
+}
+
+/// A live queue's settings as the simulator takes them (who may be
+/// preempted and when, shapes and runtimes: they decide the replay as
+/// much as the document does).
+fn queue_config(queue: &pb::Queue) -> QueueConfig {
+    QueueConfig {
+        name: queue.name.clone(),
+        weight: queue.weight,
+        max_gpus_per_job: queue.max_gpus_per_job,
+        default_runtime_s: queue.default_runtime_s,
+        max_runtime_s: queue.max_runtime_s,
+        preemptible: queue.preemptible,
+        protected_runtime_s: queue.protected_runtime_s,
     }
 }
 
@@ -293,11 +310,18 @@ async fn dry_run(client: &Client, proposed: &PolicyDocument, weeks: u64) -> Resu
         })
         .await
         .context("read the quotas")?;
+    let queues = client
+        .retrying(|i| {
+            let mut cluster = client.cluster_at(i);
+            async move { cluster.list_queues(pb::ListQueuesRequest {}).await.map(|r| r.into_inner()) }
+        })
+        .await
+        .context("read the queues")?;
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let since = utc_text(now_ms.saturating_sub(weeks * 7 * 86_400_000))[..10].to_string();
     let request = pb::SearchHistoryRequest { since, ..Default::default() };
     let records = crate::history::search_records(client, request, MAX_DRY_RUN_JOBS as u32).await.context("read the finished jobs")?;
-    Ok(dry_run_of(&records, &simulated_cluster(&nodes, &quotas), &active, proposed))
+    Ok(dry_run_of(&records, &simulated_cluster(&nodes, &quotas, &queues), &active, proposed))
 }
 
 fn print_dry_run(comparison: &[GroupComparison], output: Output) {
@@ -386,6 +410,54 @@ mod tests {
         }
     }
 
+    /// The dry run replays under the live queues' settings, not the
+    /// built-in ones: with the live protected runtime at 0, vision's
+    /// borrowed GPUs are reclaimed for nlp; under the built-in 2 hours they
+    /// are not (vision's jobs end after 1.5 hours). Before the dry run read the queues, both runs were the
+    /// second (no preemption), whatever the live cluster did.
+    #[test]
+    fn a_dry_run_replays_under_the_live_queue_settings() {
+        let records = vec![
+            record(1, "vision", 4, 0, 5400),
+            record(2, "vision", 4, 0, 5400),
+            record(3, "nlp", 4, 600, 600),
+        ];
+        let nodes = pb::ListNodesResponse {
+            nodes: vec![pb::Node { gpus: (0..8).map(|index| pb::Gpu { index, ..Default::default() }).collect(), ..Default::default() }],
+        };
+        let quota = |group: &str| pb::QuotaStatus {
+            quota: Some(pb::Quota { group: group.into(), gpus: 4, lend: true, ..Default::default() }),
+            ..Default::default()
+        };
+        let quotas = pb::ListQuotasResponse { quotas: vec![quota("vision"), quota("nlp")] };
+        let unprotected = pb::ListQueuesResponse {
+            queues: QueueConfig::defaults()
+                .into_iter()
+                .map(|q| pb::Queue {
+                    name: q.name,
+                    weight: q.weight,
+                    max_gpus_per_job: q.max_gpus_per_job,
+                    default_runtime_s: q.default_runtime_s,
+                    max_runtime_s: q.max_runtime_s,
+                    preemptible: q.preemptible,
+                    protected_runtime_s: 0,
+                    ..Default::default()
+                })
+                .collect(),
+        };
+        let document = PolicyDocument::default();
+        let run = |queues: &pb::ListQueuesResponse| {
+            let comparison = dry_run_of(&records, &simulated_cluster(&nodes, &quotas, queues), &document, &document);
+            let group = |name: &str| comparison.iter().find(|l| l.group == name).map(|l| l.proposed.clone()).unwrap();
+            (group("vision"), group("nlp"))
+        };
+        let (vision_built_in, nlp_built_in) = run(&pb::ListQueuesResponse::default());
+        let (vision_live, nlp_live) = run(&unprotected);
+        assert_eq!(vision_built_in.preemptions, 0, "protected for 2 h by the built-in queues");
+        assert!(vision_live.preemptions >= 1, "reclaimed under the live queues: {vision_live:?}");
+        assert!(nlp_live.mean_wait_s < nlp_built_in.mean_wait_s, "{nlp_live:?} vs {nlp_built_in:?}");
+    }
+
     /// The dry run is the simulator's: the same records replayed by hand
     /// (`Simulator` on the trace they make) give the same figures, under
     /// the active and under the proposed document.
@@ -405,7 +477,7 @@ mod tests {
         let nodes = pb::ListNodesResponse {
             nodes: vec![pb::Node { gpus: (0..8).map(|index| pb::Gpu { index, ..Default::default() }).collect(), ..Default::default() }],
         };
-        let cluster = simulated_cluster(&nodes, &pb::ListQuotasResponse::default());
+        let cluster = simulated_cluster(&nodes, &pb::ListQuotasResponse::default(), &pb::ListQueuesResponse::default());
         let active = PolicyDocument::default();
         let proposed = PolicyDocument { limit_points: 200, ..PolicyDocument::default() };
         let comparison = dry_run_of(&records, &cluster, &active, &proposed);

@@ -136,6 +136,7 @@ pub fn run_sim(args: &SimArgs) -> anyhow::Result<Value> {
         racks: args.racks,
         policy: policy.clone(),
         quotas: quotas.clone(),
+        queues: Vec::new(),
         checkpoint_every_ms: 30 * 60 * 1000,
         tick_ms,
     };

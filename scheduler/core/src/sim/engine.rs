@@ -15,8 +15,8 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use crate::policy::{plan_with, PolicyConfig};
 use crate::state::{
-    AllocId, ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobId, JobState, NodeRegistration, Proposal, StateLimits,
-    StopReason,
+    AllocId, ClusterState, Command, CommandResult, GpuInfo, GroupQuota, JobId, JobState, NodeRegistration, Proposal, QueueConfig,
+    StateLimits, StopReason,
 };
 
 use super::trace::{gang_shape, spec_for, TraceJob};
@@ -28,6 +28,9 @@ pub struct SimConfig {
     pub racks: u32,
     pub policy: PolicyConfig,
     pub quotas: BTreeMap<String, u32>,
+    /// Queue settings to replay under (a live cluster's, for the policy dry
+    /// run); empty: the built-in queues.
+    pub queues: Vec<QueueConfig>,
     pub checkpoint_every_ms: u64,
     /// Extra passes while jobs wait (`None`: only at events).
     pub tick_ms: Option<u64>,
@@ -152,8 +155,9 @@ impl<'t> Simulator<'t> {
             })
             .map(Command::RegisterNode)
             .collect();
+        commands.extend(c.queues.iter().cloned().map(Command::SetQueue));
         let longest = self.trace.iter().map(|j| super::trace::runtime_limit_s(j.duration_ms)).max().unwrap_or(0);
-        let mut training = self.state.queues["training"].clone();
+        let mut training = c.queues.iter().find(|q| q.name == "training").unwrap_or(&self.state.queues["training"]).clone();
         training.max_runtime_s = training.max_runtime_s.max(longest);
         commands.push(Command::SetQueue(training));
         for (group, &gpus) in &c.quotas {

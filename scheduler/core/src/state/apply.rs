@@ -827,10 +827,9 @@ impl ClusterState {
             Some(StopReason::NodeLost) => {
                 (JobState::Pending, JobReason::new(ReasonCode::NodeLost, "requeued: a node of the gang was lost"))
             }
-            Some(StopReason::NeverStarted) => (
-                JobState::Pending,
-                JobReason::new(ReasonCode::NeverStarted, "requeued: a rank was assigned and not started in time"),
-            ),
+            Some(StopReason::NeverStarted) => {
+                (JobState::Pending, JobReason::new(ReasonCode::NeverStarted, "requeued: a rank was assigned and not started in time"))
+            }
             Some(StopReason::GpuLost) => {
                 (JobState::Pending, JobReason::new(ReasonCode::GpuLost, "requeued: a GPU of the gang left its node"))
             }
