@@ -417,11 +417,7 @@ mod tests {
     /// second (no preemption), whatever the live cluster did.
     #[test]
     fn a_dry_run_replays_under_the_live_queue_settings() {
-        let records = vec![
-            record(1, "vision", 4, 0, 5400),
-            record(2, "vision", 4, 0, 5400),
-            record(3, "nlp", 4, 600, 600),
-        ];
+        let records = vec![record(1, "vision", 4, 0, 5400), record(2, "vision", 4, 0, 5400), record(3, "nlp", 4, 600, 600)];
         let nodes = pb::ListNodesResponse {
             nodes: vec![pb::Node { gpus: (0..8).map(|index| pb::Gpu { index, ..Default::default() }).collect(), ..Default::default() }],
         };
