@@ -25,7 +25,9 @@ pub async fn heartbeat_loop(shared: Arc<Shared>) {
         let sent_ms = shared.now_ms();
         match shared
             .control
-            .call("heartbeat", |mut c| {
+            // Hedged: the lease counts from `sent_ms`, the round's start,
+            // whichever attempt is answered, so it never ends late.
+            .call_hedged("heartbeat", |mut c| {
                 let request = request.clone();
                 async move { c.heartbeat(request).await }
             })

@@ -4,7 +4,6 @@
 //! and a failover looks like a short delay.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +21,7 @@ use tonic::{Code, Status};
 
 use rota_tls::Security;
 
+use crate::hedge::Hedging;
 use crate::retry::{self, Backoff};
 use crate::wire::{self, LEADER_METADATA, MAX_MESSAGE_BYTES};
 
@@ -343,72 +343,21 @@ impl Client {
         }
     }
 
-    /// One round of attempts for an idempotent call: the first at
-    /// `target`; unanswered after `hedge_after`, a second at the next
-    /// endpoint. From then on two attempts are in flight: one that fails
-    /// for a failover reason is sent again (after a short backoff, to the
-    /// leader it names or the next endpoint the other one is not on), so a
-    /// replica that answers "try another" at once never leaves the call
-    /// waiting on one that hangs. The first success wins; a final answer
-    /// (the request is wrong) ends it at once. Bounded by `attempt_timeout`
-    /// and `MAX_HEDGED_ATTEMPTS`. Returns the endpoint whose answer it is.
+    /// One hedged round of an idempotent call, starting at `target` (see
+    /// `hedge`). Returns the endpoint whose answer it is.
     async fn hedged_attempt<T, F, Fut>(&self, call: &mut F, target: usize) -> (usize, Result<T, Status>)
     where
         F: FnMut(usize) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
-        let give_up = tokio::time::sleep(self.attempt_timeout);
-        tokio::pin!(give_up);
-        let mut first: Option<(usize, Pin<Box<Fut>>)> = Some((target, Box::pin(call(target))));
-        let mut second: Option<(usize, Pin<Box<Fut>>)> = None;
-        let hedge = tokio::time::sleep(self.hedge_after);
-        tokio::pin!(hedge);
-        let mut hedged = false;
-        // Short: the other attempt's answer is not seen while this waits.
-        let mut backoff = Backoff::new(FIRST_BACKOFF_MS, HEDGED_BACKOFF_MAX_MS);
-        let mut sent = 1u32;
-        let mut last = (target, Status::deadline_exceeded("attempt timed out"));
-        loop {
-            let (in_first, (from, outcome)) = tokio::select! {
-                outcome = poll_slot(&mut first) => (true, outcome),
-                outcome = poll_slot(&mut second) => (false, outcome),
-                () = &mut hedge, if !hedged => {
-                    hedged = true;
-                    let next = self.next_endpoint(target, first.as_ref().map(|(at, _)| *at));
-                    second = Some((next, Box::pin(call(next))));
-                    sent += 1;
-                    continue;
-                }
-                () = &mut give_up => return (last.0, Err(last.1)),
-            };
-            let (done, other) = if in_first { (&mut first, &second) } else { (&mut second, &first) };
-            *done = None;
-            let busy = other.as_ref().map(|(at, _)| *at);
-            let status = match outcome {
-                Ok(value) => return (from, Ok(value)),
-                Err(status) if !retry::worth_retrying_now(status.code()) => return (from, Err(status)),
-                Err(status) => status,
-            };
-            let next = self.leader_hint(&status).filter(|l| Some(*l) != busy).unwrap_or_else(|| self.next_endpoint(from, busy));
-            last = (from, status);
-            if !hedged || sent >= MAX_HEDGED_ATTEMPTS {
-                // Failed before the hedge (the caller's loop backs off and
-                // tries again), or out of attempts: wait for the other one.
-                if busy.is_none() {
-                    return (last.0, Err(last.1));
-                }
-                continue;
-            }
-            tokio::time::sleep(backoff.next_delay()).await;
-            *done = Some((next, Box::pin(call(next))));
-            sent += 1;
-        }
-    }
-
-    /// The endpoint after `from` that is not `busy` (another attempt is there).
-    fn next_endpoint(&self, from: usize, busy: Option<usize>) -> usize {
-        let n = self.endpoints.len();
-        (1..=n).map(|step| (from + step) % n).find(|i| Some(*i) != busy).unwrap_or((from + 1) % n)
+        let hedging = Hedging {
+            endpoints: self.endpoints.len(),
+            hedge_after: self.hedge_after,
+            attempt_timeout: self.attempt_timeout,
+            max_attempts: MAX_HEDGED_ATTEMPTS,
+            max_backoff_ms: HEDGED_BACKOFF_MAX_MS,
+        };
+        crate::hedge::round(&hedging, call, target, |status| self.leader_hint(status)).await
     }
 
     /// Submit through whichever replica answers, retrying through failovers
@@ -454,16 +403,6 @@ impl Client {
 
 /// The outcome of the attempt in `slot`, tagged with its endpoint; never
 /// ready while the slot is empty.
-async fn poll_slot<T, Fut>(slot: &mut Option<(usize, Pin<Box<Fut>>)>) -> (usize, Result<T, Status>)
-where
-    Fut: Future<Output = Result<T, Status>>,
-{
-    match slot {
-        Some((at, attempt)) => (*at, attempt.await),
-        None => std::future::pending().await,
-    }
-}
-
 fn channel(endpoint: &str, security: &Security) -> Result<Channel, ClientError> {
     wire::channel(endpoint, security).map_err(|e| ClientError::BadEndpoint(endpoint.to_string(), e.to_string()))
 }

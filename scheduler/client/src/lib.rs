@@ -13,6 +13,7 @@
 
 pub mod convert;
 pub mod events;
+pub mod hedge;
 pub mod records;
 pub mod retry;
 pub mod wire;

@@ -1,0 +1,128 @@
+//! One hedged round of an idempotent call over a cluster's endpoints, for
+//! every caller that talks to replicas: the client library (and so the
+//! CLI) and the node agent.
+//!
+//! A replica that is paused or cut off after it accepted the connection
+//! says nothing, and waiting out a whole attempt on it is what makes a
+//! failover slow for its callers. So the first attempt goes to `target`;
+//! unanswered after `hedge_after`, a second goes to the next endpoint. From
+//! then on two attempts are in flight: one that fails for a failover reason
+//! is sent again (after a short backoff, to the leader it names or the next
+//! endpoint the other one is not on), so a replica that answers "try
+//! another" at once never leaves the call waiting on one that hangs. The
+//! first success wins; a final answer (the request is wrong) ends the round
+//! at once. Bounded by `attempt_timeout` and `max_attempts`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tonic::Status;
+
+use crate::retry::{self, Backoff};
+
+const FIRST_BACKOFF_MS: u64 = 25;
+
+/// How a round hedges.
+#[derive(Debug, Clone, Copy)]
+pub struct Hedging {
+    /// Endpoints to choose from (at least 2 for a hedge to go anywhere).
+    pub endpoints: usize,
+    pub hedge_after: Duration,
+    /// The whole round's bound.
+    pub attempt_timeout: Duration,
+    /// Attempts the round sends at most.
+    pub max_attempts: u32,
+    /// Longest backoff before an attempt is sent again (short: the other
+    /// attempt's answer is not seen while it waits).
+    pub max_backoff_ms: u64,
+}
+
+type Slot<Fut> = Option<(usize, Pin<Box<Fut>>)>;
+
+/// One round: `call(i)` makes the attempt at endpoint `i`; `leader_hint`
+/// reads the endpoint a failover answer names. Returns the endpoint whose
+/// answer it is (the last failure's when none succeeded).
+pub async fn round<T, F, Fut, H>(hedging: &Hedging, call: &mut F, target: usize, leader_hint: H) -> (usize, Result<T, Status>)
+where
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = Result<T, Status>>,
+    H: Fn(&Status) -> Option<usize>,
+{
+    debug_assert!(hedging.endpoints >= 1 && target < hedging.endpoints);
+    let give_up = tokio::time::sleep(hedging.attempt_timeout);
+    tokio::pin!(give_up);
+    let mut first: Slot<Fut> = Some((target, Box::pin(call(target))));
+    let mut second: Slot<Fut> = None;
+    let hedge = tokio::time::sleep(hedging.hedge_after);
+    tokio::pin!(hedge);
+    let mut hedged = false;
+    let mut backoff = Backoff::new(FIRST_BACKOFF_MS, hedging.max_backoff_ms.max(FIRST_BACKOFF_MS));
+    let mut sent = 1u32;
+    let mut last = (target, Status::deadline_exceeded("attempt timed out"));
+    loop {
+        let (in_first, (from, outcome)) = tokio::select! {
+            outcome = poll_slot(&mut first) => (true, outcome),
+            outcome = poll_slot(&mut second) => (false, outcome),
+            () = &mut hedge, if !hedged => {
+                hedged = true;
+                let next = next_endpoint(hedging.endpoints, target, first.as_ref().map(|(at, _)| *at));
+                second = Some((next, Box::pin(call(next))));
+                sent += 1;
+                continue;
+            }
+            () = &mut give_up => return (last.0, Err(last.1)),
+        };
+        let (done, other) = if in_first { (&mut first, &second) } else { (&mut second, &first) };
+        *done = None;
+        let busy = other.as_ref().map(|(at, _)| *at);
+        let status = match outcome {
+            Ok(value) => return (from, Ok(value)),
+            Err(status) if !retry::worth_retrying_now(status.code()) => return (from, Err(status)),
+            Err(status) => status,
+        };
+        let next = leader_hint(&status).filter(|l| Some(*l) != busy).unwrap_or_else(|| next_endpoint(hedging.endpoints, from, busy));
+        last = (from, status);
+        if !hedged || sent >= hedging.max_attempts {
+            // Failed before the hedge (the caller's loop backs off and
+            // tries again), or out of attempts: wait for the other one.
+            if busy.is_none() {
+                return (last.0, Err(last.1));
+            }
+            continue;
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
+        *done = Some((next, Box::pin(call(next))));
+        sent += 1;
+    }
+}
+
+/// The endpoint after `from`, of `endpoints`, that is not `busy` (another
+/// attempt is there).
+pub fn next_endpoint(endpoints: usize, from: usize, busy: Option<usize>) -> usize {
+    let n = endpoints.max(1);
+    (1..=n).map(|step| (from + step) % n).find(|i| Some(*i) != busy).unwrap_or((from + 1) % n)
+}
+
+async fn poll_slot<T, Fut>(slot: &mut Slot<Fut>) -> (usize, Result<T, Status>)
+where
+    Fut: Future<Output = Result<T, Status>>,
+{
+    match slot {
+        Some((at, attempt)) => (*at, attempt.await),
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_endpoint_skips_the_busy_one() {
+        assert_eq!(next_endpoint(3, 0, None), 1);
+        assert_eq!(next_endpoint(3, 0, Some(1)), 2);
+        assert_eq!(next_endpoint(3, 2, Some(0)), 1);
+        assert_eq!(next_endpoint(1, 0, None), 0);
+    }
+}
