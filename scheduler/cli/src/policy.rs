@@ -14,7 +14,6 @@ use rota_core::sim::engine::SimConfig;
 use rota_core::state::faults::utc_text;
 use rota_core::state::policy_doc::{PolicyDocument, POLICY_FIELDS};
 use rota_core::state::records::JobRecord;
-use rota_core::state::QueueConfig;
 use rota_proto::v1 as pb;
 use serde_json::{json, Value};
 
@@ -263,24 +262,11 @@ pub fn simulated_cluster(nodes: &pb::ListNodesResponse, quotas: &pb::ListQuotasR
         racks: 1,
         policy: PolicyConfig::default(),
         quotas: quotas.quotas.iter().filter_map(|q| q.quota.as_ref()).map(|q| (q.group.clone(), q.gpus)).collect(),
-        queues: queues.queues.iter().map(queue_config).collect(),
+        // The live queues' settings (who may be preempted and when, shapes
+        // and runtimes) decide the replay as much as the document does.
+        queues: queues.queues.iter().cloned().map(rota_client::convert::queue_from_pb).collect(),
         checkpoint_every_ms: 30 * 60 * 1000,
         tick_ms: Some(300_000),
-    }
-}
-
-/// A live queue's settings as the simulator takes them (who may be
-/// preempted and when, shapes and runtimes: they decide the replay as
-/// much as the document does).
-fn queue_config(queue: &pb::Queue) -> QueueConfig {
-    QueueConfig {
-        name: queue.name.clone(),
-        weight: queue.weight,
-        max_gpus_per_job: queue.max_gpus_per_job,
-        default_runtime_s: queue.default_runtime_s,
-        max_runtime_s: queue.max_runtime_s,
-        preemptible: queue.preemptible,
-        protected_runtime_s: queue.protected_runtime_s,
     }
 }
 
@@ -359,6 +345,7 @@ fn print_dry_run(comparison: &[GroupComparison], output: Output) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rota_core::state::QueueConfig;
 
     #[test]
     fn files_are_read_as_toml_or_json_and_refused_naming_the_field() {
@@ -429,16 +416,7 @@ mod tests {
         let unprotected = pb::ListQueuesResponse {
             queues: QueueConfig::defaults()
                 .into_iter()
-                .map(|q| pb::Queue {
-                    name: q.name,
-                    weight: q.weight,
-                    max_gpus_per_job: q.max_gpus_per_job,
-                    default_runtime_s: q.default_runtime_s,
-                    max_runtime_s: q.max_runtime_s,
-                    preemptible: q.preemptible,
-                    protected_runtime_s: 0,
-                    ..Default::default()
-                })
+                .map(|q| rota_client::convert::queue_to_pb(&QueueConfig { protected_runtime_s: 0, ..q }))
                 .collect(),
         };
         let document = PolicyDocument::default();
