@@ -47,15 +47,27 @@ pub struct Reconciler {
     desired: Option<Desired>,
     /// The lease as of the last pass (to log its changes once).
     lease: Lease,
+    /// TEST ONLY (`ROTA_TEST_IGNORE_LEASE`): act as if the lease were
+    /// always held, so cut-off ranks run on while their jobs run elsewhere.
+    /// The planted bug the chaos harness's process checker must catch.
+    ignore_lease: bool,
 }
+
+const IGNORE_LEASE_ENV: &str = "ROTA_TEST_IGNORE_LEASE";
 
 impl Reconciler {
     /// Re-adopt every rank recorded on disk; nothing is started or stopped
     /// until the first assignment set arrives.
     pub fn adopt(shared: Arc<Shared>) -> Reconciler {
         let local = LocalRanks::adopt(&shared.config.data_dir, &shared.ranks_root, &shared.config.containment, shared.executor.as_ref());
-        let lease = if shared.lease_held() { Lease::Held } else { Lease::Expired };
-        Reconciler { shared, local, desired: None, lease }
+        let lease = shared.lease();
+        let ignore_lease = std::env::var(IGNORE_LEASE_ENV).is_ok_and(|v| v == "1");
+        if ignore_lease {
+            tracing::error!(
+                "{IGNORE_LEASE_ENV}: ranks run on past the lease; a planted bug for the chaos checkers, never use this outside tests"
+            );
+        }
+        Reconciler { shared, local, desired: None, lease, ignore_lease }
     }
 
     async fn run(&mut self, mut updates: watch::Receiver<Option<Desired>>) {
@@ -86,16 +98,16 @@ impl Reconciler {
     /// One reconcile pass: read the disk, decide, act.
     fn pass(&mut self, now_ms: u64) {
         let on_disk = self.local.observe(self.shared.config.keep_finished_ranks, self.shared.executor.as_ref());
-        let lease = if self.shared.lease_held() { Lease::Held } else { Lease::Expired };
-        if lease != self.lease {
+        let lease = if self.ignore_lease { Lease::Held } else { self.shared.lease() };
+        if lease.is_held() != self.lease.is_held() {
             match lease {
-                Lease::Expired => {
-                    tracing::error!("no heartbeat acknowledged for a node TTL: the lease on this node ran out; stopping every rank")
-                }
+                Lease::Expired { .. } => tracing::error!(
+                    "no heartbeat acknowledged for a node TTL: the lease on this node ran out; stopping every rank but those of single-node jobs with a longer lost-after"
+                ),
                 Lease::Held => tracing::warn!("heartbeats acknowledged again: the lease on this node is back"),
             }
-            self.lease = lease;
         }
+        self.lease = lease;
         for action in reconcile::reconcile_in_lease(self.desired.as_ref(), &on_disk, lease, now_ms) {
             self.execute(action);
         }

@@ -82,6 +82,7 @@ impl Known {
             gpus: self.spec.gpus(),
             job_id: self.spec.job_id,
             attempt: self.spec.attempt,
+            outlives: self.spec.outlives,
         }
     }
 
@@ -142,6 +143,7 @@ fn adopt_unrecorded(ranks_root: &Path, key: RankKey, found: &FoundRank, containm
         log_cap_bytes: 0,
         cgroup,
         run_as: None,
+        outlives: Default::default(),
     };
     let shim = find_shim(&dir);
     let main = shim.and_then(|(shim_pid, _)| found.pids.iter().copied().find(|&pid| parent_pid(pid) == Some(shim_pid)));
@@ -302,6 +304,7 @@ mod tests {
             log_cap_bytes: 4_096,
             cgroup: None,
             run_as: None,
+            outlives: Default::default(),
         }
     }
 

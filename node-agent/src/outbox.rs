@@ -170,6 +170,7 @@ mod tests {
             log_cap_bytes: 4_096,
             cgroup: None,
             run_as: None,
+            outlives: Default::default(),
         };
         dir.write(rankdir::SPEC, &spec).unwrap();
         dir

@@ -60,6 +60,10 @@ pub struct RankSpec {
     /// The local user the command runs as; `None`: the agent's own.
     #[serde(default)]
     pub run_as: Option<crate::users::RunAs>,
+    /// How long the rank outlives its node's silence (a spec written
+    /// before this existed: the lease).
+    #[serde(default)]
+    pub outlives: crate::reconcile::Outlives,
 }
 
 impl RankSpec {

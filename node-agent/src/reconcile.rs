@@ -24,6 +24,9 @@
 //! - once the lease has expired (no heartbeat acknowledged for a TTL,
 //!   counted from its sending) nothing starts and every rank is stopped
 //!   (`reconcile_in_lease`), before the scheduler may run its job elsewhere;
+//!   a rank of a single-node job submitted with a lost-after outlives the
+//!   lease until that much silence (`Outlives`), or for good (`never`),
+//!   as the scheduler keeps its job on the node that long;
 //! - a shim that vanished without recording an exit is declared lost, once
 //!   no process of its rank is left (those left get SIGKILL on every pass);
 //! - every signal reaches the rank's whole tree (its cgroup and the processes
@@ -72,6 +75,43 @@ pub struct DesiredRank {
     pub stop_reason: Option<String>,
     /// The job's owner; empty on a cluster without users.
     pub user: String,
+    /// How long the rank outlives its node's silence.
+    pub outlives: Outlives,
+}
+
+/// How long a rank outlives its node's silence (no heartbeat acknowledged),
+/// counted like the lease from the sending of the last acknowledged one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Outlives {
+    /// The lease: a node TTL.
+    #[default]
+    Lease,
+    /// This long (never less than the TTL): a single-node job's lost-after.
+    For { ms: u64 },
+    /// For good: a single-node job's `--lost-after never`.
+    Forever,
+}
+
+impl Outlives {
+    /// From an assignment; only a rank of a single-node job may outlive
+    /// the lease (a gang's healthy ranks must not wait on a silent one).
+    pub fn from_assignment(world_size: u32, lost_after_ms: u64, lost_after_never: bool) -> Outlives {
+        match (world_size, lost_after_never, lost_after_ms) {
+            (1, true, _) => Outlives::Forever,
+            (1, false, ms) if ms > 0 => Outlives::For { ms },
+            _ => Outlives::Lease,
+        }
+    }
+
+    /// Whether a rank with this bound stops after `silent_ms` without an
+    /// acknowledged heartbeat, the lease (`ttl_ms`) having run out.
+    pub fn stops_after(self, silent_ms: u64, ttl_ms: u64) -> bool {
+        match self {
+            Outlives::Lease => true,
+            Outlives::For { ms } => silent_ms >= ms.max(ttl_ms),
+            Outlives::Forever => false,
+        }
+    }
 }
 
 /// What the agent knows of its local ranks.
@@ -111,6 +151,8 @@ pub struct LiveRank {
     /// The job and attempt the rank runs.
     pub job_id: u64,
     pub attempt: u32,
+    /// How long it outlives its node's silence.
+    pub outlives: Outlives,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,25 +241,41 @@ pub fn reconcile(desired: Option<&Desired>, on_disk: &OnDisk, now_ms: u64) -> Ve
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lease {
     Held,
-    Expired,
+    /// No heartbeat acknowledged for `silent_ms` (counted from the sending
+    /// of the last acknowledged one), at least the node TTL `ttl_ms`.
+    Expired {
+        silent_ms: u64,
+        ttl_ms: u64,
+    },
+}
+
+impl Lease {
+    pub fn is_held(self) -> bool {
+        self == Lease::Held
+    }
 }
 
 /// `reconcile`, under the lease rule: once the lease has expired the agent
-/// starts nothing and stops every rank it runs (SIGTERM, grace, SIGKILL).
+/// starts nothing and stops every rank it runs (SIGTERM, grace, SIGKILL),
+/// but those that outlive the lease (`Outlives`) until their own bound.
 /// The scheduler declares the node down only after the TTL plus the jobs'
-/// grace, so the ranks are gone before any job of theirs runs elsewhere.
+/// grace, so the ranks are gone before any job of theirs runs elsewhere
+/// (for a rank outliving the lease, after its bound plus its grace).
 /// An outage shorter than the TTL stops nothing.
 pub fn reconcile_in_lease(desired: Option<&Desired>, on_disk: &OnDisk, lease: Lease, now_ms: u64) -> Vec<Action> {
     let mut actions = Vec::new();
-    let acting_set = desired.filter(|_| lease == Lease::Held);
+    let acting_set = desired.filter(|_| lease.is_held());
     if let Some(desired) = acting_set {
         start_new_ranks(desired, on_disk, now_ms, &mut actions);
     }
     for (&key, local) in &on_disk.ranks {
         if let LocalRank::Live(live) = local {
             let cause = match lease {
-                Lease::Expired if live.stop == StopState::NotRequested => Some(StopCause::LeaseExpired),
-                _ => acting_set.and_then(|d| stop_cause(d, key, live)),
+                Lease::Expired { silent_ms, ttl_ms } => {
+                    let due = live.stop == StopState::NotRequested && live.outlives.stops_after(silent_ms, ttl_ms);
+                    due.then_some(StopCause::LeaseExpired)
+                }
+                Lease::Held => acting_set.and_then(|d| stop_cause(d, key, live)),
             };
             tend_live_rank(key, live, cause, now_ms, &mut actions);
         }
@@ -382,6 +440,7 @@ mod tests {
             gpus: Vec::new(),
             job_id: 7,
             attempt: 0,
+            outlives: Outlives::Lease,
         }
     }
 
@@ -612,13 +671,54 @@ mod tests {
     fn an_expired_lease_stops_every_rank_and_starts_none() {
         let on_disk = disk(&[(key(1), LocalRank::Live(live(5)))]);
         let desired = set(6, &[(key(1), run_rank()), (key(2), run_rank())]);
-        let actions = reconcile_in_lease(Some(&desired), &on_disk, Lease::Expired, NOW_MS);
+        let actions = reconcile_in_lease(Some(&desired), &on_disk, expired(TTL_MS), NOW_MS);
         assert!(!actions.iter().any(|a| matches!(a, Action::Start { .. })), "nothing starts without a lease: {actions:?}");
         assert!(
             actions.iter().any(|a| matches!(a, Action::Stop { key: k, cause: StopCause::LeaseExpired, .. } if *k == key(1))),
             "the running rank is stopped: {actions:?}"
         );
         assert!(actions.contains(&Action::Terminate { key: key(1), pgid: PGID }));
+    }
+
+    const TTL_MS: u64 = 2_000;
+
+    fn expired(silent_ms: u64) -> Lease {
+        Lease::Expired { silent_ms, ttl_ms: TTL_MS }
+    }
+
+    fn stopped_for_the_lease(actions: &[Action], k: RankKey) -> bool {
+        actions.iter().any(|a| matches!(a, Action::Stop { key, cause: StopCause::LeaseExpired, .. } if *key == k))
+    }
+
+    #[test]
+    fn a_lost_after_rank_outlives_the_lease_until_its_own_bound() {
+        let bounded = LiveRank { outlives: Outlives::For { ms: 10_000 }, ..live(5) };
+        let on_disk = disk(&[(key(1), LocalRank::Live(bounded)), (key(2), LocalRank::Live(live(5)))]);
+        let early = reconcile_in_lease(None, &on_disk, expired(TTL_MS), NOW_MS);
+        assert!(!stopped_for_the_lease(&early, key(1)), "kept past the lease: {early:?}");
+        assert!(stopped_for_the_lease(&early, key(2)), "a lease-bound rank stops: {early:?}");
+        let late = reconcile_in_lease(None, &on_disk, expired(10_000), NOW_MS);
+        assert!(stopped_for_the_lease(&late, key(1)), "stopped at its bound: {late:?}");
+    }
+
+    #[test]
+    fn a_never_rank_is_never_stopped_for_silence_and_nothing_new_starts() {
+        let forever = LiveRank { outlives: Outlives::Forever, ..live(5) };
+        let on_disk = disk(&[(key(1), LocalRank::Live(forever))]);
+        let desired = set(6, &[(key(1), run_rank()), (key(2), run_rank())]);
+        let actions = reconcile_in_lease(Some(&desired), &on_disk, expired(u64::MAX / 2), NOW_MS);
+        assert_eq!(actions, vec![], "neither stopped nor joined by a new rank");
+    }
+
+    #[test]
+    fn a_bound_shorter_than_the_ttl_acts_as_the_ttl_and_gangs_never_outlive_the_lease() {
+        assert!(!Outlives::For { ms: 500 }.stops_after(1_000, TTL_MS));
+        assert!(Outlives::For { ms: 500 }.stops_after(TTL_MS, TTL_MS));
+        assert_eq!(Outlives::from_assignment(2, 0, true), Outlives::Lease);
+        assert_eq!(Outlives::from_assignment(2, 60_000, false), Outlives::Lease);
+        assert_eq!(Outlives::from_assignment(1, 60_000, false), Outlives::For { ms: 60_000 });
+        assert_eq!(Outlives::from_assignment(1, 0, true), Outlives::Forever);
+        assert_eq!(Outlives::from_assignment(1, 0, false), Outlives::Lease);
     }
 
     #[test]

@@ -184,6 +184,20 @@ impl Shared {
         self.now_ms() < self.lease_until_ms.load(Ordering::SeqCst)
     }
 
+    /// The lease now: held, or expired with how long no heartbeat has been
+    /// acknowledged, counted from the sending of the last one (the lease's
+    /// end minus the TTL), for ranks that outlive the lease.
+    pub fn lease(&self) -> crate::reconcile::Lease {
+        use crate::reconcile::Lease;
+        let now_ms = self.now_ms();
+        let until_ms = self.lease_until_ms.load(Ordering::SeqCst);
+        if now_ms < until_ms {
+            return Lease::Held;
+        }
+        let ttl_ms = self.ttl_ms.load(Ordering::SeqCst);
+        Lease::Expired { silent_ms: now_ms.saturating_sub(until_ms).saturating_add(ttl_ms), ttl_ms }
+    }
+
     /// A heartbeat answer: the leader had applied `index`.
     pub(crate) fn note_leader_index(&self, index: u64) {
         let now_ms = self.now_ms();

@@ -106,6 +106,7 @@ fn desired_rank(assigned: &pb::AssignedRank) -> DesiredRank {
         grace_period_s: assigned.grace_period_s,
         stop_reason: (!assigned.stop_reason.is_empty()).then(|| assigned.stop_reason.clone()),
         user: assigned.user.clone(),
+        outlives: crate::reconcile::Outlives::from_assignment(assigned.world_size, assigned.lost_after_ms, assigned.lost_after_never),
     }
 }
 

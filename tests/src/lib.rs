@@ -327,3 +327,22 @@ pub fn rule_metric_names(rules: &str) -> Vec<String> {
     }
     names
 }
+
+/// Wait until every running replica reports the cluster writing format
+/// `version` (its leader raises the version once every voter reads it).
+pub async fn wait_cluster_version(cluster: &LocalCluster, version: u32, timeout: Duration) -> Result<()> {
+    wait_until(&format!("cluster version {version}"), timeout, || async {
+        for (&id, replica) in &cluster.replicas {
+            if !replica.is_running() {
+                continue;
+            }
+            let Ok(mut client) = cluster.cluster_client(id) else { return Ok(None) };
+            let Ok(status) = client.get_cluster_status(pb::GetClusterStatusRequest {}).await else { return Ok(None) };
+            if status.into_inner().cluster_version < version {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await
+}

@@ -13,6 +13,9 @@
 //! work is not run again. (With the shim recording once, A was reported
 //! lost and placed a second time, and `a-2` appeared.)
 //!
+//! The requeue names the cause, `agent_disk_full` (cluster version 11 on):
+//! up to commit 91a3cf6 it said `node_lost`, as the log kept no cause.
+//!
 //! Failed with the agent, shim and server of commit 6c59791 (the test
 //! switch alone added; the agent only logged the failed writes) with "timed
 //! out after 60s waiting for job 2 to be placed 2 times": the job placed
@@ -20,9 +23,10 @@
 
 use std::time::Duration;
 
-use anyhow::{ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
 use rota_chaos::agents::{AgentOptions, LocalAgent};
 use rota_chaos::cluster::{ClusterOptions, LocalCluster};
+use rota_client::events::{EventFollower, Followed};
 use rota_e2e::{pid_alive, shell_job, wait_nodes_ready, wait_number, wait_until, AnyReplica};
 use rota_proto::v1 as pb;
 
@@ -44,6 +48,27 @@ fn shim_waits_for_disk(data_dir: &std::path::Path) -> bool {
     ranks
         .flatten()
         .any(|rank| std::fs::read_to_string(rank.path().join("shim.log")).is_ok_and(|log| log.contains("retrying until the disk takes it")))
+}
+
+/// The first `job_requeued` event of `job_id`, read from the event stream
+/// since the cluster began.
+async fn first_requeue_of(cluster: &LocalCluster, job_id: u64) -> Result<pb::Event> {
+    let endpoints: Vec<String> = cluster.replicas.values().map(|r| r.addr.clone()).collect();
+    let client = rota_client::Client::new(&endpoints, cluster.security())?;
+    let mut follower = EventFollower::new(client, 0, vec![]);
+    let read = async {
+        loop {
+            match follower.next().await? {
+                Followed::Events(batch) => {
+                    if let Some(event) = batch.into_iter().find(|e| e.job_id == job_id && e.kind == "job_requeued") {
+                        return Ok(event);
+                    }
+                }
+                Followed::Compacted(compacted) => bail!("compacted: {compacted:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, read).await.with_context(|| format!("no job_requeued event of job {job_id} within {WAIT:?}"))?
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -74,6 +99,10 @@ while [ ! -e "$MARK_DIR/release" ]; do sleep 0.05; done"#;
     let requeued = wait_attempts(&any, b, 2).await?;
     ensure!(!marks.join("b-ran").exists(), "B ran although its rank directory could not be written");
     ensure!(requeued.state != pb::JobState::Failed as i32, "B failed instead of being requeued: {}", requeued.reason);
+    // Requeued for its node's full disk, and said so (format 11 on; the
+    // cause was `node_lost` before).
+    let requeue = first_requeue_of(&cluster, b).await?;
+    ensure!(requeue.reason.starts_with("agent_disk_full"), "B's requeue names the full disk: {requeue:?}");
     ensure!(pid_alive(a_pid), "A's rank was stopped although only its records could not be written");
     ensure!(any.get(a).await?.state == pb::JobState::Running as i32, "A is no longer running");
 

@@ -1,13 +1,25 @@
 //! The chaos harness against real processes: short runs pass, and
 //! deliberately broken builds (acknowledging submits before they commit,
-//! stopping ranks when the watch breaks) make its checkers fail, proving
-//! they catch what they claim to.
+//! stopping ranks when the watch breaks, running ranks on past the lease)
+//! make its checkers fail, proving they catch what they claim to.
 
-use anyhow::{ensure, Result};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use rota_chaos::agents::{AgentOptions, LocalAgent};
+use rota_chaos::check::no_two_attempts_alive;
 use rota_chaos::cluster::ClusterOptions;
+use rota_chaos::cluster::LocalCluster;
 use rota_chaos::faults::FaultKind;
+use rota_chaos::proxy::LinkProxy;
 use rota_chaos::report::summary;
 use rota_chaos::run::{run, RunConfig};
+use rota_e2e::{pid_alive, shell_job, wait_nodes_ready, wait_until, AnyReplica};
+use rota_proto::v1 as pb;
 
 /// Chaos runs take both cores; two at once starve each other's jobs, so the
 /// tests of this file take turns.
@@ -146,5 +158,83 @@ async fn replica_and_disk_faults_lose_nothing_and_replicas_recover() -> Result<(
     for kind in ["wipe-follower", "agent-disk-full", "change-membership", "skew-clock", "stale-follower"] {
         ensure!(report.faults.iter().any(|f| f.kind == kind), "no {kind} fault was injected:\n{}", summary(&report));
     }
+    Ok(())
+}
+
+/// `pid-NODE-ATTEMPT` marker files: (node, attempt) -> pid.
+fn rank_markers(dir: &Path) -> BTreeMap<(String, u32), u32> {
+    let mut found = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Some((node, attempt)) = name.strip_prefix("pid-").and_then(|rest| rest.rsplit_once('-')) else { continue };
+        let pid = std::fs::read_to_string(entry.path()).ok().and_then(|s| s.trim().parse().ok());
+        if let (Ok(attempt), Some(pid)) = (attempt.parse(), pid) {
+            found.insert((node.to_string(), attempt), pid);
+        }
+    }
+    found
+}
+
+/// The process checker against a planted bug: agents that ignore their
+/// lease (the test switch `ROTA_TEST_IGNORE_LEASE`) keep the rank of a node
+/// cut off past the TTL running while its job's next attempt starts on
+/// another node. The checker reads the processes themselves (not marker
+/// files a rank writes), and must see both attempts alive at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn process_checker_catches_agents_that_run_ranks_past_their_lease() -> Result<()> {
+    const WAIT: Duration = Duration::from_secs(60);
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir()?;
+    let marks = dir.path().join("marks");
+    std::fs::create_dir_all(&marks)?;
+    let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions { node_ttl_ms: 2_000, ..ClusterOptions::default() })?;
+    cluster.wait_leader(WAIT).await?;
+    let mut links: BTreeMap<String, Vec<LinkProxy>> = BTreeMap::new();
+    let mut agents = Vec::new();
+    for (i, name) in ["node-a", "node-b"].into_iter().enumerate() {
+        let mut node_links = Vec::new();
+        for replica in cluster.replicas.values() {
+            node_links.push(LinkProxy::start(100 + i as u64, replica.id, replica.addr.clone()).await?);
+        }
+        let endpoints: Vec<String> = node_links.iter().map(|l| l.listen_addr.clone()).collect();
+        let options = AgentOptions { env: vec![("ROTA_TEST_IGNORE_LEASE".into(), "1".into())], ..AgentOptions::default() };
+        agents.push(LocalAgent::start(dir.path(), name, &endpoints.join(","), options)?);
+        links.insert(name.to_string(), node_links);
+    }
+    wait_nodes_ready(&cluster, 2, WAIT).await?;
+    let stop_sampling = Arc::new(AtomicBool::new(false));
+    let sampler = rota_chaos::procs::spawn_sampler(dir.path().to_path_buf(), stop_sampling.clone());
+
+    let any = AnyReplica::new(&cluster)?;
+    let script = r#"f="$MARK_DIR/pid-$ROTA_NODE-$ROTA_ATTEMPT"; echo $$ > "$f.tmp"; mv "$f.tmp" "$f"
+while [ ! -e "$MARK_DIR/go" ]; do sleep 0.05; done"#;
+    let mut request = shell_job(1, 8, &marks, script);
+    request.spec.as_mut().context("a spec")?.grace_period_s = 1;
+    let job_id = any.submit(request).await?.job_id;
+    let ((cut_node, _), first_pid) = wait_until("the first attempt's rank", WAIT, || async {
+        Ok(rank_markers(&marks).into_iter().find(|((_, attempt), _)| *attempt == 1))
+    })
+    .await?;
+    links[&cut_node].iter().for_each(LinkProxy::cut);
+    let second_pid = wait_until("the second attempt's rank", WAIT, || async {
+        Ok(rank_markers(&marks).into_iter().find(|((_, attempt), _)| *attempt == 2).map(|(_, pid)| pid))
+    })
+    .await?;
+    // Both alive for a while: the sampler (every 50 ms) sees them together.
+    for _ in 0..10 {
+        ensure!(pid_alive(first_pid) && pid_alive(second_pid), "the planted bug left both attempts running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop_sampling.store(true, Ordering::Relaxed);
+    let samples = sampler.join().map_err(|_| anyhow::anyhow!("the sampler panicked"))?;
+    let check = no_two_attempts_alive(&samples);
+    ensure!(!check.passed, "the process checker missed two attempts alive: {check:?}");
+    ensure!(check.details.iter().any(|d| d.starts_with(&format!("job {job_id} had attempts [1, 2]"))), "{:?}", check.details);
+
+    links.values().flatten().for_each(LinkProxy::heal);
+    std::fs::write(marks.join("go"), "")?;
+    let job = any.get(job_id).await?;
+    ensure!(job.state != pb::JobState::Failed as i32, "{job:?}");
+    drop(agents);
     Ok(())
 }

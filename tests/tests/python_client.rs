@@ -61,7 +61,7 @@ async fn python_client_passes_its_suite_against_a_real_cluster() -> Result<()> {
     // priority changes 10, the newest).
     let template = ["template", "save", "py-asr", "--group", "vision", "--gpus", "2", "--runtime-limit-s", "600", "--label", "team=asr"];
     wait_until("cluster version 10 or later", WAIT, || async {
-        Ok(rota_json(&cluster, &["cluster"]).ok().filter(|c| c["cluster_version"].as_u64() >= Some(10)).map(|_| ()))
+        Ok(rota_json(&cluster, &["cluster"]).ok().filter(|c| c["cluster_version"].as_u64() >= Some(11)).map(|_| ()))
     })
     .await?;
     rota_json(&cluster, &[&template[..], &["--", "true"]].concat())?;

@@ -427,6 +427,7 @@ class Client:
         labels: Optional[Mapping[str, str]] = None,
         template: Optional[str] = None,
         template_version: int = 0,
+        lost_after: Optional[str] = None,
     ) -> Submitted:
         """Submit a job: `replicas` ranks (default 1) of `gpus` GPUs each
         (default 1), all placed together, each running `command`, in `group`
@@ -445,8 +446,10 @@ class Client:
         `template_version` 0 = its latest) the job is the template's spec
         with what this call sets over it: what is left out, the command
         included, keeps the template's value, and its labels come under
-        `labels`. Limits are the cluster's (see rota.proto); bad input
-        raises InvalidArgument naming the field.
+        `labels`. `lost_after` ("never", or a duration such as "30m", at
+        most a week; single-node jobs only) lets the job ride out its node's
+        silence that long instead of the node TTL. Limits are the cluster's
+        (see rota.proto); bad input raises InvalidArgument naming the field.
         """
         if isinstance(command, (str, bytes)):
             raise InvalidArgument("spec.command: give a list of the program and its arguments", field="spec.command")
@@ -456,6 +459,8 @@ class Client:
             raise InvalidArgument(f"template: a template's name, not {template!r}", field="template")
         if isinstance(template_version, bool) or not isinstance(template_version, int) or not 0 <= template_version < 2**32:
             raise InvalidArgument(f"template_version: a version number, not {template_version!r}", field="template_version")
+        if lost_after is not None and not isinstance(lost_after, str):
+            raise InvalidArgument(f"lost_after: never or a duration such as 30m, not {lost_after!r}", field="lost_after")
         request_id = new_request_id() if request_id is None else request_id
         if len(request_id.encode("utf-8")) > MAX_REQUEST_ID_BYTES:
             raise InvalidArgument(f"request_id: at most {MAX_REQUEST_ID_BYTES} bytes", field="request_id")
@@ -493,6 +498,7 @@ class Client:
             secret_command=secret_command,
             template=template or "",
             template_version=template_version,
+            lost_after=lost_after or "",
         )
         try:
             request.labels.update(labels or {})

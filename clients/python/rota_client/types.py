@@ -23,6 +23,9 @@ class JobState(str, enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    #: Kept on a node that is down by its lost-after: whether it still runs
+    #: is not known until the node is heard again.
+    UNKNOWN = "unknown"
     UNSPECIFIED = "unspecified"
 
     @property
@@ -48,6 +51,7 @@ _STATE_TO_PB: Dict[JobState, "pb.JobState"] = {
     JobState.SUCCEEDED: pb.JOB_STATE_SUCCEEDED,
     JobState.FAILED: pb.JOB_STATE_FAILED,
     JobState.CANCELLED: pb.JOB_STATE_CANCELLED,
+    JobState.UNKNOWN: pb.JOB_STATE_UNKNOWN,
     JobState.UNSPECIFIED: pb.JOB_STATE_UNSPECIFIED,
 }
 _STATE_FROM_PB: Dict[int, JobState] = {int(v): k for k, v in _STATE_TO_PB.items()}
@@ -183,6 +187,8 @@ class Job:
     #: The template it was made from, and that template's version; None = none.
     template: Optional[str] = None
     template_version: Optional[int] = None
+    #: How long it outlives its node's silence ("never", "30m"); None = the node TTL.
+    lost_after: Optional[str] = None
 
     @staticmethod
     def from_pb(job: "pb.Job") -> "Job":
@@ -218,6 +224,7 @@ class Job:
             labels=dict(job.labels),
             template=job.template or None,
             template_version=job.template_version or None,
+            lost_after=job.lost_after or None,
         )
 
 

@@ -161,6 +161,8 @@ def test_bad_input_raises_the_error_naming_the_field(alice: Client) -> None:
         ({"gpus": 65}, "spec.gpus_per_replica"),
         ({"queue": "nonexistent"}, "spec.queue"),
         ({"env": {"ROTA_JOB_ID": "1"}}, "spec.env"),
+        ({"replicas": 2, "lost_after": "never"}, "lost_after"),
+        ({"lost_after": "soon"}, "lost_after"),
     ]:
         with pytest.raises(InvalidArgument) as refused:
             alice.submit(["true"], group="vision", **kwargs)  # type: ignore[arg-type]
@@ -172,6 +174,8 @@ def test_bad_input_raises_the_error_naming_the_field(alice: Client) -> None:
         alice.job(999_999)
     with pytest.raises(NotFound):
         list(alice.logs(999_999))
+    kept = alice.submit(["true"], group="vision", lost_after="30m")
+    assert alice.job(kept.job_id).lost_after == "30m"
 
 
 def test_labels_and_a_template_as_the_cli_gives_them(alice: Client) -> None:

@@ -54,6 +54,7 @@ pub fn rank_spec(config: &AgentConfig, key: RankKey, index: u64, rank: &DesiredR
         log_cap_bytes: config.log_cap_bytes,
         cgroup: config.containment.rank_cgroup(key.alloc_id, key.rank),
         run_as: None,
+        outlives: rank.outlives,
     }
 }
 

@@ -219,6 +219,7 @@ mod tests {
             log_cap_bytes: 0,
             cgroup: None,
             run_as: None,
+            outlives: Default::default(),
         }
     }
 

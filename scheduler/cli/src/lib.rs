@@ -162,6 +162,12 @@ pub struct SubmitArgs {
     /// Hide the command and its arguments from those readers too.
     #[arg(long)]
     pub secret_command: bool,
+    /// A single-node job (replicas 1) rides out its node's silence this
+    /// long before it is stopped and requeued: a duration (90s, 30m, 2h,
+    /// 1d; at most a week) or `never` (never stopped or run twice for its
+    /// node's silence; shown `unknown` meanwhile) [default: the node TTL].
+    #[arg(long, value_name = "DURATION|never")]
+    pub lost_after: Option<String>,
 }
 
 pub fn random_request_id() -> String {
@@ -194,6 +200,7 @@ impl SubmitArgs {
             template: self.template.clone().unwrap_or_default(),
             template_version: self.template_version.unwrap_or(0),
             labels: self.spec.labels()?.into_iter().collect(),
+            lost_after: self.lost_after.clone().unwrap_or_default(),
         })
     }
 }
@@ -269,9 +276,12 @@ pub struct JobFilter {
 pub async fn jobs(client: &Client, filter: &JobFilter, limit: u32, format: Format) -> Result<()> {
     let state = match filter.state.as_deref() {
         None => pb::JobState::Unspecified,
+        // Shown for a job kept on a node that is down; not a kept state.
+        Some("unknown") => pb::JobState::Unknown,
         Some(text) => {
-            let parsed = JobState::parse(text)
-                .with_context(|| format!("--state {text:?}: expected pending, running, stopping, succeeded, failed or cancelled"))?;
+            let parsed = JobState::parse(text).with_context(|| {
+                format!("--state {text:?}: expected pending, running, stopping, succeeded, failed, cancelled or unknown")
+            })?;
             rota_client::convert::state_to_pb(parsed)
         }
     };

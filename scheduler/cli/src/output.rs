@@ -67,6 +67,7 @@ pub fn job_json(job: &pb::Job) -> Value {
         "idle_flagged_ms": job.idle_flagged_ms,
         "idle_gpu_ms": job.idle_gpu_ms,
         "policy_version": job.policy_version,
+        "lost_after": job.lost_after,
     })
 }
 
@@ -95,6 +96,12 @@ pub fn print_job(job: &pb::Job) {
     }
     if !job.stop_reason.is_empty() {
         println!("  stop reason {}", job.stop_reason);
+    }
+    if !job.lost_after.is_empty() {
+        println!("  lost after {} of its node's silence", job.lost_after);
+    }
+    if job.state == pb::JobState::Unknown as i32 {
+        println!("  its node is down: whether it still runs is unknown until the node is heard again");
     }
     if let Some(version) = job.policy_version {
         println!("  placed under policy version {version}");

@@ -79,6 +79,15 @@ pub fn state_to_pb(state: JobState) -> pb::JobState {
     }
 }
 
+/// The state people see: `Unknown` for a job kept on a node that is down
+/// (by its lost-after), else the job's own.
+pub fn shown_state(state: &ClusterState, job: &Job) -> pb::JobState {
+    if state.job_state_unknown(job.id) {
+        return pb::JobState::Unknown;
+    }
+    state_to_pb(job.state)
+}
+
 pub fn state_from_pb(value: i32) -> Result<Option<JobState>, Rejection> {
     Ok(match pb::JobState::try_from(value) {
         Ok(pb::JobState::Unspecified) => None,
@@ -88,6 +97,8 @@ pub fn state_from_pb(value: i32) -> Result<Option<JobState>, Rejection> {
         Ok(pb::JobState::Succeeded) => Some(JobState::Succeeded),
         Ok(pb::JobState::Failed) => Some(JobState::Failed),
         Ok(pb::JobState::Cancelled) => Some(JobState::Cancelled),
+        // Shown, not kept: a list asks for it with its own filter.
+        Ok(pb::JobState::Unknown) => return Err(invalid("state", "unknown is a shown state, not a kept one")),
         Err(_) => return Err(invalid("state", "unknown job state")),
     })
 }
@@ -119,7 +130,7 @@ pub fn job_to_pb(state: &ClusterState, job: &Job) -> pb::Job {
     pb::Job {
         id: job.id,
         spec: Some(spec_to_pb(&job.spec)),
-        state: state_to_pb(job.state) as i32,
+        state: shown_state(state, job) as i32,
         request_id: job.request_id.clone().unwrap_or_default(),
         submitted_at_ms: job.submitted_at_ms,
         started_at_ms: job.started_at_ms.unwrap_or(0),
@@ -144,6 +155,7 @@ pub fn job_to_pb(state: &ClusterState, job: &Job) -> pb::Job {
         idle_gpu_ms: rota_core::state::idle::idle_gpu_ms(state, job.id),
         stop_reason: job.stop_reason.map(|r| r.as_str().to_string()).unwrap_or_default(),
         policy_version: state.policy.job_versions.get(&job.id).copied(),
+        lost_after: state.lost_after_of(job.id).map(|l| l.text()).unwrap_or_default(),
     }
 }
 

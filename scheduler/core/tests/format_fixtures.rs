@@ -14,6 +14,7 @@ use rota_core::state::approvals::ChangeKind;
 use rota_core::state::auth::{Actor, Role};
 use rota_core::state::codec::{self, FIRST_FORMAT_VERSION, FORMAT_VERSION};
 use rota_core::state::idle::{IdleAction, IdlePolicy};
+use rota_core::state::lost_after::LostAfter;
 use rota_core::state::policy_doc::{CanaryScope, PolicyDocument};
 use rota_core::state::tenancy::TemplateRef;
 use rota_core::state::{
@@ -81,7 +82,27 @@ fn every_command(version: u16) -> Proposal {
     if version >= 10 {
         proposal.commands.extend(commands_of_format_10());
     }
+    if version >= 11 {
+        proposal.commands.extend(commands_of_format_11());
+    }
     proposal
+}
+
+fn commands_of_format_11() -> Vec<Command> {
+    let submit = Command::SubmitJob { request_id: Some("fixture-11".into()), spec: spec() };
+    let kept = Command::WithLostAfter { lost_after: LostAfter::After { ms: 1_800_000 }, command: Box::new(submit) };
+    vec![
+        Command::Audited { actor: admin(), command: Box::new(kept) },
+        Command::AllocLostFor { alloc_id: 1, rank: 0, reason: StopReason::AgentDiskFull },
+        Command::ApplyPlan(Plan {
+            pending: vec![PendingNote {
+                job_id: 2,
+                reason: JobReason::new(ReasonCode::AgentDiskFull, "requeued: its node's agent could not write the rank's files"),
+                estimated_start_ms: None,
+            }],
+            ..Plan::default()
+        }),
+    ]
 }
 
 fn commands_of_format_10() -> Vec<Command> {
@@ -397,6 +418,16 @@ fn small_cluster(version: u16) -> ClusterState {
         let results = state.apply_proposal(18, &Proposal { now_ms: 1_700_000_018_000, commands: vec![change.clone(), change] });
         assert_eq!(results, vec![rota_core::state::CommandResult::Done; 2]);
         assert_eq!(state.outcomes.len(), 1);
+    }
+    if version >= 11 {
+        state.apply_proposal(19, &Proposal { now_ms: 1_700_000_019_000, commands: vec![Command::SetClusterVersion { version: 11 }] });
+        // A single-node job that rides out its node's silence forever.
+        let submit = Command::SubmitJob { request_id: Some("fixture-never".into()), spec: spec() };
+        let kept = Command::WithLostAfter { lost_after: LostAfter::Never, command: Box::new(submit) };
+        let audited = Command::Audited { actor: admin(), command: Box::new(kept) };
+        let results = state.apply_proposal(20, &Proposal { now_ms: 1_700_000_020_000, commands: vec![audited] });
+        assert!(matches!(results[0], rota_core::state::CommandResult::Submitted { deduplicated: false, .. }), "{results:?}");
+        assert_eq!(state.lost_after.len(), 1);
     }
     state.check_invariants().expect("a consistent fixture");
     state

@@ -22,7 +22,8 @@ use crate::status::{internal, rejection, write_error};
 use crate::Context;
 use rota_core::state::faults::FAULTS_FROM_VERSION;
 use rota_core::state::idle::IDLE_FROM_VERSION;
-use rota_core::state::{ClusterState, Command, CommandResult, GpuInfo, NodeRegistration, NodeState, RankState, Rejection};
+use rota_core::state::lost_after::{LostAfter, LOST_AFTER_FROM_VERSION};
+use rota_core::state::{ClusterState, Command, CommandResult, GpuInfo, NodeRegistration, NodeState, RankState, Rejection, StopReason};
 
 /// Events in one report at most.
 const MAX_EVENTS: usize = 1_024;
@@ -212,9 +213,12 @@ fn events_to_commands(state: &ClusterState, node: &str, events: &[pb::RankEvent]
             Some(pb::rank_event::Kind::Exited(exited)) => {
                 tracing::info!(node, alloc_id, rank, exit_code = exited.exit_code, reason = %exited.reason, "rank exited");
                 // Ended by its node, not by itself: requeued, not failed.
-                let by_its_node =
-                    [rota_client::wire::LEASE_EXPIRED_REASON, rota_client::wire::AGENT_DISK_FULL_REASON].contains(&exited.reason.as_str());
-                if by_its_node {
+                let disk_full = exited.reason == rota_client::wire::AGENT_DISK_FULL_REASON;
+                let by_its_node = disk_full || exited.reason == rota_client::wire::LEASE_EXPIRED_REASON;
+                if disk_full && state.cluster_version() >= LOST_AFTER_FROM_VERSION {
+                    // Its own reason once every replica reads it (format 11).
+                    Command::AllocLostFor { alloc_id, rank, reason: StopReason::AgentDiskFull }
+                } else if by_its_node {
                     Command::AllocLost { alloc_id, rank }
                 } else {
                     Command::AllocExited { alloc_id, rank, exit_code: exited.exit_code }
@@ -308,6 +312,11 @@ pub fn node_assignments(state: &ClusterState, node: &str) -> Vec<pb::AssignedRan
                 grace_period_s: job.spec.grace_period_s,
                 stop_reason: alloc.stop.map(|r| r.as_str().to_string()).unwrap_or_default(),
                 user: state.auth.job_marks.get(&alloc.job_id).and_then(|m| m.owner.clone()).unwrap_or_default(),
+                lost_after_ms: match state.lost_after_of(alloc.job_id) {
+                    Some(LostAfter::After { ms }) => ms,
+                    _ => 0,
+                },
+                lost_after_never: state.lost_after_of(alloc.job_id) == Some(LostAfter::Never),
             });
         }
     }

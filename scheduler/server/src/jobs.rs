@@ -19,6 +19,7 @@ use rota_client::convert::{
     job_to_pb, redact_job, spec_from_pb, spec_over_template, state_from_pb, state_to_pb, template_to_pb, validate_submit,
 };
 use rota_core::state::auth::{Action, Actor};
+use rota_core::state::lost_after::{validate_lost_after, LostAfter, LOST_AFTER_FROM_VERSION};
 use rota_core::state::tenancy::{parse_label, validate_labels, TemplateRef, TENANCY_FROM_VERSION};
 use rota_core::state::{ClusterState, Command, CommandResult, Job, JobSpec, JobState};
 
@@ -104,6 +105,7 @@ impl JobApi {
         } else {
             Command::SubmitMarked { request_id, spec, secret_env, secret_command: message.secret_command }
         };
+        let command = self.with_lost_after(&message.lost_after, command)?;
         let command = self.ctx.as_actor(actor, command);
         if self.ctx.unsafe_ack_before_commit {
             let proposer = self.ctx.proposer.clone();
@@ -124,6 +126,25 @@ impl JobApi {
         }
     }
 
+    /// The submit with the job's lost-after around it, if it asks for one.
+    /// The spec's fit (a single node) is checked again in apply.
+    fn with_lost_after(&self, text: &str, command: Command) -> Result<Command, Status> {
+        if text.is_empty() {
+            return Ok(command);
+        }
+        let version = self.ctx.read(|state| state.cluster_version());
+        if version < LOST_AFTER_FROM_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "lost_after needs cluster version {LOST_AFTER_FROM_VERSION} (now {version}): every replica must run a build that reads it"
+            )));
+        }
+        let lost_after = LostAfter::parse(text).map_err(|message| Status::invalid_argument(format!("lost_after: {message}")))?;
+        if let Command::SubmitJob { spec, .. } | Command::SubmitMarked { spec, .. } | Command::SubmitTagged { spec, .. } = &command {
+            validate_lost_after(spec, lost_after).map_err(|r| rejection(&r))?;
+        }
+        Ok(Command::WithLostAfter { lost_after, command: Box::new(command) })
+    }
+
     async fn get_here(&self, actor: &Actor, message: &pb::GetJobRequest) -> Result<pb::GetJobResponse, Failure> {
         self.ctx.permit(actor, Action::Read)?;
         self.ctx.leader_in_contact()?;
@@ -135,7 +156,9 @@ impl JobApi {
 
     async fn list_here(&self, actor: &Actor, message: &pb::ListJobsRequest) -> Result<pb::ListJobsResponse, Failure> {
         self.ctx.permit(actor, Action::Read)?;
-        let wanted = state_from_pb(message.state).map_err(|r| rejection(&r))?;
+        // `unknown` is shown, not kept: its own filter.
+        let unknown_only = message.state == pb::JobState::Unknown as i32;
+        let wanted = if unknown_only { None } else { state_from_pb(message.state).map_err(|r| rejection(&r))? };
         let limit = match message.limit {
             0 => DEFAULT_LIST_LIMIT,
             n if n > MAX_LIST_LIMIT => return Err(Status::invalid_argument(format!("limit: at most {MAX_LIST_LIMIT}")).into()),
@@ -149,6 +172,7 @@ impl JobApi {
         }
         let filter = ListFilter {
             state: wanted,
+            unknown_only,
             group: &message.group,
             queue: &message.queue,
             user: &message.user,
@@ -270,7 +294,10 @@ pub fn job_for(state: &ClusterState, actor: &Actor, job: &Job) -> pb::Job {
 
 /// Which jobs a listing shows; an empty string matches every value.
 struct ListFilter<'a> {
+    /// Jobs kept in this state and not shown `unknown`.
     state: Option<JobState>,
+    /// Only jobs shown `unknown` (kept on a node that is down).
+    unknown_only: bool,
     group: &'a str,
     queue: &'a str,
     user: &'a str,
@@ -283,7 +310,9 @@ struct ListFilter<'a> {
 impl ListFilter<'_> {
     fn matches(&self, state: &ClusterState, job: &Job) -> bool {
         let owner = || state.auth.job_marks.get(&job.id).and_then(|m| m.owner.as_deref()).unwrap_or("");
-        self.state.is_none_or(|s| job.state == s)
+        let unknown = || state.job_state_unknown(job.id);
+        self.state.is_none_or(|s| job.state == s && !unknown())
+            && (!self.unknown_only || unknown())
             && (self.group.is_empty() || job.spec.group == self.group)
             && (self.queue.is_empty() || job.spec.queue == self.queue)
             && (self.user.is_empty() || owner() == self.user)

@@ -46,7 +46,9 @@ impl ClusterState {
             }),
             Command::SetQueue(queue) => self.set_queue(queue),
             Command::SetQuota(quota) => self.set_quota(quota),
-            Command::AllocLost { alloc_id, rank } => self.alloc_lost(index, *alloc_id, *rank),
+            Command::AllocLost { alloc_id, rank } => self.alloc_lost(index, *alloc_id, *rank, StopReason::NodeLost),
+            Command::AllocLostFor { alloc_id, rank, reason } => self.alloc_lost_for(index, *alloc_id, *rank, *reason),
+            Command::WithLostAfter { lost_after, command } => self.with_lost_after(index, None, *lost_after, command),
             Command::SetClusterVersion { version } => self.set_cluster_version(*version),
             Command::SetAlarm { replica, kind, raised } => Ok(self.set_alarm(*replica, *kind, *raised)),
             Command::NodesHeard { nodes } => Ok(self.nodes_heard(nodes)),
@@ -185,6 +187,7 @@ impl ClusterState {
                     }),
                 };
             }
+            Command::WithLostAfter { command, .. } => return self.authorize(actor, command),
             Command::SaveTemplate { name, group, .. } => match self.tenancy.templates.get(name) {
                 Some(existing) if existing.group != *group => Action::Submit { group: &existing.group },
                 _ => Action::Submit { group },
@@ -280,6 +283,7 @@ impl ClusterState {
             Command::PromotePolicy => self.promote_policy(),
             Command::RollbackPolicy { to } => self.rollback_policy(*to),
             Command::SetJobPriority { job_id, priority } => self.set_job_priority(*job_id, *priority),
+            Command::WithLostAfter { lost_after, command } => self.with_lost_after(index, Some(actor), *lost_after, command),
             other => Ok(self.apply(index, other)),
         }
     }
@@ -581,6 +585,9 @@ impl ClusterState {
         let node = self.nodes.get_mut(name).ok_or(Rejection::NotFound { what: format!("node {name}") })?;
         node.state = NodeState::Down;
         let lost: Vec<AllocId> = self.allocs.values().filter(|a| a.ranks.iter().any(|r| r.node == name)).map(|a| a.id).collect();
+        // A single-node job with a lost-after stays: its agent keeps it
+        // past the lease, and the leader ends it at its own bound.
+        let lost: Vec<AllocId> = lost.into_iter().filter(|&alloc_id| !self.held_through_node_loss(alloc_id)).collect();
         for alloc_id in lost {
             let alloc = self.allocs.get_mut(&alloc_id).expect("listed above");
             for rank in alloc.ranks.iter_mut().filter(|r| r.node == name) {
@@ -746,14 +753,59 @@ impl ClusterState {
         Ok(CommandResult::Done)
     }
 
-    fn alloc_lost(&mut self, index: u64, alloc_id: AllocId, rank: u32) -> Result<CommandResult, Rejection> {
+    fn alloc_lost(&mut self, index: u64, alloc_id: AllocId, rank: u32, reason: StopReason) -> Result<CommandResult, Rejection> {
         let rank = self.rank_mut(alloc_id, rank)?;
         if rank.state == RankState::Exited {
             return Ok(CommandResult::Done); // a retried report, or its node was declared down first
         }
         rank.state = RankState::Exited;
-        self.request_stop(index, alloc_id, StopReason::NodeLost);
+        self.request_stop(index, alloc_id, reason);
         Ok(CommandResult::Done)
+    }
+
+    /// `AllocLost` with its cause: only causes that lie with the node
+    /// (the job is requeued, never failed for them).
+    fn alloc_lost_for(&mut self, index: u64, alloc_id: AllocId, rank: u32, reason: StopReason) -> Result<CommandResult, Rejection> {
+        if !matches!(reason, StopReason::NodeLost | StopReason::AgentDiskFull) {
+            return Err(Rejection::Invalid {
+                field: "reason".into(),
+                message: format!("{} is not a cause that lies with the node", reason.as_str()),
+            });
+        }
+        self.alloc_lost(index, alloc_id, rank, reason)
+    }
+
+    /// A submit whose job outlives its node's silence for `lost_after`:
+    /// checked whole before the submit, so a refusal leaves nothing behind.
+    fn with_lost_after(
+        &mut self,
+        index: u64,
+        actor: Option<&Actor>,
+        lost_after: super::lost_after::LostAfter,
+        command: &Command,
+    ) -> Result<CommandResult, Rejection> {
+        use super::lost_after::{validate_lost_after, LOST_AFTER_FROM_VERSION};
+        if self.cluster_version() < LOST_AFTER_FROM_VERSION {
+            return Err(Rejection::Invalid {
+                field: "lost_after".into(),
+                message: format!("needs cluster version {LOST_AFTER_FROM_VERSION}"),
+            });
+        }
+        let spec = match command {
+            Command::SubmitJob { spec, .. } | Command::SubmitMarked { spec, .. } | Command::SubmitTagged { spec, .. } => spec,
+            _ => {
+                return Err(Rejection::Invalid { field: "command".into(), message: "a lost-after holds a submit only".into() });
+            }
+        };
+        validate_lost_after(spec, lost_after)?;
+        let result = match actor {
+            Some(actor) => self.apply_as(index, actor, command)?,
+            None => self.apply(index, command),
+        };
+        if let CommandResult::Submitted { job_id, deduplicated: false } = result {
+            self.lost_after.insert(job_id, lost_after);
+        }
+        Ok(result)
     }
 
     fn alloc_exited(&mut self, index: u64, alloc_id: AllocId, rank: u32, exit_code: i32) -> Result<CommandResult, Rejection> {
@@ -830,6 +882,13 @@ impl ClusterState {
             Some(StopReason::NeverStarted) => {
                 (JobState::Pending, JobReason::new(ReasonCode::NeverStarted, "requeued: a rank was assigned and not started in time"))
             }
+            Some(StopReason::AgentDiskFull) => (
+                JobState::Pending,
+                JobReason::new(
+                    ReasonCode::AgentDiskFull,
+                    "requeued: its node's agent could not write the rank's files (disk full or read-only)",
+                ),
+            ),
             Some(StopReason::GpuLost) => {
                 (JobState::Pending, JobReason::new(ReasonCode::GpuLost, "requeued: a GPU of the gang left its node"))
             }
@@ -865,6 +924,7 @@ impl ClusterState {
         job.finished_at_ms = Some(self.now_ms);
         job.changed_at_index = index;
         self.live_jobs -= 1;
+        self.lost_after.remove(&job_id);
         self.finished.push_back(job_id);
         while self.finished.len() > self.limits.max_finished_jobs {
             let oldest = self.finished.pop_front().expect("non-empty");

@@ -35,6 +35,7 @@
 //! | 8 | `Command::RequireApproval`, `ApproveChange`, `WithdrawChange`, `AllocIdle`, `IdleFlagged`, `SetQueueIdle`, `StopReason::IdleReclaimed`, `ReasonCode::IdleReclaimed`; then the approval rules and pending changes (`approvals`), then the idle records, per-job idle GPU-time and queue idle rules (`idle`), then the job statistics of history and reports (`records`) |
 //! | 9 | `Command::ApplyPolicy`, `PromotePolicy`, `RollbackPolicy`; then the policy documents, the active and staged version and each job's version (`policy_doc`) |
 //! | 10 | `Command::Once` (a person's change applied once per sender and request id), `SetJobPriority`, `StopReason::NeverStarted`, `ReasonCode::NeverStarted`; then the request outcomes (`outcomes`) |
+//! | 11 | `Command::WithLostAfter` (a single-node job outliving its node's silence), `AllocLostFor`, `StopReason::AgentDiskFull`, `ReasonCode::AgentDiskFull`; then the jobs' lost-after (`lost_after`) |
 
 use serde::Serialize;
 
@@ -42,7 +43,7 @@ use super::command::Proposal;
 use super::ClusterState;
 
 /// The newest format this build reads (and writes, once the cluster runs it).
-pub const FORMAT_VERSION: u16 = 10;
+pub const FORMAT_VERSION: u16 = 11;
 pub use super::command::FIRST_FORMAT_VERSION;
 const MAGIC: &[u8; 4] = b"rota";
 const HEADER_BYTES: usize = 6;
@@ -160,6 +161,11 @@ pub fn encode_snapshot(state: &ClusterState) -> Vec<u8> {
     } else {
         debug_assert!(state.outcomes == Default::default(), "request outcomes exist from format 10 on");
     }
+    if version >= 11 {
+        bincode::serialize_into(&mut bytes, &state.lost_after).expect("lost-after table encodes");
+    } else {
+        debug_assert!(state.lost_after.is_empty(), "lost-after exists from format 11 on");
+    }
     bytes
 }
 
@@ -221,6 +227,9 @@ pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterStat
     }
     if version >= 10 {
         state.outcomes = read_part(what, &mut reader)?;
+    }
+    if version >= 11 {
+        state.lost_after = read_part(what, &mut reader)?;
     }
     if !reader.is_empty() {
         return Err(CodecError::Corrupt { what, detail: format!("{} bytes after the state", reader.len()) });

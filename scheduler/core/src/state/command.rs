@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::{Actor, Role};
 use super::idle::IdlePolicy;
+use super::lost_after::{LostAfter, LOST_AFTER_FROM_VERSION};
 use super::policy_doc::{CanaryScope, PolicyDocument};
 use super::tenancy::{Month, TemplateRef};
 use super::types::{
@@ -300,6 +301,22 @@ pub enum Command {
         job_id: JobId,
         priority: Priority,
     },
+    /// A submit of a single-node job that outlives its node's silence for
+    /// `lost_after` (format 11 on, around the submit, inside `Audited`
+    /// when that is there): applied as the submit, then the job keeps its
+    /// bound (see `lost_after`).
+    WithLostAfter {
+        lost_after: LostAfter,
+        command: Box<Command>,
+    },
+    /// A rank ended by its node, not by itself, for `reason` (format 11
+    /// on): `AllocLost` with the cause kept, e.g. an agent whose disk is
+    /// full. The job is requeued once the rest of the gang has stopped.
+    AllocLostFor {
+        alloc_id: AllocId,
+        rank: u32,
+        reason: StopReason,
+    },
 }
 
 /// The first format with `Command::Traced`.
@@ -328,6 +345,7 @@ impl Command {
             Command::Audited { command, .. } => command.min_format().max(5),
             Command::Traced { command, .. } => command.min_format().max(TRACED_FROM_VERSION),
             Command::Once { command, .. } => command.min_format().max(OUTCOMES_FROM_VERSION),
+            Command::WithLostAfter { command, .. } => command.min_format().max(LOST_AFTER_FROM_VERSION),
             Command::ApplyPlan(plan) => plan.min_format(),
             other => other.own_format(),
         }
@@ -367,6 +385,7 @@ impl Command {
                 super::policy_doc::POLICY_DOC_FROM_VERSION
             }
             Command::Once { .. } | Command::SetJobPriority { .. } => OUTCOMES_FROM_VERSION,
+            Command::WithLostAfter { .. } | Command::AllocLostFor { .. } => LOST_AFTER_FROM_VERSION,
             Command::SubmitJob { .. }
             | Command::CancelJob { .. }
             | Command::RegisterNode(_)
@@ -386,7 +405,10 @@ impl Command {
     /// The command itself, without the request id and sender it may carry.
     pub fn unwrapped(&self) -> &Command {
         match self {
-            Command::Traced { command, .. } | Command::Audited { command, .. } | Command::Once { command, .. } => command.unwrapped(),
+            Command::Traced { command, .. }
+            | Command::Audited { command, .. }
+            | Command::Once { command, .. }
+            | Command::WithLostAfter { command, .. } => command.unwrapped(),
             other => other,
         }
     }
@@ -491,6 +513,7 @@ impl Command {
             Command::RollbackPolicy { to: Some(version) } => format!("roll the policy back to version {version}"),
             Command::RollbackPolicy { to: None } => "roll the policy back".into(),
             Command::Audited { command, .. } | Command::Traced { command, .. } | Command::Once { command, .. } => command.audit_summary(),
+            Command::WithLostAfter { lost_after, command } => format!("{} (lost after {})", command.audit_summary(), lost_after.text()),
             other => format!("{:?}", std::mem::discriminant(other)),
         }
     }
@@ -520,6 +543,12 @@ impl Plan {
     /// The oldest format that has every stop reason and pending reason of
     /// the plan.
     pub fn min_format(&self) -> u16 {
+        // A stop or reason naming an agent's full disk exists from format 11 on.
+        let disk_full = self.stops.iter().any(|s| s.reason == StopReason::AgentDiskFull)
+            || self.pending.iter().any(|n| n.reason.code == ReasonCode::AgentDiskFull);
+        if disk_full {
+            return LOST_AFTER_FROM_VERSION;
+        }
         // A stop of a rank that never started exists from format 10 on.
         if self.stops.iter().any(|s| s.reason == StopReason::NeverStarted) {
             return OUTCOMES_FROM_VERSION;

@@ -309,7 +309,10 @@ impl ClusterState {
                 jobs.extend(plan.placements.iter().map(|p| p.job_id));
                 jobs.extend(plan.stops.iter().filter_map(|s| self.job_of_alloc(s.alloc_id)));
             }
-            Command::AllocStarted { alloc_id, .. } | Command::AllocExited { alloc_id, .. } | Command::AllocLost { alloc_id, .. } => {
+            Command::AllocStarted { alloc_id, .. }
+            | Command::AllocExited { alloc_id, .. }
+            | Command::AllocLost { alloc_id, .. }
+            | Command::AllocLostFor { alloc_id, .. } => {
                 jobs.extend(self.job_of_alloc(*alloc_id));
             }
             _ => {}

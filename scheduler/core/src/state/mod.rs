@@ -19,6 +19,7 @@ pub mod events;
 pub mod faults;
 pub mod gpu_model;
 pub mod idle;
+pub mod lost_after;
 pub mod outcomes;
 pub mod policy_doc;
 pub mod records;
@@ -143,6 +144,10 @@ pub struct ClusterState {
     /// format 10 on, written after the policy documents.
     #[serde(skip)]
     pub outcomes: outcomes::OutcomeState,
+    /// `--lost-after` of live single-node jobs that set one. Kept from
+    /// format 11 on, written after the request outcomes.
+    #[serde(skip)]
+    pub lost_after: lost_after::LostAfterTable,
     /// Records of jobs this replica dropped, for its archive (not
     /// replicated; see `records::ArchiveOutbox`).
     #[serde(skip)]
@@ -185,6 +190,7 @@ impl ClusterState {
             records: records::RecordsState::default(),
             policy: policy_doc::PolicyState::default(),
             outcomes: outcomes::OutcomeState::default(),
+            lost_after: lost_after::LostAfterTable::new(),
             archive_outbox: records::ArchiveOutbox::default(),
         }
     }
@@ -304,6 +310,12 @@ impl ClusterState {
             return Err(format!("job {job_id} has a policy version but is not held"));
         }
         self.outcomes.check()?;
+        for job_id in self.lost_after.keys() {
+            match self.jobs.get(job_id) {
+                Some(job) if !job.state.is_final() && job.spec.replicas == 1 => {}
+                _ => return Err(format!("job {job_id} has a lost-after but is not a live single-node job")),
+            }
+        }
         if self.cluster_version() >= tenancy::TENANCY_FROM_VERSION {
             let mut running: BTreeMap<&str, u64> = BTreeMap::new();
             for alloc in self.allocs.values() {

@@ -148,6 +148,9 @@ pub enum StopReason {
     /// A rank was assigned and not started within the leader's start
     /// timeout (format 10 on; `node_lost` before): the job is requeued.
     NeverStarted,
+    /// Its node's agent could not write the rank's files (disk full or
+    /// read-only; format 11 on, `node_lost` before): the job is requeued.
+    AgentDiskFull,
 }
 
 impl StopReason {
@@ -161,6 +164,7 @@ impl StopReason {
             StopReason::Failed => "failed",
             StopReason::IdleReclaimed => "idle_reclaimed",
             StopReason::NeverStarted => "never_started",
+            StopReason::AgentDiskFull => "agent_disk_full",
         }
     }
 }
@@ -385,6 +389,8 @@ pub enum ReasonCode {
     IdleReclaimed,
     /// Requeued: a rank was assigned and not started in time (format 10 on).
     NeverStarted,
+    /// Requeued: its node's agent could not write the rank's files (format 11 on).
+    AgentDiskFull,
 }
 
 impl ReasonCode {
@@ -414,6 +420,7 @@ impl ReasonCode {
             ReasonCode::BudgetExhausted => "budget_exhausted",
             ReasonCode::IdleReclaimed => "idle_reclaimed",
             ReasonCode::NeverStarted => "never_started",
+            ReasonCode::AgentDiskFull => "agent_disk_full",
         }
     }
 }

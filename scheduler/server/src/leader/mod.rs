@@ -244,6 +244,9 @@ async fn lead(ctx: &Context, term: u64) {
         if !stop_never_started(ctx, &mut starts).await {
             break;
         }
+        if !end_lost_past_their_bound(ctx).await {
+            break;
+        }
         if heard_recorded_at.elapsed() >= heard_every {
             heard_recorded_at = Instant::now();
             if !record_heard(ctx).await {
@@ -542,6 +545,30 @@ async fn propose_node_downs(ctx: &Context) -> bool {
         metrics::counter!("rota_nodes_declared_down_total").increment(1);
         if let Err(error) = ctx.proposer.propose(Command::NodeDown { node }).await {
             return proposal_failed("node down", &error);
+        }
+    }
+    true
+}
+
+/// Most ranks ended per pass for their lost-after (the rest on the next).
+const MAX_LOST_PER_PASS: usize = 64;
+
+/// End, as lost, the ranks of single-node jobs kept on a down node past
+/// their lost-after (see `rota_core::state::lost_after`): by then their
+/// agent has stopped them and they are gone. False when leadership is lost.
+async fn end_lost_past_their_bound(ctx: &Context) -> bool {
+    let ttl_ms = ctx.leader.node_ttl_ms;
+    let lost = ctx.read(|state| state.allocs_lost_past_their_bound(ttl_ms, heartbeats::loss_margin_ms(ttl_ms), MAX_LOST_PER_PASS));
+    if lost.is_empty() {
+        return true;
+    }
+    for (alloc_id, rank) in &lost {
+        tracing::warn!(alloc_id, rank, "rank kept on a down node past its lost-after; ending it as lost (its job is requeued)");
+    }
+    metrics::counter!("rota_ranks_lost_after_total").increment(lost.len() as u64);
+    for (alloc_id, rank) in lost {
+        if let Err(error) = ctx.proposer.propose(Command::AllocLost { alloc_id, rank }).await {
+            return proposal_failed("lost-after end", &error);
         }
     }
     true

@@ -49,7 +49,9 @@ pub enum JobState {
     Succeeded,
     Failed,
     Cancelled,
-    /// A state this build does not know.
+    /// Placed on a node that is down, kept there by its lost-after:
+    /// whether it still runs is not known until the node is heard again
+    /// (also any state this build does not know).
     Unknown,
 }
 
@@ -62,11 +64,12 @@ impl JobState {
             Ok(pb::JobState::Succeeded) => JobState::Succeeded,
             Ok(pb::JobState::Failed) => JobState::Failed,
             Ok(pb::JobState::Cancelled) => JobState::Cancelled,
+            Ok(pb::JobState::Unknown) => JobState::Unknown,
             _ => JobState::Unknown,
         }
     }
 
-    /// The state as a list filter; None for `unknown` (it matches nothing).
+    /// The state as a list filter.
     pub fn to_pb(self) -> Option<pb::JobState> {
         Some(match self {
             JobState::Pending => pb::JobState::Pending,
@@ -75,7 +78,7 @@ impl JobState {
             JobState::Succeeded => pb::JobState::Succeeded,
             JobState::Failed => pb::JobState::Failed,
             JobState::Cancelled => pb::JobState::Cancelled,
-            JobState::Unknown => return None,
+            JobState::Unknown => pb::JobState::Unknown,
         })
     }
 }
@@ -254,6 +257,11 @@ pub struct SubmitRequest {
     /// The template's version; absent or 0 = its latest.
     #[serde(default)]
     pub template_version: Option<u32>,
+    /// How long a single-node job outlives its node's silence (cluster
+    /// version 11 on): `never`, or a duration such as `90s`, `30m`, `2h`,
+    /// `1d` (at most a week). Absent: the node TTL.
+    #[serde(default)]
+    pub lost_after: Option<String>,
 }
 
 impl SubmitRequest {
@@ -267,6 +275,7 @@ impl SubmitRequest {
             template,
             template_version: self.template_version.unwrap_or(0),
             labels: self.labels.clone().into_iter().collect(),
+            lost_after: self.lost_after.clone().unwrap_or_default(),
         }
     }
 }
@@ -349,6 +358,9 @@ pub struct Job {
     pub idle_flagged_ms: u64,
     /// GPU-milliseconds the job's attempts have spent idle.
     pub idle_gpu_ms: u64,
+    /// Its lost-after as submitted (`never`, `30m`); absent = the node TTL.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost_after: Option<String>,
 }
 
 impl From<pb::Job> for Job {
@@ -383,6 +395,7 @@ impl From<pb::Job> for Job {
             template_version: job.template_version,
             idle_since_ms: job.idle_since_ms,
             idle_flagged_ms: job.idle_flagged_ms,
+            lost_after: (!job.lost_after.is_empty()).then_some(job.lost_after),
             idle_gpu_ms: job.idle_gpu_ms,
         }
     }
