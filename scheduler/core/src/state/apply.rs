@@ -797,7 +797,7 @@ impl ClusterState {
                 return Err(Rejection::Invalid { field: "command".into(), message: "a lost-after holds a submit only".into() });
             }
         };
-        validate_lost_after(spec, lost_after)?;
+        validate_lost_after(spec, lost_after).map_err(|message| Rejection::Invalid { field: "lost_after".into(), message })?;
         let result = match actor {
             Some(actor) => self.apply_as(index, actor, command)?,
             None => self.apply(index, command),

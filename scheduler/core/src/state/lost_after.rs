@@ -23,7 +23,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::command::Rejection;
 use super::types::{AllocId, JobId, JobSpec, JobState, NodeState, RankState};
 use super::ClusterState;
 
@@ -96,16 +95,15 @@ impl LostAfter {
     }
 }
 
-/// Is `lost_after` allowed for a job of `spec`? Named by the field, as
-/// every submit rejection is.
-pub fn validate_lost_after(spec: &JobSpec, lost_after: LostAfter) -> Result<(), Rejection> {
-    let invalid = |message: String| Rejection::Invalid { field: "lost_after".into(), message };
-    lost_after.validate().map_err(invalid)?;
+/// Is `lost_after` allowed for a job of `spec`? The reason if not (the
+/// caller names the field, `lost_after`).
+pub fn validate_lost_after(spec: &JobSpec, lost_after: LostAfter) -> Result<(), String> {
+    lost_after.validate()?;
     if spec.replicas != 1 {
-        return Err(invalid(format!(
+        return Err(format!(
             "only single-node jobs (replicas 1) outlive their node's lease; this job has {} ranks, which stop with the lease",
             spec.replicas
-        )));
+        ));
     }
     Ok(())
 }
@@ -122,14 +120,22 @@ impl ClusterState {
         alloc.ranks.len() == 1 && self.lost_after.contains_key(&alloc.job_id)
     }
 
-    /// A running job whose node is down (kept there by `--lost-after`):
-    /// whether it still runs is unknown until the node is heard again.
+    /// A job kept by its lost-after on a node that is down: whether its
+    /// rank still runs is unknown until the node is heard again. (A gang
+    /// stopping because a node went down is not: its rank there counts as
+    /// ended.)
     pub fn job_state_unknown(&self, job_id: JobId) -> bool {
+        if !self.lost_after.contains_key(&job_id) {
+            return false;
+        }
         let Some(job) = self.jobs.get(&job_id) else { return false };
         let Some(alloc) = job.alloc.and_then(|id| self.allocs.get(&id)) else { return false };
-        !job.state.is_final()
-            && job.state != JobState::Pending
-            && alloc.ranks.iter().any(|rank| self.nodes.get(&rank.node).is_some_and(|node| node.state == NodeState::Down))
+        debug_assert!(!job.state.is_final() && job.state != JobState::Pending, "a job holding an allocation is placed");
+        alloc.ranks.iter().filter(|rank| rank.state != RankState::Exited).any(|rank| self.node_is_down(&rank.node))
+    }
+
+    fn node_is_down(&self, name: &str) -> bool {
+        self.nodes.get(name).is_some_and(|node| node.state == NodeState::Down)
     }
 
     /// Ranks held on a down node past their `--lost-after`, as (allocation,
@@ -139,6 +145,10 @@ impl ClusterState {
     /// in committed time. At most `limit` (the caller proposes them).
     pub fn allocs_lost_past_their_bound(&self, node_ttl_ms: u64, margin_ms: u64, limit: usize) -> Vec<(AllocId, u32)> {
         let mut lost = Vec::new();
+        // Called on every leader pass: nothing to look at without a down node.
+        if self.lost_after.is_empty() || !self.nodes.values().any(|node| node.state == NodeState::Down) {
+            return lost;
+        }
         for (&job_id, lost_after) in &self.lost_after {
             if lost.len() >= limit {
                 break;
@@ -147,7 +157,7 @@ impl ClusterState {
             let Some(job) = self.jobs.get(&job_id) else { continue };
             let Some(alloc) = job.alloc.and_then(|id| self.allocs.get(&id)) else { continue };
             for rank in alloc.ranks.iter().filter(|rank| rank.state != RankState::Exited) {
-                let down = self.nodes.get(&rank.node).is_some_and(|node| node.state == NodeState::Down);
+                let down = self.node_is_down(&rank.node);
                 // No record (never heard by a leader that kept one): not yet.
                 let Some(&heard_ms) = self.node_heard_ms.get(&rank.node) else { continue };
                 let grace_ms = job.spec.grace_period_s.saturating_mul(1_000);
@@ -169,7 +179,7 @@ pub type LostAfterTable = BTreeMap<JobId, LostAfter>;
 mod tests {
     use super::*;
     use crate::state::tests::node;
-    use crate::state::{Command, CommandResult, Placement, Plan, Proposal, RankPlacement, StopReason};
+    use crate::state::{Command, CommandResult, Placement, Plan, Proposal, RankPlacement, Rejection, StopReason};
 
     const TTL_MS: u64 = 2_000;
     const MARGIN_MS: u64 = 2_500;
@@ -217,6 +227,7 @@ mod tests {
         assert_eq!(state.jobs[&1].state, JobState::Running, "kept on its silent node");
         assert!(state.job_state_unknown(1), "shown unknown while its node is down");
         assert_eq!(state.jobs[&2].state, JobState::Stopping, "the gang stops with the lease");
+        assert!(!state.job_state_unknown(2), "a gang stopping for its lost node is shown stopping");
         // Not before heard + TTL + bound + grace (60 s) + margin.
         let due_ms = 1_000 + TTL_MS + 60_000 + 60_000 + MARGIN_MS;
         run(&mut state, due_ms, vec![]);
@@ -321,8 +332,7 @@ mod tests {
     #[test]
     fn gangs_may_not_outlive_their_lease() {
         let spec = JobSpec { replicas: 2, ..JobSpec::simple(&["train.py"]) };
-        let Err(Rejection::Invalid { field, message }) = validate_lost_after(&spec, LostAfter::Never) else { panic!("accepted") };
-        assert_eq!(field, "lost_after");
+        let Err(message) = validate_lost_after(&spec, LostAfter::Never) else { panic!("accepted") };
         assert!(message.contains("single-node"), "{message}");
         let single = JobSpec::simple(&["train.py"]);
         assert_eq!(validate_lost_after(&single, LostAfter::Never), Ok(()));
