@@ -346,3 +346,19 @@ pub async fn wait_cluster_version(cluster: &LocalCluster, version: u32, timeout:
     })
     .await
 }
+
+/// `pid-KEY-ATTEMPT` marker files that ranks write (KEY: their node or job
+/// name, ATTEMPT: `$ROTA_ATTEMPT`, holding the rank's pid, written through a
+/// rename so a reader never sees half a file): (key, attempt) -> pid.
+pub fn pid_markers(dir: &std::path::Path) -> std::collections::BTreeMap<(String, u32), u32> {
+    let mut found = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Some((key, attempt)) = name.strip_prefix("pid-").and_then(|rest| rest.rsplit_once('-')) else { continue };
+        let pid = std::fs::read_to_string(entry.path()).ok().and_then(|s| s.trim().parse().ok());
+        if let (Ok(attempt), Some(pid)) = (attempt.parse(), pid) {
+            found.insert((key.to_string(), attempt), pid);
+        }
+    }
+    found
+}

@@ -8,35 +8,18 @@
 //! it) and the healthy node's rank was still in its grace period.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use rota_chaos::agents::{AgentOptions, LocalAgent};
 use rota_chaos::cluster::{ClusterOptions, LocalCluster};
 use rota_chaos::proxy::LinkProxy;
-use rota_e2e::{pid_alive, shell_job, wait_nodes_ready, wait_until, AnyReplica};
+use rota_e2e::{pid_alive, pid_markers, shell_job, wait_nodes_ready, wait_until, AnyReplica};
 use rota_proto::v1 as pb;
 
 const WAIT: Duration = Duration::from_secs(60);
 const TTL_MS: u64 = 2_000;
 const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
-
-/// `pid-NODE-ATTEMPT` marker files written by the ranks: (node, attempt) -> pid.
-fn markers(dir: &Path) -> BTreeMap<(String, u32), u32> {
-    let mut found = BTreeMap::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().to_string();
-        let Some(rest) = name.strip_prefix("pid-") else { continue };
-        let Some((node, attempt)) = rest.rsplit_once('-') else { continue };
-        let (Ok(attempt), Some(pid)) = (attempt.parse(), std::fs::read_to_string(entry.path()).ok().and_then(|s| s.trim().parse().ok()))
-        else {
-            continue;
-        };
-        found.insert((node.to_string(), attempt), pid);
-    }
-    found
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn requeued_gang_never_overlaps_its_old_ranks() -> Result<()> {
@@ -70,7 +53,7 @@ while [ ! -e "$MARK_DIR/go" ]; do sleep 0.05; done"#;
     request.spec.as_mut().context("a spec")?.grace_period_s = 2;
     let job_id = any.submit(request).await?.job_id;
     let first = wait_until("both ranks of the first attempt", WAIT, || async {
-        let found: Vec<(String, u32)> = markers(&marks).into_iter().filter(|((_, a), _)| *a == 1).map(|((n, _), p)| (n, p)).collect();
+        let found: Vec<(String, u32)> = pid_markers(&marks).into_iter().filter(|((_, a), _)| *a == 1).map(|((n, _), p)| (n, p)).collect();
         Ok((found.len() == 2).then_some(found))
     })
     .await?;
@@ -83,7 +66,7 @@ while [ ! -e "$MARK_DIR/go" ]; do sleep 0.05; done"#;
     // Watch the processes themselves until the second attempt's ranks start.
     let deadline = Instant::now() + WAIT;
     loop {
-        let now = markers(&marks);
+        let now = pid_markers(&marks);
         let second: Vec<_> = now.iter().filter(|((_, attempt), _)| *attempt == 2).collect();
         if !second.is_empty() {
             let alive: Vec<_> = first.iter().filter(|(_, pid)| pid_alive(*pid)).collect();

@@ -4,7 +4,6 @@
 //! make its checkers fail, proving they catch what they claim to.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +17,7 @@ use rota_chaos::faults::FaultKind;
 use rota_chaos::proxy::LinkProxy;
 use rota_chaos::report::summary;
 use rota_chaos::run::{run, RunConfig};
-use rota_e2e::{pid_alive, shell_job, wait_nodes_ready, wait_until, AnyReplica};
+use rota_e2e::{pid_alive, pid_markers, shell_job, wait_nodes_ready, wait_until, AnyReplica};
 use rota_proto::v1 as pb;
 
 /// Chaos runs take both cores; two at once starve each other's jobs, so the
@@ -161,20 +160,6 @@ async fn replica_and_disk_faults_lose_nothing_and_replicas_recover() -> Result<(
     Ok(())
 }
 
-/// `pid-NODE-ATTEMPT` marker files: (node, attempt) -> pid.
-fn rank_markers(dir: &Path) -> BTreeMap<(String, u32), u32> {
-    let mut found = BTreeMap::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().to_string();
-        let Some((node, attempt)) = name.strip_prefix("pid-").and_then(|rest| rest.rsplit_once('-')) else { continue };
-        let pid = std::fs::read_to_string(entry.path()).ok().and_then(|s| s.trim().parse().ok());
-        if let (Ok(attempt), Some(pid)) = (attempt.parse(), pid) {
-            found.insert((node.to_string(), attempt), pid);
-        }
-    }
-    found
-}
-
 /// The process checker against a planted bug: agents that ignore their
 /// lease (the test switch `ROTA_TEST_IGNORE_LEASE`) keep the rank of a node
 /// cut off past the TTL running while its job's next attempt starts on
@@ -212,12 +197,12 @@ while [ ! -e "$MARK_DIR/go" ]; do sleep 0.05; done"#;
     request.spec.as_mut().context("a spec")?.grace_period_s = 1;
     let job_id = any.submit(request).await?.job_id;
     let ((cut_node, _), first_pid) = wait_until("the first attempt's rank", WAIT, || async {
-        Ok(rank_markers(&marks).into_iter().find(|((_, attempt), _)| *attempt == 1))
+        Ok(pid_markers(&marks).into_iter().find(|((_, attempt), _)| *attempt == 1))
     })
     .await?;
     links[&cut_node].iter().for_each(LinkProxy::cut);
     let second_pid = wait_until("the second attempt's rank", WAIT, || async {
-        Ok(rank_markers(&marks).into_iter().find(|((_, attempt), _)| *attempt == 2).map(|(_, pid)| pid))
+        Ok(pid_markers(&marks).into_iter().find(|((_, attempt), _)| *attempt == 2).map(|(_, pid)| pid))
     })
     .await?;
     // Both alive for a while: the sampler (every 50 ms) sees them together.

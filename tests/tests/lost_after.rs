@@ -7,7 +7,6 @@
 //! node cut off past the TTL was stopped at the end of its lease and its
 //! job requeued (the submit's `lost_after` field did not exist).
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -15,7 +14,7 @@ use anyhow::{ensure, Context, Result};
 use rota_chaos::agents::{AgentOptions, LocalAgent};
 use rota_chaos::cluster::{ClusterOptions, LocalCluster};
 use rota_chaos::proxy::LinkProxy;
-use rota_e2e::{list_nodes, pid_alive, shell_job, wait_cluster_version, wait_nodes_ready, wait_until, AnyReplica};
+use rota_e2e::{list_nodes, pid_alive, pid_markers, shell_job, wait_cluster_version, wait_nodes_ready, wait_until, AnyReplica};
 use rota_proto::v1 as pb;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -23,20 +22,6 @@ const TTL_MS: u64 = 2_000;
 /// The finite lost-after: well past the time the node is declared down
 /// (TTL + 1 s grace + margin, 5.5 s), so both are seen apart.
 const BOUND_S: u64 = 10;
-
-/// `pid-JOB-ATTEMPT` marker files the ranks write: (job name, attempt) -> pid.
-fn markers(dir: &Path) -> BTreeMap<(String, u32), u32> {
-    let mut found = BTreeMap::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().to_string();
-        let Some((job, attempt)) = name.strip_prefix("pid-").and_then(|rest| rest.rsplit_once('-')) else { continue };
-        let pid = std::fs::read_to_string(entry.path()).ok().and_then(|s| s.trim().parse().ok());
-        if let (Ok(attempt), Some(pid)) = (attempt.parse(), pid) {
-            found.insert((job.to_string(), attempt), pid);
-        }
-    }
-    found
-}
 
 fn job(marks: &Path, name: &str, lost_after: &str) -> pb::SubmitJobRequest {
     let script = format!(
@@ -87,7 +72,7 @@ async fn single_node_jobs_ride_out_their_nodes_silence_for_their_lost_after() ->
     let forever = any.submit(job(&marks, "forever", "never")).await?.job_id;
     let bounded = any.submit(job(&marks, "bounded", &format!("{BOUND_S}s"))).await?.job_id;
     let pids = wait_until("both ranks running", WAIT, || async {
-        let found = markers(&marks);
+        let found = pid_markers(&marks);
         Ok(match (found.get(&("forever".into(), 1)), found.get(&("bounded".into(), 1))) {
             (Some(&f), Some(&b)) => Some((f, b)),
             _ => None,
@@ -132,7 +117,7 @@ async fn single_node_jobs_ride_out_their_nodes_silence_for_their_lost_after() ->
     ensure!(done.attempts == 1, "run once: {done:?}");
     let done = any.wait_job_state(bounded, pb::JobState::Succeeded, WAIT).await?;
     ensure!(done.attempts == 2, "the bounded job ran once more, after its first attempt was gone: {done:?}");
-    let second = markers(&marks).get(&("bounded".into(), 2)).copied().context("the second attempt ran")?;
+    let second = pid_markers(&marks).get(&("bounded".into(), 2)).copied().context("the second attempt ran")?;
     ensure!(second != pids.1);
     drop(agent);
     Ok(())
