@@ -285,6 +285,7 @@ pub fn node_assignments(state: &ClusterState, node: &str) -> Vec<pb::AssignedRan
             .and_then(|r| state.nodes.get(&r.node))
             .map(|n| rota_client::convert::host_of(&n.address).to_string())
             .unwrap_or_default();
+        let lost_after = state.lost_after_of(alloc.job_id);
         let mut node_ranks: BTreeMap<&str, u32> = BTreeMap::new();
         let mut local_counts: BTreeMap<&str, u32> = BTreeMap::new();
         for rank in &alloc.ranks {
@@ -312,11 +313,11 @@ pub fn node_assignments(state: &ClusterState, node: &str) -> Vec<pb::AssignedRan
                 grace_period_s: job.spec.grace_period_s,
                 stop_reason: alloc.stop.map(|r| r.as_str().to_string()).unwrap_or_default(),
                 user: state.auth.job_marks.get(&alloc.job_id).and_then(|m| m.owner.clone()).unwrap_or_default(),
-                lost_after_ms: match state.lost_after_of(alloc.job_id) {
+                lost_after_ms: match lost_after {
                     Some(LostAfter::After { ms }) => ms,
                     _ => 0,
                 },
-                lost_after_never: state.lost_after_of(alloc.job_id) == Some(LostAfter::Never),
+                lost_after_never: lost_after == Some(LostAfter::Never),
             });
         }
     }

@@ -139,7 +139,7 @@ impl JobApi {
             )));
         }
         let lost_after = LostAfter::parse(text).map_err(|message| Status::invalid_argument(format!("lost_after: {message}")))?;
-        if let Command::SubmitJob { spec, .. } | Command::SubmitMarked { spec, .. } | Command::SubmitTagged { spec, .. } = &command {
+        if let Some(spec) = command.submitted_spec() {
             validate_lost_after(spec, lost_after).map_err(|message| Status::invalid_argument(format!("lost_after: {message}")))?;
         }
         Ok(Command::WithLostAfter { lost_after, command: Box::new(command) })

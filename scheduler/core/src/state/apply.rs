@@ -791,11 +791,8 @@ impl ClusterState {
                 message: format!("needs cluster version {LOST_AFTER_FROM_VERSION}"),
             });
         }
-        let spec = match command {
-            Command::SubmitJob { spec, .. } | Command::SubmitMarked { spec, .. } | Command::SubmitTagged { spec, .. } => spec,
-            _ => {
-                return Err(Rejection::Invalid { field: "command".into(), message: "a lost-after holds a submit only".into() });
-            }
+        let Some(spec) = command.submitted_spec() else {
+            return Err(Rejection::Invalid { field: "command".into(), message: "a lost-after holds a submit only".into() });
         };
         validate_lost_after(spec, lost_after).map_err(|message| Rejection::Invalid { field: "lost_after".into(), message })?;
         let result = match actor {

@@ -413,6 +413,14 @@ impl Command {
         }
     }
 
+    /// The spec of a submit (any of its kinds); `None` for other commands.
+    pub fn submitted_spec(&self) -> Option<&JobSpec> {
+        match self {
+            Command::SubmitJob { spec, .. } | Command::SubmitMarked { spec, .. } | Command::SubmitTagged { spec, .. } => Some(spec),
+            _ => None,
+        }
+    }
+
     /// Is this a change a person makes whose repeat under one request id
     /// must not apply twice (see `outcomes`)? Submits have their own table;
     /// what agents and the leader send is not sent under a person's id.
