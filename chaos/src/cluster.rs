@@ -156,6 +156,10 @@ pub struct LocalCluster {
     /// The replica whose proxied links (see `start_proxied`) a replica
     /// uses: itself, or the wiped replica whose host it took over.
     link_slot: BTreeMap<u64, u64>,
+    /// Per link slot, `ROTA_TEST_PEER_ROUTES` for the replica on that host:
+    /// every peer host's own address -> this host's proxy to it, so peers
+    /// that join later under new ids are reached through the proxies too.
+    routes_of: BTreeMap<u64, String>,
     pub replicas: BTreeMap<u64, Replica>,
     /// The cluster's CA and certificates (under `root/tls`).
     pub pki: Pki,
@@ -181,6 +185,7 @@ impl LocalCluster {
             founding_peers,
             peers_of,
             link_slot,
+            routes_of: BTreeMap::new(),
             replicas,
             pki,
             security,
@@ -245,17 +250,22 @@ impl LocalCluster {
         }
         let mut links = Vec::new();
         let mut peers_of = BTreeMap::new();
+        let mut routes_of = BTreeMap::new();
         for from in 1..=n {
             let mut peers = vec![format!("{from}={}", replicas[&from].addr)];
+            let mut routes = Vec::new();
             for to in (1..=n).filter(|to| *to != from) {
                 let link = LinkProxy::start(from, to, replicas[&to].addr.clone()).await?;
                 peers.push(format!("{to}={}", link.listen_addr));
+                routes.push(format!("{}={}", replicas[&to].addr, link.listen_addr));
                 links.push(link);
             }
             peers_of.insert(from, peers.join(","));
+            routes_of.insert(from, routes.join(","));
         }
         let founding_peers = replicas.values().map(|r| format!("{}={}", r.id, r.addr)).collect::<Vec<_>>().join(",");
         let mut cluster = LocalCluster::new(root, options, founding_peers, peers_of, replicas)?;
+        cluster.routes_of = routes_of;
         for id in 1..=n {
             cluster.spawn(id, false)?;
         }
@@ -286,6 +296,8 @@ impl LocalCluster {
             }
             flags
         };
+        let routes = self.routes_of.get(&self.link_slot(id)).cloned();
+        let join_peers = self.join_peers(id)?;
         let replica = self.replicas.get_mut(&id).context("unknown replica")?;
         std::fs::create_dir_all(&replica.data_dir)?;
         let log = File::options().create(true).append(true).open(replica.data_dir.join("server.log"))?;
@@ -318,14 +330,17 @@ impl LocalCluster {
             .stderr(log);
         if join {
             // A replica on a wiped replica's host reaches its peers through
-            // that replica's proxies.
-            let own = format!("{id}={}", replica.addr);
-            command.arg("--join").args(["--peers", self.peers_of.get(&id).unwrap_or(&own)]);
+            // that replica's proxies; otherwise it is given the others as
+            // an operator would, so its start-up check can ask them.
+            command.arg("--join").args(["--peers", self.peers_of.get(&id).unwrap_or(&join_peers)]);
         } else {
             command.args(["--peers", self.peers_of.get(&id).unwrap_or(&self.founding_peers)]);
         }
         for (key, value) in self.options.env.iter().chain(self.options.env_of.get(&id).into_iter().flatten()) {
             command.env(key, value);
+        }
+        if let Some(routes) = routes {
+            command.env("ROTA_TEST_PEER_ROUTES", routes);
         }
         replica.child = Some(command.spawn().with_context(|| format!("starting {}", self.bin.display()))?);
         replica.paused = false;
@@ -347,6 +362,14 @@ impl LocalCluster {
         self.link_slot.insert(id, id);
         self.spawn(id, true)?;
         Ok(self.replicas[&id].addr.clone())
+    }
+
+    /// `--peers` for replica `id` joining: itself, then every other known
+    /// replica on another host.
+    fn join_peers(&self, id: u64) -> Result<String> {
+        let own = &self.replicas.get(&id).context("unknown replica")?.addr;
+        let others = self.replicas.values().filter(|r| r.id != id && r.addr != *own).map(|r| format!("{}={}", r.id, r.addr));
+        Ok(std::iter::once(format!("{id}={own}")).chain(others).collect::<Vec<_>>().join(","))
     }
 
     /// The replica whose proxied links `id` uses (links name replicas by it).

@@ -5,6 +5,14 @@
 //! `ConsensusConfig::peer_addrs` first and from the membership's
 //! `BasicNode::addr` otherwise. Channels connect lazily and are shared per
 //! address; every RPC runs under a timeout.
+//!
+//! TEST ONLY: `ROTA_TEST_PEER_ROUTES=ADDR=VIA,...` dials `VIA` wherever a
+//! resolved peer address is `ADDR`. The chaos harness puts a proxy on every
+//! replica-to-replica link so it can cut one replica off; a replica that
+//! joins later under a new id (on a wiped replica's host) is known to the
+//! running ones only by its membership address, and without a route they
+//! would reach it directly, past the proxy, so a "partitioned" leader kept
+//! its quorum through it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -40,6 +48,27 @@ struct NetInner {
     make_channel: Option<PeerChannels>,
     tags: Option<RequestTags>,
     channels: Mutex<HashMap<String, Channel>>,
+    /// Resolved address -> address dialled instead (see the module doc).
+    routes: BTreeMap<String, String>,
+}
+
+const PEER_ROUTES_ENV: &str = "ROTA_TEST_PEER_ROUTES";
+
+/// The test-only routes of `ROTA_TEST_PEER_ROUTES` (empty when unset).
+fn test_routes() -> BTreeMap<String, String> {
+    let Ok(text) = std::env::var(PEER_ROUTES_ENV) else {
+        return BTreeMap::new();
+    };
+    tracing::error!("{PEER_ROUTES_ENV}: peer addresses are rerouted; never use this outside tests");
+    parse_routes(&text)
+}
+
+fn parse_routes(text: &str) -> BTreeMap<String, String> {
+    text.split(',')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(from, via)| (from.trim().to_string(), via.trim().to_string()))
+        .filter(|(from, via)| !from.is_empty() && !via.is_empty())
+        .collect()
 }
 
 /// Creates [`PeerClient`]s for openraft. Cheap to clone.
@@ -58,13 +87,16 @@ impl NetworkFactory {
         tags: Option<RequestTags>,
     ) -> Self {
         let channels = Mutex::new(HashMap::new());
-        Self { inner: Arc::new(NetInner { self_id, peer_addrs, rpc_timeout, snapshot_timeout, make_channel, tags, channels }) }
+        let routes = test_routes();
+        let inner = NetInner { self_id, peer_addrs, rpc_timeout, snapshot_timeout, make_channel, tags, channels, routes };
+        Self { inner: Arc::new(inner) }
     }
 
     /// The address to reach `target` at: configured peer address first,
     /// then the one stored in the membership.
     pub fn resolve(&self, target: NodeId, node: Option<&BasicNode>) -> Option<String> {
-        self.inner.peer_addrs.get(&target).cloned().or_else(|| node.map(|n| n.addr.clone()))
+        let addr = self.inner.peer_addrs.get(&target).cloned().or_else(|| node.map(|n| n.addr.clone()))?;
+        Some(self.inner.routes.get(&addr).cloned().unwrap_or(addr))
     }
 }
 
@@ -222,5 +254,18 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         let payload = encode(&rpc)?;
         let timeout = self.timeout(&option);
         self.call(RPCTypes::Vote, payload, timeout).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_parse_pairs_and_skip_malformed_ones() {
+        let routes = parse_routes("127.0.0.1:1=127.0.0.1:9, junk ,=x,127.0.0.1:2=127.0.0.1:8");
+        assert_eq!(routes.len(), 2);
+        assert_eq!(routes["127.0.0.1:1"], "127.0.0.1:9");
+        assert_eq!(routes["127.0.0.1:2"], "127.0.0.1:8");
     }
 }

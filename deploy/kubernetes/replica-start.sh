@@ -44,7 +44,15 @@ mv "$data/replica-id.tmp" "$data/replica-id"
 
 name() { echo "$service-$1.$service.$namespace.svc:$port"; }
 if [ -f "$data/replica-join" ]; then
+  # Itself first, then the founding pods but this one: the replica's
+  # start-up check asks them whether this id held data before (a wiped
+  # volume under a joined id must be refused too).
   peers="$id=$(name "${pod##*-}")"
+  i=0
+  while [ "$i" -lt "$founders" ]; do
+    [ "$i" = "${pod##*-}" ] || peers="$peers,$((i + 1))=$(name "$i")"
+    i=$((i + 1))
+  done
   join="--join"
 else
   peers=""

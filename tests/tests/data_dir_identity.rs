@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use rota_chaos::cluster::{ClusterOptions, LocalCluster};
 use rota_e2e::AnyReplica;
+use rota_proto::v1 as pb;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -64,6 +65,33 @@ async fn a_replica_whose_whole_directory_was_wiped_refuses_to_start() -> Result<
     ensure!(log.contains("wiped") && log.contains("had replicated"), "names the evidence: {log}");
     Ok(())
 }
+
+/// A replica that joined keeps `--join` in its flags (its service unit or
+/// pod script says so on every start). A wipe of its whole directory must
+/// be caught all the same: before the fix, `--join` with an empty directory
+/// was taken for a new member without asking anyone, and the wiped voter
+/// came back with an empty log under its old id (seen in a chaos run: the
+/// `wipe-follower` fault on a replica that had itself replaced a wiped one
+/// reported "started with its data directory wiped").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joined_replica_whose_whole_directory_was_wiped_refuses_to_start() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (mut cluster, _) = cluster_with_history(dir.path()).await?;
+    let leader = cluster.wait_leader(WAIT).await?;
+    let address = cluster.start_joining(JOINED)?;
+    cluster.cluster_client(leader)?.add_member(pb::AddMemberRequest { id: JOINED, address }).await?;
+    let commit = cluster.wait_applied(leader, 0, WAIT).await.context("leader status")?.commit_index;
+    cluster.wait_applied(JOINED, commit, WAIT).await?;
+    cluster.kill(JOINED)?;
+    std::fs::remove_dir_all(cluster.replicas[&JOINED].data_dir.join("db"))?;
+    cluster.restart(JOINED)?;
+    let (status, log) = wait_exit(&mut cluster, JOINED).await?;
+    ensure!(!status.success(), "refused with a non-zero exit");
+    ensure!(log.contains("wiped") && log.contains("had replicated"), "names the evidence: {log}");
+    Ok(())
+}
+
+const JOINED: u64 = 4;
 
 /// The Raft store's folder inside a replica's data directory.
 fn rota_consensus_db_dir() -> &'static str {

@@ -184,7 +184,9 @@ fn a_replica_id_lives_in_its_volume_not_in_its_pod_name() -> Result<()> {
     std::fs::write(join.join("rota-1"), "4\n")?;
     let rejoined = start_replica(&wiped, &tls, &join, "rota-1")?;
     ensure!(
-        rejoined.contains("--id 4 ") && rejoined.contains("--peers 4=rota-1.rota.prod.svc:7000 ") && rejoined.contains("--join"),
+        rejoined.contains("--id 4 ")
+            && rejoined.contains("--peers 4=rota-1.rota.prod.svc:7000,1=rota-0.rota.prod.svc:7000,3=rota-2.rota.prod.svc:7000 ")
+            && rejoined.contains("--join"),
         "{rejoined}"
     );
     std::fs::remove_file(join.join("rota-1"))?;

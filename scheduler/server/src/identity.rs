@@ -8,10 +8,13 @@
 //! start:
 //! - a marker naming another replica id: a foreign directory, refused;
 //! - a marker but no Raft data: the data was wiped or lost, refused;
-//! - neither marker nor data, not joining: refused if a peer's leader has
-//!   replicated entries to this id before (the whole directory was wiped);
-//!   otherwise a new replica of a founding cluster, and the marker is
-//!   written.
+//! - neither marker nor data: refused if a peer's leader has replicated
+//!   entries to this id before (the whole directory was wiped); otherwise
+//!   a new replica (founding, or joining with `--join`), and the marker is
+//!   written. Joining does not skip the question: a replica that joined
+//!   once keeps `--join` in its service's flags, and a wipe of it must be
+//!   caught as well. A joining replica asks the peers it is given with
+//!   `--peers` (give it the cluster's replicas, not only itself).
 //!
 //! A refused replica is removed (`rota member remove ID`) and its host added
 //! back under a new id (`rota member add`), which starts from an empty log
@@ -43,8 +46,9 @@ pub enum Verdict {
     Known,
     /// Write a marker with this origin, then start.
     Adopt(&'static str),
-    /// Ask the peers whether this id held data before, then adopt as founding.
-    AskPeers,
+    /// Ask the peers whether this id held data before, then adopt with
+    /// this origin ("founding" or "join").
+    AskPeers(&'static str),
     /// Refuse to start, saying why.
     Refuse(String),
 }
@@ -66,8 +70,7 @@ pub fn judge(id: NodeId, marker: Option<&Marker>, has_data: bool, join: bool) ->
             remedy(id)
         )),
         (None, true) => Verdict::Adopt("existing"),
-        (None, false) if join => Verdict::Adopt("join"),
-        (None, false) => Verdict::AskPeers,
+        (None, false) => Verdict::AskPeers(if join { "join" } else { "founding" }),
     }
 }
 
@@ -130,11 +133,11 @@ pub async fn check(id: NodeId, data_dir: &Path, join: bool, peers: &[String], se
         Verdict::Known => return Ok(()),
         Verdict::Refuse(why) => return Err(why),
         Verdict::Adopt(origin) => origin,
-        Verdict::AskPeers => {
+        Verdict::AskPeers(origin) => {
             if let Some(evidence) = peers_knew_data_of(id, peers, security).await {
                 return Err(format!("the data directory of replica {id} is empty, but {evidence}: it was wiped; {}", remedy(id)));
             }
-            "founding"
+            origin
         }
     };
     write_marker(data_dir, &Marker { replica_id: id, origin: origin.to_string(), cluster_id: None })
@@ -155,8 +158,8 @@ mod tests {
         assert!(matches!(judge(2, Some(&marker(2)), false, false), Verdict::Refuse(why) if why.contains("wiped")));
         assert!(matches!(judge(2, Some(&marker(2)), false, true), Verdict::Refuse(_)), "joining does not excuse a wipe");
         assert_eq!(judge(2, None, true, false), Verdict::Adopt("existing"));
-        assert_eq!(judge(2, None, false, true), Verdict::Adopt("join"));
-        assert_eq!(judge(2, None, false, false), Verdict::AskPeers);
+        assert_eq!(judge(2, None, false, true), Verdict::AskPeers("join"), "a wiped replica that once joined is asked about too");
+        assert_eq!(judge(2, None, false, false), Verdict::AskPeers("founding"));
     }
 
     #[tokio::test]
