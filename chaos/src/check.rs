@@ -44,6 +44,8 @@ pub struct FinalJob {
     pub attempts: u32,
     /// Ranks of the job's gang (its spec's replicas).
     pub ranks: u32,
+    /// Why it is where it is (`reason_code: detail`), for the report.
+    pub reason: String,
 }
 
 /// Every acknowledged submit exists, exactly once, under the job id it was acknowledged with.
@@ -80,7 +82,7 @@ pub fn liveness(jobs: &[FinalJob], acked: &BTreeSet<u64>) -> Check {
         .iter()
         .filter(|j| acked.contains(&j.id))
         .filter(|j| !matches!(j.state.as_str(), "succeeded" | "failed" | "cancelled"))
-        .map(|j| format!("job {} is still {} after the settle period", j.id, j.state))
+        .map(|j| format!("job {} is still {} after the settle period ({})", j.id, j.state, j.reason))
         .collect();
     Check::new("every_job_reaches_a_final_state", violations)
 }
@@ -138,14 +140,19 @@ fn parse_start(text: &str) -> Option<RankRun> {
 /// conservative reading. A rank cut off by an `outage` past the TTL was
 /// stopped by its agent within the outage (its lease ran out): it is taken
 /// to hold them until the outage healed, unless the sampler saw it go sooner.
-pub fn gpus_exclusive(runs: &[RankRun], jobs: &BTreeMap<u64, FinalJob>, outages: &[Outage], gone_by_ms: &BTreeMap<u32, u64>) -> Check {
+pub fn gpus_exclusive(
+    runs: &[RankRun],
+    jobs: &BTreeMap<u64, FinalJob>,
+    outages: &[Outage],
+    gone_by_ms: &BTreeMap<(u32, u64), u64>,
+) -> Check {
     /// (start, end, rank) of each use of one GPU.
     type Spans<'a> = Vec<(u64, u64, &'a RankRun)>;
     let mut by_gpu: BTreeMap<(&str, u32), Spans> = BTreeMap::new();
     for run in runs {
         let cut_off_until =
             outages.iter().filter(|o| o.node == run.node && run.start_ms < o.to_ms && run.end_ms.is_none()).map(|o| o.to_ms).min();
-        let seen_gone = gone_by_ms.get(&run.pid).copied().filter(|&t| t >= run.start_ms);
+        let seen_gone = gone_by_ms.get(&(run.pid, run.job_id)).copied().filter(|&t| t >= run.start_ms);
         let end = run
             .end_ms
             .or(seen_gone)
@@ -334,7 +341,16 @@ mod tests {
     }
 
     fn job(id: u64, state: &str, finished_at_ms: u64) -> FinalJob {
-        FinalJob { id, request_id: format!("r{id}"), state: state.into(), started_at_ms: 0, finished_at_ms, attempts: 1, ranks: 1 }
+        FinalJob {
+            id,
+            request_id: format!("r{id}"),
+            state: state.into(),
+            started_at_ms: 0,
+            finished_at_ms,
+            attempts: 1,
+            ranks: 1,
+            reason: String::new(),
+        }
     }
 
     #[test]
@@ -359,10 +375,12 @@ mod tests {
             gpus_exclusive(&clash, &jobs, &healed, &BTreeMap::new()).passed,
             "a rank cut off past the TTL was stopped before the outage healed"
         );
-        let gone = BTreeMap::from([(10, 350)]);
+        let gone = BTreeMap::from([((10, 1), 350)]);
         assert!(gpus_exclusive(&clash, &jobs, &[], &gone).passed, "the sampler saw the stopped rank gone before the next one started");
-        let late = BTreeMap::from([(10, 450)]);
+        let late = BTreeMap::from([((10, 1), 450)]);
         assert!(!gpus_exclusive(&clash, &jobs, &[], &late).passed, "the sampler saw the stopped rank alive after the next one started");
+        let reused = BTreeMap::from([((10, 1), 350), ((10, 7), 9_000)]);
+        assert!(gpus_exclusive(&clash, &jobs, &[], &reused).passed, "pid 10 reused by job 7 later says nothing of job 1's rank");
     }
 
     #[test]

@@ -51,14 +51,17 @@ pub struct Samples {
     pub attempts_seen: u64,
     pub overlaps_total: u64,
     pub overlaps: Vec<Overlap>,
-    /// Per tagged pid, the time of the first sample that no longer saw it
-    /// after one that did: it was gone by then. Tells when a rank that was
-    /// stopped (and wrote no end marker) let go of its GPUs.
+    /// Per tagged process (pid, job id), the time of the first sample that
+    /// no longer saw it after one that did: it was gone by then. Tells when
+    /// a rank that was stopped (and wrote no end marker) let go of its GPUs.
+    /// Keyed by job too: pids wrap (32,768 by default) within a long run,
+    /// and a pid reused by a later job must not stretch an earlier rank's
+    /// life to the later one's end.
     #[serde(skip)]
-    pub gone_by_ms: BTreeMap<u32, u64>,
-    /// Tagged pids alive in the latest sample.
+    pub gone_by_ms: BTreeMap<(u32, u64), u64>,
+    /// Tagged processes (pid, job id) alive in the latest sample.
     #[serde(skip)]
-    alive: BTreeSet<u32>,
+    alive: BTreeSet<(u32, u64)>,
 }
 
 /// Most pids whose end is remembered (a run starts far fewer ranks).
@@ -112,15 +115,15 @@ pub fn record(samples: &mut Samples, seen: &mut BTreeSet<(u64, u32)>, found: &[(
         seen.insert((tags.job_id, tags.attempt));
     }
     samples.attempts_seen = seen.len() as u64;
-    let alive: BTreeSet<u32> = found.iter().map(|(pid, _)| *pid).collect();
+    let alive: BTreeSet<(u32, u64)> = found.iter().map(|(pid, tags)| (*pid, tags.job_id)).collect();
     for gone in samples.alive.difference(&alive) {
         if samples.gone_by_ms.len() < MAX_PIDS_TRACKED {
             samples.gone_by_ms.insert(*gone, at_ms);
         }
     }
-    for pid in &alive {
-        // Seen again (a reused pid): its end is not known yet.
-        samples.gone_by_ms.remove(pid);
+    for process in &alive {
+        // Seen again (a pid reused within the job): its end is not known yet.
+        samples.gone_by_ms.remove(process);
     }
     samples.alive = alive;
     for (job_id, attempts) in by_job.into_iter().filter(|(_, attempts)| attempts.len() > 1) {
@@ -177,7 +180,10 @@ mod tests {
         assert_eq!(samples.overlaps[0].pids, vec![10, 30]);
         record(&mut samples, &mut seen, &[(30, tags(1, 2))], 7);
         assert_eq!((samples.overlaps_total, samples.samples, samples.attempts_seen), (1, 3, 3));
-        assert_eq!(samples.gone_by_ms.get(&10), Some(&7), "pid 10 was gone by the sample that missed it");
-        assert_eq!(samples.gone_by_ms.get(&30), None, "pid 30 still runs");
+        assert_eq!(samples.gone_by_ms.get(&(10, 1)), Some(&7), "pid 10 was gone by the sample that missed it");
+        assert_eq!(samples.gone_by_ms.get(&(30, 1)), None, "pid 30 still runs");
+        // Pid 10 comes back as a rank of another job: the first one's end stays.
+        record(&mut samples, &mut seen, &[(30, tags(1, 2)), (10, tags(5, 1))], 8);
+        assert_eq!(samples.gone_by_ms.get(&(10, 1)), Some(&7), "a pid reused by another job keeps the first one's end");
     }
 }

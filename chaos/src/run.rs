@@ -522,6 +522,7 @@ async fn read_all_jobs(clients: &Clients) -> Result<Vec<FinalJob>> {
             finished_at_ms: j.finished_at_ms,
             attempts: j.attempts,
             ranks: j.spec.as_ref().map_or(1, |s| s.replicas.max(1)),
+            reason: format!("{}: {}", j.reason_code, j.reason_detail),
         }));
         if page.jobs.len() < LIST_PAGE as usize {
             break;
