@@ -7,6 +7,10 @@
 //!
 //! Failed before `Command::Once` (format 10): each rerun was applied and
 //! audited again ("set queue training" twice, a second policy version).
+//! Token and membership copies failed before the token seed and the
+//! removal of an absent member answering with the membership (on 74ec126):
+//! three copies of a token create made three tokens, and all but one copy
+//! of a removal were refused as "not a voting member".
 
 use std::time::Duration;
 
@@ -42,7 +46,7 @@ fn twice(rota: &UserCli, id: &str, args: &[&str], what: &str) -> Result<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_change_sent_twice_under_one_request_id_happens_once() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
+    let mut cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
     cluster.wait_leader(WAIT).await?;
     wait_access_control(&cluster, WAIT).await?;
     let rota = UserCli::new(&cluster, &[])?;
@@ -88,5 +92,41 @@ async fn a_change_sent_twice_under_one_request_id_happens_once() -> Result<()> {
     wait_until("the copies' one audit record", WAIT, || async { Ok((audited(&rota, "set quota of group speech")? >= 1).then_some(())) })
         .await?;
     ensure!(audited(&rota, "set quota of group speech")? == 1, "copies of one request are one change");
+
+    // A token and membership changes, whose effects live outside the
+    // outcome table, copied the same way.
+    let seed: Vec<u8> = (1..=32).collect();
+    let request = pb::CreateTokenRequest { user: "alice".into(), ttl_s: 3_600, seed };
+    let tokens = futures::future::join_all((0..cluster.endpoints().len()).map(|i| {
+        let (mut auth, request) = (client.auth_at(i), request.clone());
+        async move { auth.create_token(request).await.map(|r| r.into_inner()) }
+    }))
+    .await;
+    let tokens: Vec<pb::CreateTokenResponse> = tokens.into_iter().collect::<Result<_, _>>().context("every token copy is answered")?;
+    ensure!(tokens.iter().all(|t| *t == tokens[0]), "every copy is answered with one token: {tokens:?}");
+    let listed = rota.ok("harness", &["token", "list", "--user", "alice"])?;
+    let listed = listed.as_array().with_context(|| format!("no token list in {listed}"))?.len();
+    ensure!(listed == 1, "copies of one token create made {listed} tokens");
+
+    let address = cluster.start_joining(4)?;
+    let voters = |status: &pb::ClusterStatus| status.members.iter().filter(|m| m.role != "learner").map(|m| m.id).collect::<Vec<_>>();
+    let adds = futures::future::join_all((0..3).map(|i| {
+        let (mut service, address) = (client.cluster_at(i), address.clone());
+        async move { service.add_member(pb::AddMemberRequest { id: 4, address }).await.map(|r| r.into_inner()) }
+    }))
+    .await;
+    for added in adds {
+        let added = added.context("every copy of a member add is answered")?;
+        ensure!(voters(&added).contains(&4), "an add answers with the new member: {added:?}");
+    }
+    let removes = futures::future::join_all((0..3).map(|i| {
+        let mut service = client.cluster_at(i);
+        async move { service.remove_member(pb::RemoveMemberRequest { id: 4 }).await.map(|r| r.into_inner()) }
+    }))
+    .await;
+    for removed in removes {
+        let removed = removed.context("every copy of a member removal is answered")?;
+        ensure!(voters(&removed) == vec![1, 2, 3], "a removal answers without the member: {removed:?}");
+    }
     Ok(())
 }

@@ -105,7 +105,8 @@ pub async fn show(client: &Client, format: Format) -> Result<()> {
 
 pub async fn token_create(client: &Client, user: &str, ttl: &str, format: Format) -> Result<()> {
     let ttl_s = parse_duration_s(ttl).context("--ttl")?;
-    let request = pb::CreateTokenRequest { user: user.into(), ttl_s };
+    // One seed for every retry and hedged copy of this call: one token.
+    let request = pb::CreateTokenRequest { user: user.into(), ttl_s, seed: rand::random::<[u8; 32]>().to_vec() };
     let created = client
         .retrying(|i| {
             let mut auth = client.auth_at(i);

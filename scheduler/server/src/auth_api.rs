@@ -57,14 +57,66 @@ impl AuthApi {
         if !(MIN_TOKEN_TTL_S..=MAX_TOKEN_TTL_S).contains(&message.ttl_s) {
             return Err(Status::invalid_argument(format!("ttl_s: must be {MIN_TOKEN_TTL_S} to {MAX_TOKEN_TTL_S} seconds")).into());
         }
-        let mut random = [0u8; 38];
-        ring::rand::SystemRandom::new().fill(&mut random).map_err(|_| Status::internal("no randomness for a token"))?;
-        let (id, token, hash) = make_token(&random);
+        let (id, token, hash) = make_token(&token_random(&message.seed)?);
+        let answer = |expires_ms| pb::CreateTokenResponse { token: token.clone(), id: id.clone(), expires_ms };
+        // A copy of a call already served (a retry, a hedge): the token it made.
+        if let Some(expires_ms) = self.made_already(&id, &message.user, &hash)? {
+            return Ok(answer(expires_ms));
+        }
         let now_ms = crate::clock::wall_clock_ms().max(self.ctx.read(|state| state.now_ms));
         let expires_ms = now_ms + message.ttl_s * 1_000;
-        self.propose(actor, Command::CreateToken { id: id.clone(), user: message.user, hash, expires_ms }).await?;
-        Ok(pb::CreateTokenResponse { token, id, expires_ms })
+        let command = Command::CreateToken { id: id.clone(), user: message.user.clone(), hash: hash.clone(), expires_ms };
+        match self.propose(actor, command).await {
+            Ok(()) => Ok(answer(expires_ms)),
+            // Copies proposed at once: one is applied, the others are
+            // refused as taking its id; they answer with its token.
+            Err(failure) => match self.made_already(&id, &message.user, &hash)? {
+                Some(expires_ms) => Ok(answer(expires_ms)),
+                None => Err(failure),
+            },
+        }
     }
+
+    /// The expiry of the token `id` if it exists for `user` with this hash
+    /// (only a caller holding the seed can name it so).
+    fn made_already(&self, id: &str, user: &str, hash: &[u8]) -> Result<Option<u64>, Failure> {
+        let found = self
+            .ctx
+            .read(|state| state.auth.tokens.get(id).filter(|t| t.user == user && t.hash == hash).map(|t| (t.expires_ms, t.revoked)));
+        match found {
+            Some((_, true)) => {
+                Err(Status::failed_precondition("seed: the token made from this seed was revoked; draw a new seed for a new token").into())
+            }
+            Some((expires_ms, false)) => Ok(Some(expires_ms)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Bytes of a token seed a client draws.
+const TOKEN_SEED_BYTES: usize = 32;
+
+/// The random part of a new token: drawn here when the client sent no
+/// seed, else derived from its seed (SHA-512 under a fixed label), so that
+/// copies of one call name one token.
+fn token_random(seed: &[u8]) -> Result<[u8; 38], Status> {
+    let mut random = [0u8; 38];
+    if seed.is_empty() {
+        ring::rand::SystemRandom::new().fill(&mut random).map_err(|_| Status::internal("no randomness for a token"))?;
+        return Ok(random);
+    }
+    if seed.len() != TOKEN_SEED_BYTES {
+        return Err(Status::invalid_argument(format!("seed: {TOKEN_SEED_BYTES} random bytes, got {}", seed.len())));
+    }
+    if seed.iter().all(|b| *b == seed[0]) {
+        return Err(Status::invalid_argument("seed: every byte is the same; draw it from a random source"));
+    }
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA512);
+    digest.update(b"rota token seed 1\0");
+    digest.update(seed);
+    let derived = digest.finish();
+    random.copy_from_slice(&derived.as_ref()[..38]);
+    Ok(random)
 }
 
 fn user_to_pb(user: &rota_core::state::auth::UserRecord) -> pb::User {
@@ -198,5 +250,23 @@ impl AuthService for AuthApi {
         });
         records.reverse();
         Ok(Response::new(pb::ListAuditResponse { records, dropped }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_seed_names_one_token_and_bad_seeds_are_refused() {
+        let seed: Vec<u8> = (0..32).collect();
+        let (id, token, hash) = make_token(&token_random(&seed).unwrap());
+        assert_eq!(make_token(&token_random(&seed).unwrap()), (id.clone(), token, hash), "a copy of the call names the same token");
+        let mut other = seed.clone();
+        other[31] ^= 1;
+        assert_ne!(make_token(&token_random(&other).unwrap()).0, id);
+        assert_ne!(token_random(&[]).unwrap(), token_random(&[]).unwrap(), "no seed: drawn here");
+        assert!(token_random(&seed[..16]).unwrap_err().message().starts_with("seed:"));
+        assert!(token_random(&[7; 32]).unwrap_err().message().contains("random source"));
     }
 }

@@ -84,6 +84,7 @@ impl ClusterApi {
         if let Err(why) = rota_client::wire::check_replica_address(&message.address) {
             return Err(Status::invalid_argument(format!("address: {why}")).into());
         }
+        let _one_change = self.ctx.membership_change.lock().await;
         let status = self.ctx.replica.status();
         let voters: BTreeSet<u64> = status.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
         if voters.contains(&message.id) {
@@ -228,10 +229,15 @@ impl ClusterApi {
     }
 
     async fn remove_here(&self, message: &pb::RemoveMemberRequest) -> Result<pb::ClusterStatus, Failure> {
+        let _one_change = self.ctx.membership_change.lock().await;
         let status = self.ctx.replica.status();
         let mut voters: BTreeSet<u64> = status.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
         if !voters.remove(&message.id) {
-            return Err(Status::not_found(format!("replica {} is not a voting member", message.id)).into());
+            // Already gone: a retry or a hedged copy of a removal that took
+            // effect (the membership is not a table a request id could be
+            // kept in), or an id that never was a member. Either way the
+            // answer is the membership, which does not list it.
+            return Ok(self.status());
         }
         if voters.is_empty() {
             return Err(Status::failed_precondition("cannot remove the last replica").into());

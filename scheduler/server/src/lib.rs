@@ -174,6 +174,10 @@ pub struct Context {
     pub cluster_identity: cluster_id::ClusterIdentity,
     /// This replica's monthly archive of job records (`DATA/archive`).
     pub archive_dir: PathBuf,
+    /// Held through one membership change: copies of one change (a retry,
+    /// a hedge) then find it made instead of racing it, which Raft refuses
+    /// ("already undergoing a configuration change").
+    pub membership_change: tokio::sync::Mutex<()>,
 }
 
 impl Context {
@@ -252,6 +256,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         bootstrap_admin: config.bootstrap_admin.clone(),
         cluster_identity: cluster_identity.clone(),
         archive_dir: archive::archive_dir(&config.data_dir),
+        membership_change: tokio::sync::Mutex::new(()),
     });
     if ctx.unsafe_ack_before_commit {
         tracing::error!("ROTA_TEST_ACK_BEFORE_COMMIT=1: submits are acknowledged before they commit; never use this outside tests");
