@@ -135,7 +135,8 @@ fn parse_start(text: &str) -> Option<RankRun> {
 
 /// No GPU was held by two running ranks at once. A rank that wrote no end
 /// marker (it was stopped) holds its GPUs until the process sampler no
-/// longer saw its pid (`gone_by_ms`); if the sampler never saw it, until its
+/// longer saw its pid (`gone_by(pid, job, start)`, see `Samples::gone_by`);
+/// if the sampler cannot tell, until its
 /// job's recorded finish (or forever, if it never finished): the
 /// conservative reading. A rank cut off by an `outage` past the TTL was
 /// stopped by its agent within the outage (its lease ran out): it is taken
@@ -144,7 +145,7 @@ pub fn gpus_exclusive(
     runs: &[RankRun],
     jobs: &BTreeMap<u64, FinalJob>,
     outages: &[Outage],
-    gone_by_ms: &BTreeMap<(u32, u64), u64>,
+    gone_by: impl Fn(u32, u64, u64) -> Option<u64>,
 ) -> Check {
     /// (start, end, rank) of each use of one GPU.
     type Spans<'a> = Vec<(u64, u64, &'a RankRun)>;
@@ -152,7 +153,7 @@ pub fn gpus_exclusive(
     for run in runs {
         let cut_off_until =
             outages.iter().filter(|o| o.node == run.node && run.start_ms < o.to_ms && run.end_ms.is_none()).map(|o| o.to_ms).min();
-        let seen_gone = gone_by_ms.get(&(run.pid, run.job_id)).copied().filter(|&t| t >= run.start_ms);
+        let seen_gone = gone_by(run.pid, run.job_id, run.start_ms);
         let end = run
             .end_ms
             .or(seen_gone)
@@ -353,13 +354,17 @@ mod tests {
         }
     }
 
+    fn never_seen(_: u32, _: u64, _: u64) -> Option<u64> {
+        None
+    }
+
     #[test]
     fn overlapping_gpu_use_is_caught() {
         let jobs = BTreeMap::from([(1, job(1, "succeeded", 0)), (2, job(2, "succeeded", 0))]);
         let fine = [run(1, 10, &[0, 1], 100, Some(200)), run(2, 11, &[1], 250, Some(300))];
-        assert!(gpus_exclusive(&fine, &jobs, &[], &BTreeMap::new()).passed);
+        assert!(gpus_exclusive(&fine, &jobs, &[], never_seen).passed);
         let clash = [run(1, 10, &[0, 1], 100, Some(200)), run(2, 11, &[1], 150, Some(300))];
-        let check = gpus_exclusive(&clash, &jobs, &[], &BTreeMap::new());
+        let check = gpus_exclusive(&clash, &jobs, &[], never_seen);
         assert!(!check.passed);
         assert!(check.details[0].contains("n1:1"));
     }
@@ -368,19 +373,17 @@ mod tests {
     fn a_rank_without_end_holds_its_gpus_until_its_job_finished() {
         let jobs = BTreeMap::from([(1, job(1, "cancelled", 500)), (2, job(2, "succeeded", 0))]);
         let clash = [run(1, 10, &[0], 100, None), run(2, 11, &[0], 400, Some(600))];
-        assert!(!gpus_exclusive(&clash, &jobs, &[], &BTreeMap::new()).passed);
+        assert!(!gpus_exclusive(&clash, &jobs, &[], never_seen).passed);
         let node = clash[0].node.clone();
         let healed = [Outage { node, from_ms: 150, to_ms: 350 }];
         assert!(
-            gpus_exclusive(&clash, &jobs, &healed, &BTreeMap::new()).passed,
+            gpus_exclusive(&clash, &jobs, &healed, never_seen).passed,
             "a rank cut off past the TTL was stopped before the outage healed"
         );
-        let gone = BTreeMap::from([((10, 1), 350)]);
-        assert!(gpus_exclusive(&clash, &jobs, &[], &gone).passed, "the sampler saw the stopped rank gone before the next one started");
-        let late = BTreeMap::from([((10, 1), 450)]);
-        assert!(!gpus_exclusive(&clash, &jobs, &[], &late).passed, "the sampler saw the stopped rank alive after the next one started");
-        let reused = BTreeMap::from([((10, 1), 350), ((10, 7), 9_000)]);
-        assert!(gpus_exclusive(&clash, &jobs, &[], &reused).passed, "pid 10 reused by job 7 later says nothing of job 1's rank");
+        let gone = |pid, job, _| ((pid, job) == (10, 1)).then_some(350);
+        assert!(gpus_exclusive(&clash, &jobs, &[], gone).passed, "the sampler saw the stopped rank gone before the next one started");
+        let late = |pid, job, _| ((pid, job) == (10, 1)).then_some(450);
+        assert!(!gpus_exclusive(&clash, &jobs, &[], late).passed, "the sampler saw the stopped rank alive after the next one started");
     }
 
     #[test]

@@ -62,10 +62,36 @@ pub struct Samples {
     /// Tagged processes (pid, job id) alive in the latest sample.
     #[serde(skip)]
     alive: BTreeSet<(u32, u64)>,
+    /// Tagged processes (pid, job id) any sample saw.
+    #[serde(skip)]
+    seen_ever: BTreeSet<(u32, u64)>,
+    /// (listing began, sample ended) of every sample, in order.
+    #[serde(skip)]
+    spans_ms: Vec<(u64, u64)>,
+}
+
+impl Samples {
+    /// By when the process `pid` of `job_id`, which started at `start_ms`,
+    /// was gone, as far as the samples tell: the first sample that no
+    /// longer saw it after one that did; or, if none ever saw it (it lived
+    /// less than a sampling interval), the end of the first sample whose
+    /// listing began after it started.
+    pub fn gone_by(&self, pid: u32, job_id: u64, start_ms: u64) -> Option<u64> {
+        if let Some(&gone_ms) = self.gone_by_ms.get(&(pid, job_id)) {
+            return (gone_ms >= start_ms).then_some(gone_ms);
+        }
+        if self.seen_ever.contains(&(pid, job_id)) {
+            return None;
+        }
+        let first_after = self.spans_ms.partition_point(|(began_ms, _)| *began_ms <= start_ms);
+        self.spans_ms.get(first_after).map(|(_, ended_ms)| *ended_ms)
+    }
 }
 
 /// Most pids whose end is remembered (a run starts far fewer ranks).
 const MAX_PIDS_TRACKED: usize = 1_000_000;
+/// Most sample times kept (a day at one sample per 50 ms is 1.7 million).
+const MAX_SAMPLES_KEPT: usize = 2_000_000;
 
 /// The tags in a NUL-separated environment, if it has all three.
 pub fn parse_tags(environ: &[u8]) -> Option<Tags> {
@@ -107,8 +133,11 @@ fn read_bounded(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
 
 /// Fold one sample into the record: an overlap is a job with processes of
 /// more than one attempt alive in the same sample.
-pub fn record(samples: &mut Samples, seen: &mut BTreeSet<(u64, u32)>, found: &[(u32, Tags)], at_ms: u64) {
+pub fn record(samples: &mut Samples, seen: &mut BTreeSet<(u64, u32)>, found: &[(u32, Tags)], began_ms: u64, at_ms: u64) {
     samples.samples += 1;
+    if samples.spans_ms.len() < MAX_SAMPLES_KEPT {
+        samples.spans_ms.push((began_ms, at_ms));
+    }
     let mut by_job: BTreeMap<u64, BTreeMap<u32, Vec<u32>>> = BTreeMap::new();
     for (pid, tags) in found {
         by_job.entry(tags.job_id).or_default().entry(tags.attempt).or_default().push(*pid);
@@ -124,6 +153,9 @@ pub fn record(samples: &mut Samples, seen: &mut BTreeSet<(u64, u32)>, found: &[(
     for process in &alive {
         // Seen again (a pid reused within the job): its end is not known yet.
         samples.gone_by_ms.remove(process);
+        if samples.seen_ever.len() < MAX_PIDS_TRACKED {
+            samples.seen_ever.insert(*process);
+        }
     }
     samples.alive = alive;
     for (job_id, attempts) in by_job.into_iter().filter(|(_, attempts)| attempts.len() > 1) {
@@ -143,8 +175,9 @@ pub fn spawn_sampler(root: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinH
         let mut samples = Samples::default();
         let mut seen = BTreeSet::new();
         while !stop.load(Ordering::Relaxed) {
+            let began_ms = now_ms();
             let found = sample(&root);
-            record(&mut samples, &mut seen, &found, now_ms());
+            record(&mut samples, &mut seen, &found, began_ms, now_ms());
             std::thread::sleep(Duration::from_millis(SAMPLE_EVERY_MS));
         }
         samples
@@ -172,18 +205,23 @@ mod tests {
     fn two_attempts_of_one_job_in_one_sample_overlap() {
         let mut samples = Samples::default();
         let mut seen = BTreeSet::new();
-        record(&mut samples, &mut seen, &[(10, tags(1, 1)), (11, tags(1, 1)), (20, tags(2, 1))], 5);
+        record(&mut samples, &mut seen, &[(10, tags(1, 1)), (11, tags(1, 1)), (20, tags(2, 1))], 5, 5);
         assert_eq!((samples.overlaps_total, samples.attempts_seen), (0, 2), "ranks of one attempt, other jobs: fine");
-        record(&mut samples, &mut seen, &[(10, tags(1, 1)), (30, tags(1, 2))], 6);
+        record(&mut samples, &mut seen, &[(10, tags(1, 1)), (30, tags(1, 2))], 6, 6);
         assert_eq!(samples.overlaps_total, 1);
         assert_eq!(samples.overlaps[0].attempts, vec![1, 2]);
         assert_eq!(samples.overlaps[0].pids, vec![10, 30]);
-        record(&mut samples, &mut seen, &[(30, tags(1, 2))], 7);
+        record(&mut samples, &mut seen, &[(30, tags(1, 2))], 7, 7);
         assert_eq!((samples.overlaps_total, samples.samples, samples.attempts_seen), (1, 3, 3));
         assert_eq!(samples.gone_by_ms.get(&(10, 1)), Some(&7), "pid 10 was gone by the sample that missed it");
         assert_eq!(samples.gone_by_ms.get(&(30, 1)), None, "pid 30 still runs");
         // Pid 10 comes back as a rank of another job: the first one's end stays.
-        record(&mut samples, &mut seen, &[(30, tags(1, 2)), (10, tags(5, 1))], 8);
+        record(&mut samples, &mut seen, &[(30, tags(1, 2)), (10, tags(5, 1))], 8, 8);
         assert_eq!(samples.gone_by_ms.get(&(10, 1)), Some(&7), "a pid reused by another job keeps the first one's end");
+        assert_eq!(samples.gone_by(10, 1, 5), Some(7));
+        assert_eq!(samples.gone_by(30, 1, 5), None, "still running");
+        // A rank that lived between two samples: gone by the next one.
+        assert_eq!(samples.gone_by(40, 3, 6), Some(7), "started at 6, not seen by the sample that began at 7");
+        assert_eq!(samples.gone_by(40, 3, 9), None, "no sample began after it");
     }
 }

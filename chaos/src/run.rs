@@ -566,7 +566,7 @@ fn build_report(
             .filter(|f| f.kind.parse::<FaultKind>().is_ok_and(FaultKind::ends_ranks_by_rule))
             .map(|f| check::Outage { node: f.target.clone(), from_ms: f.at_ms, to_ms: f.healed_ms.unwrap_or(u64::MAX) })
             .collect();
-        checks.push(check::gpus_exclusive(&runs, &by_id, &outages, &samples.gone_by_ms));
+        checks.push(check::gpus_exclusive(&runs, &by_id, &outages, |pid, job, start| samples.gone_by(pid, job, start)));
         checks.push(check::no_rank_killed(&runs, &by_id, &cancelled, &ended_by_rule));
         checks.push(check::no_two_attempts_alive(samples));
         checks.push(check::liveness(jobs, &acked));

@@ -23,6 +23,17 @@
 //! being served at once, so one identity holds at most that many of the
 //! proposer's slots.
 //!
+//! Why refusals are answered slowly: a client that ignores the hint and
+//! calls again at once (a script's tight loop, a flooder) is refused
+//! cheaply, but each refusal still costs the replica the connection's
+//! decryption and framing, thousands a second on the cores the other
+//! callers share. So a refusal's answer is held back for as many
+//! milliseconds as the identity was refused in about the last second (at
+//! most `MAX_ANSWER_DELAY_MS`): a caller refused now and then hardly
+//! notices, a closed loop of refused calls slows to a few hundred a second.
+//! At most `MAX_HELD_ANSWERS` answers are held at once (a timer each); past
+//! that they go out at once.
+//!
 //! Memory: the table holds at most `max_identities` entries. An idle entry
 //! (bucket full again, nothing open) is the same as a fresh one and is swept
 //! away; when every entry is busy, new identities share one overflow entry
@@ -34,6 +45,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -68,6 +80,12 @@ const SWEEP_EVERY_MS: u64 = 60_000;
 const BUSY_RETRY_AFTER_MS: u64 = 1_000;
 /// The key of the entry new identities share while the table is full.
 const OVERFLOW_KEY: &str = "(overflow)";
+/// Longest hold of a refusal's answer.
+const MAX_ANSWER_DELAY_MS: u64 = 1_000;
+/// Refusals held back at once, over every identity.
+const MAX_HELD_ANSWERS: usize = 4_096;
+/// How fast an identity's count of recent refusals fades (time constant).
+const REFUSALS_FADE_S: f64 = 1.0;
 
 /// The limits of one kind of caller. A rate of 0 means no rate limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,11 +207,25 @@ struct Entry {
     streams: u32,
     in_flight: u32,
     touched: Instant,
+    /// Refusals lately: one added per refusal, fading with `REFUSALS_FADE_S`
+    /// (so about the refusals of the last second under a steady stream).
+    refused: f64,
+    refused_at: Instant,
 }
 
 impl Entry {
     fn new(class: Class, limits: &ClassLimits, now: Instant) -> Entry {
-        Entry { class, tokens: f64::from(limits.burst), refilled: now, streams: 0, in_flight: 0, touched: now }
+        let tokens = f64::from(limits.burst);
+        Entry { class, tokens, refilled: now, streams: 0, in_flight: 0, touched: now, refused: 0.0, refused_at: now }
+    }
+
+    /// Count a refusal; how long to hold its answer, ms.
+    fn note_refusal(&mut self, now: Instant) -> u64 {
+        let faded_s = now.saturating_duration_since(self.refused_at).as_secs_f64();
+        self.refused = self.refused * (-faded_s / REFUSALS_FADE_S).exp() + 1.0;
+        self.refused_at = now;
+        debug_assert!(self.refused >= 1.0);
+        (self.refused as u64).min(MAX_ANSWER_DELAY_MS)
     }
 
     fn refill(&mut self, limits: &ClassLimits, now: Instant) {
@@ -234,6 +266,22 @@ impl Table {
     /// the key the request was counted under (the overflow entry's when the
     /// table is full), to give back to [`Table::release`].
     pub fn admit(&mut self, key: &str, class: Class, stream: bool, now: Instant) -> Result<String, (String, Refusal)> {
+        self.admit_or_hold(key, class, stream, now).map_err(|(key, refusal, _)| (key, refusal))
+    }
+
+    /// `admit`; a refusal also says how long to hold its answer, ms (see
+    /// the module doc).
+    pub fn admit_or_hold(&mut self, key: &str, class: Class, stream: bool, now: Instant) -> Result<String, (String, Refusal, u64)> {
+        match self.take(key, class, stream, now) {
+            Ok(key) => Ok(key),
+            Err((key, refusal)) => {
+                let hold_ms = self.entries.get_mut(&key).map_or(0, |entry| entry.note_refusal(now));
+                Err((key, refusal, hold_ms))
+            }
+        }
+    }
+
+    fn take(&mut self, key: &str, class: Class, stream: bool, now: Instant) -> Result<String, (String, Refusal)> {
         let limits = *self.config.of(class);
         if now.saturating_duration_since(self.last_sweep) >= Duration::from_millis(SWEEP_EVERY_MS) {
             self.sweep(now);
@@ -303,11 +351,46 @@ impl Table {
 #[derive(Debug)]
 pub struct Limiter {
     table: Mutex<Table>,
+    /// Refusals whose answers are being held back now.
+    held: AtomicUsize,
+}
+
+/// A refusal whose answer waits `delay`; counted in `Limiter::held` until dropped.
+#[derive(Debug)]
+pub struct HeldAnswer {
+    limiter: Arc<Limiter>,
+    pub delay: Duration,
+}
+
+impl Drop for HeldAnswer {
+    fn drop(&mut self) {
+        self.limiter.held.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Limiter {
     pub fn new(config: LimitsConfig) -> Arc<Limiter> {
-        Arc::new(Limiter { table: Mutex::new(Table::new(config, Instant::now())) })
+        Arc::new(Limiter { table: Mutex::new(Table::new(config, Instant::now())), held: AtomicUsize::new(0) })
+    }
+
+    /// `admit`, with the refusal's answer to be held back for a while
+    /// (`None`: answer at once: no delay due, or too many held already).
+    pub fn admit_or_hold(self: &Arc<Self>, key: &str, class: Class, stream: bool) -> Result<Permit, (Status, Option<HeldAnswer>)> {
+        let outcome = self.table().admit_or_hold(key, class, stream, Instant::now());
+        match outcome {
+            Ok(key) => Ok(Permit { limiter: self.clone(), key, stream }),
+            Err((counted_as, refusal, hold_ms)) => {
+                metrics::counter!("rota_limited_total", "reason" => refusal.reason()).increment(1);
+                tracing::debug!(caller = key, counted_as, ?refusal, hold_ms, "request refused by its identity's limits");
+                let held = (hold_ms > 0 && self.held.fetch_add(1, Ordering::Relaxed) < MAX_HELD_ANSWERS)
+                    .then(|| HeldAnswer { limiter: self.clone(), delay: Duration::from_millis(hold_ms) });
+                if held.is_none() && hold_ms > 0 {
+                    // The add above counted one that is not held.
+                    self.held.fetch_sub(1, Ordering::Relaxed);
+                }
+                Err((refusal.to_status(key), held))
+            }
+        }
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -388,13 +471,13 @@ impl<S> Limited<S> {
         Limited { inner, limiter, plaintext_class, stream_paths }
     }
 
-    fn admit<B>(&self, request: &http::Request<B>) -> Result<Option<Permit>, Status> {
+    fn admit<B>(&self, request: &http::Request<B>) -> Result<Option<Permit>, (Status, Option<HeldAnswer>)> {
         let Some(caller) = request.extensions().get::<Caller>() else { return Ok(None) };
         let remote = request.extensions().get::<ConnInfo>().and_then(|info| info.remote).map(|addr| addr.ip());
         let forwarded = request.headers().contains_key(FORWARDED_METADATA);
         let Some((key, class)) = limited_caller(caller, remote, forwarded, self.plaintext_class) else { return Ok(None) };
         let stream = self.stream_paths.contains(&request.uri().path());
-        self.limiter.admit(&key, class, stream).map(Some)
+        self.limiter.admit_or_hold(&key, class, stream).map(Some)
     }
 }
 
@@ -419,7 +502,13 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> ResponseFuture {
         match self.admit(&request) {
-            Err(status) => Box::pin(async move { Ok(status.into_http()) }),
+            Err((status, None)) => Box::pin(async move { Ok(status.into_http()) }),
+            // The request is dropped here; only the answer and a timer wait.
+            Err((status, Some(held))) => Box::pin(async move {
+                tokio::time::sleep(held.delay).await;
+                drop(held);
+                Ok(status.into_http())
+            }),
             Ok(None) => Box::pin(self.inner.call(request)),
             Ok(Some(permit)) => {
                 let answer = self.inner.call(request);
@@ -467,6 +556,24 @@ mod tests {
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);
         assert_eq!(status.metadata().get(RETRY_AFTER_METADATA).and_then(|v| v.to_str().ok()), Some("37"));
         assert!(status.message().contains("retry after 37 ms") && status.message().contains("rota://user/a"), "{}", status.message());
+    }
+
+    #[test]
+    fn refusals_in_a_row_are_answered_more_slowly_and_the_hold_fades() {
+        let start = Instant::now();
+        let mut table = Table::new(config(10, 1, 2), start);
+        table.admit_or_hold("a", Class::User, false, start).expect("the burst");
+        let holds: Vec<u64> = (0..5).map(|_| table.admit_or_hold("a", Class::User, false, start).expect_err("over").2).collect();
+        assert_eq!(holds, vec![1, 2, 3, 4, 5], "one ms more per recent refusal");
+        for _ in 0..5_000 {
+            table.admit_or_hold("a", Class::User, false, start).expect_err("a tight loop");
+        }
+        assert_eq!(table.admit_or_hold("a", Class::User, false, start).expect_err("over").2, MAX_ANSWER_DELAY_MS, "bounded");
+        let quiet = start + Duration::from_secs(10);
+        table.admit("a", Class::User, false, quiet).expect("refilled");
+        let (_, _, hold_ms) = table.admit_or_hold("a", Class::User, false, quiet).expect_err("over again");
+        assert_eq!(hold_ms, 1, "after a quiet spell a refusal is answered at once again");
+        assert_eq!(table.admit_or_hold("b", Class::User, false, start).map(|_| ()), Ok(()), "others are not held");
     }
 
     #[test]
