@@ -101,6 +101,8 @@ struct Inner<S> {
     installed: Arc<AtomicU64>,
     db_closed: Mutex<Option<DbClosed>>,
     quorum_contact: Arc<std::sync::Mutex<QuorumContact>>,
+    /// When a leader was last heard here (see `crate::service::LeaderContact`).
+    leader_contact: Arc<crate::service::LeaderContact>,
 }
 
 /// The leader's last known quorum acknowledgement: openraft reports its age
@@ -207,6 +209,7 @@ impl<S: StateMachine> Replica<S> {
                 installed,
                 db_closed: Mutex::new(Some(db_closed)),
                 quorum_contact,
+                leader_contact: Arc::new(crate::service::LeaderContact::new()),
             }),
         })
     }
@@ -285,7 +288,7 @@ impl<S: StateMachine> Replica<S> {
     /// The tonic service peers call; add it to the public tonic server.
     /// Its decode/encode limits are set to [`crate::MAX_MESSAGE_BYTES`].
     pub fn raft_service(&self) -> RaftServer<RaftService> {
-        RaftService::new(self.inner.raft.clone()).into_server()
+        RaftService::new(self.inner.raft.clone(), self.inner.leader_contact.clone()).into_server()
     }
 
     pub async fn is_initialized(&self) -> bool {
@@ -314,7 +317,17 @@ impl<S: StateMachine> Replica<S> {
     }
 
     fn forward(&self, f: ForwardToLeader<NodeId, BasicNode>) -> WriteError {
-        WriteError::ForwardToLeader { leader_id: f.leader_id, leader_addr: self.leader_addr(f.leader_id, f.leader_node.as_ref()) }
+        let leader_id = f.leader_id.filter(|_| !self.leader_silent());
+        WriteError::ForwardToLeader { leader_id, leader_addr: self.leader_addr(leader_id, f.leader_node.as_ref()) }
+    }
+
+    /// Has the leader this replica knows gone unheard for longer than an
+    /// election timeout? Then it names no leader: a caller does better to
+    /// try another replica at once than to be forwarded into silence (a
+    /// follower's own election timer clears its leader too, but a learner
+    /// has none).
+    fn leader_silent(&self) -> bool {
+        self.inner.leader_contact.silent_ms() > self.inner.cfg.election_timeout_max_ms
     }
 
     /// Replicate `payload`; returns once it is committed and applied here
@@ -384,7 +397,7 @@ impl<S: StateMachine> Replica<S> {
         ClusterStatus {
             id: m.id,
             role: m.state.into(),
-            leader_id: m.current_leader,
+            leader_id: m.current_leader.filter(|_| is_leader || !self.leader_silent()),
             term: m.current_term,
             last_log_index: m.last_log_index,
             committed_index: committed,

@@ -39,16 +39,24 @@ async fn wait_exit(cluster: &mut LocalCluster, id: u64) -> Result<(std::process:
     }
 }
 
+/// Stop replica `id`, wipe its data directory (only the folder `part` of
+/// it when given), start it again as before, and expect it to refuse with
+/// a non-zero exit; its log.
+async fn wipe_and_restart(cluster: &mut LocalCluster, id: u64, part: Option<&str>) -> Result<String> {
+    cluster.kill(id)?;
+    let data_dir = cluster.replicas[&id].data_dir.join("db");
+    std::fs::remove_dir_all(part.map_or(data_dir.clone(), |part| data_dir.join(part)))?;
+    cluster.restart(id)?;
+    let (status, log) = wait_exit(cluster, id).await?;
+    ensure!(!status.success(), "refused with a non-zero exit");
+    Ok(log)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_raft_data_was_wiped_refuses_to_start() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (mut cluster, follower) = cluster_with_history(dir.path()).await?;
-    cluster.kill(follower)?;
-    let data_dir = cluster.replicas[&follower].data_dir.join("db");
-    std::fs::remove_dir_all(data_dir.join(rota_consensus_db_dir()))?;
-    cluster.restart(follower)?;
-    let (status, log) = wait_exit(&mut cluster, follower).await?;
-    ensure!(!status.success(), "refused with a non-zero exit");
+    let log = wipe_and_restart(&mut cluster, follower, Some(rota_consensus_db_dir())).await?;
     ensure!(log.contains("wiped") && log.contains("rota member add"), "says why and what to do: {log}");
     Ok(())
 }
@@ -57,11 +65,7 @@ async fn a_replica_whose_raft_data_was_wiped_refuses_to_start() -> Result<()> {
 async fn a_replica_whose_whole_directory_was_wiped_refuses_to_start() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (mut cluster, follower) = cluster_with_history(dir.path()).await?;
-    cluster.kill(follower)?;
-    std::fs::remove_dir_all(cluster.replicas[&follower].data_dir.join("db"))?;
-    cluster.restart(follower)?;
-    let (status, log) = wait_exit(&mut cluster, follower).await?;
-    ensure!(!status.success(), "refused with a non-zero exit");
+    let log = wipe_and_restart(&mut cluster, follower, None).await?;
     ensure!(log.contains("wiped") && log.contains("had replicated"), "names the evidence: {log}");
     Ok(())
 }
@@ -82,11 +86,7 @@ async fn a_joined_replica_whose_whole_directory_was_wiped_refuses_to_start() -> 
     cluster.cluster_client(leader)?.add_member(pb::AddMemberRequest { id: JOINED, address }).await?;
     let commit = cluster.wait_applied(leader, 0, WAIT).await.context("leader status")?.commit_index;
     cluster.wait_applied(JOINED, commit, WAIT).await?;
-    cluster.kill(JOINED)?;
-    std::fs::remove_dir_all(cluster.replicas[&JOINED].data_dir.join("db"))?;
-    cluster.restart(JOINED)?;
-    let (status, log) = wait_exit(&mut cluster, JOINED).await?;
-    ensure!(!status.success(), "refused with a non-zero exit");
+    let log = wipe_and_restart(&mut cluster, JOINED, None).await?;
     ensure!(log.contains("wiped") && log.contains("had replicated"), "names the evidence: {log}");
     Ok(())
 }
