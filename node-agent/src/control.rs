@@ -29,6 +29,8 @@ const HEDGED_BACKOFF_MAX_MS: u64 = 200;
 const FIRST_BACKOFF_MS: u64 = 50;
 const MAX_BACKOFF_MS: u64 = 2_000;
 const MAX_ENDPOINTS: usize = 16;
+/// Most failure lines one call logs.
+const MAX_FAILURE_LOGS: u64 = 50;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -103,6 +105,10 @@ impl ControlPlane {
     {
         let mut backoff = Backoff::new(FIRST_BACKOFF_MS, MAX_BACKOFF_MS);
         let mut failures = 0u64;
+        // What was logged last: a new kind of failure is logged at once
+        // (the lease may hang on which replica said what), a repeat every
+        // 20th time; at most `MAX_FAILURE_LOGS` lines a call.
+        let mut logged: (u64, String) = (0, String::new());
         let mut at = |i: usize| call(self.client_at(i));
         loop {
             let current = self.current.load(Ordering::Relaxed) % self.endpoints.len();
@@ -123,8 +129,10 @@ impl ControlPlane {
                 return Err(ControlError::Refused(status));
             }
             failures += 1;
-            if failures % 20 == 1 {
+            let new_kind = logged.1 != status.message();
+            if logged.0 < MAX_FAILURE_LOGS && (new_kind || failures % 20 == 1) {
                 tracing::warn!(what, endpoint = %self.endpoints[target], error = %status.message(), failures, "control plane call failed; retrying");
+                logged = (logged.0 + 1, status.message().to_string());
             }
             match self.leader_hint(&status) {
                 Some(leader) if leader != target => self.current.store(leader, Ordering::Relaxed),

@@ -167,6 +167,9 @@ impl Leadership {
     }
 }
 
+/// Longest wait for a new leader's first quorum confirmation.
+const CONFIRM_LEADERSHIP_TIMEOUT_MS: u64 = 2_000;
+
 /// Run for the life of the process: lead whenever this replica is leader.
 pub async fn run(ctx: Arc<Context>) {
     let mut clock_rechecked_at: Option<Instant> = None;
@@ -191,13 +194,47 @@ fn still_leader(ctx: &Context, term: u64) -> bool {
 
 /// One term of leadership.
 async fn lead(ctx: &Context, term: u64) {
-    // Everything committed by earlier leaders is applied before we decide anything.
-    if let Err(error) = ctx.replica.ensure_linearizable().await {
-        tracing::debug!(%error, "not leading after all");
-        return;
+    // Everything committed by earlier leaders is applied before we decide
+    // anything. Bounded: a confirmation that never completes would leave
+    // this leader taking heartbeats but never checking its clock, so never
+    // writing (seen in a chaos run: 100 s without a write); the caller
+    // polls again and asks anew.
+    let confirmed = tokio::time::timeout(Duration::from_millis(CONFIRM_LEADERSHIP_TIMEOUT_MS), ctx.replica.ensure_linearizable()).await;
+    match confirmed {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "not leading after all");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(term, timeout_ms = CONFIRM_LEADERSHIP_TIMEOUT_MS, "leadership not confirmed by a quorum in time; asking again");
+            return;
+        }
     }
     ctx.leader.start_term(term);
     tracing::info!(term, ttl_ms = ctx.leader.node_ttl_ms, "leader loop started; every node gets a fresh grace period");
+    // The term's work stops when leadership is lost, even inside a wait
+    // that would not notice (a write of a deposed leader that never
+    // resolves kept one replica's loop from ever starting its next term:
+    // re-elected, it took heartbeats but never wrote).
+    tokio::select! {
+        () = lead_term(ctx, term) => {}
+        () = leadership_lost(ctx, term) => tracing::debug!(term, "leadership lost; the term's work is dropped where it waited"),
+    }
+    ctx.leader.clock_verified_term.store(0, Ordering::SeqCst);
+    ctx.leader.end_term();
+    tracing::info!(term, "leader loop stopped");
+}
+
+/// Resolves once this replica no longer leads `term`.
+async fn leadership_lost(ctx: &Context, term: u64) {
+    while still_leader(ctx, term) {
+        tokio::time::sleep(Duration::from_millis(FOLLOWER_POLL_MS)).await;
+    }
+}
+
+/// The leader's work in one term, until leadership is lost.
+async fn lead_term(ctx: &Context, term: u64) {
     let mut applied = ctx.replica.applied_watch();
     let mut planned_at: Option<u64> = None;
     let mut copy = PlannerCopy::new(ctx.journal.clone());
@@ -256,9 +293,6 @@ async fn lead(ctx: &Context, term: u64) {
         let _ = tokio::time::timeout(Duration::from_millis(TICK_MS), applied.changed()).await;
         tokio::time::sleep(Duration::from_millis(PLAN_MIN_INTERVAL_MS)).await;
     }
-    ctx.leader.clock_verified_term.store(0, Ordering::SeqCst);
-    ctx.leader.end_term();
-    tracing::info!(term, "leader loop stopped");
 }
 
 /// Propose the plan for the current state; false when leadership is lost.
