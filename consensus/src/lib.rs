@@ -42,14 +42,42 @@ pub type NodeId = u64;
 /// `apply` must be a pure function of the state and the payload: no clock,
 /// no randomness, no I/O. Every replica applies the same entries in the same
 /// order and must reach the same state.
+///
+/// The state lock is held only for what must be atomic with apply: taking a
+/// frozen copy (`freeze`) and swapping in a decoded snapshot (`install`).
+/// Encoding, decoding and checking a snapshot, and dropping a replaced
+/// state, happen with the lock released, so neither a snapshot nor its
+/// install stalls apply for longer than those two steps.
 pub trait StateMachine: Send + Sync + 'static {
+    /// A snapshot decoded and checked, ready to be installed.
+    type Restored: Send + 'static;
     /// Apply one committed entry's payload at log `index`; the returned bytes
     /// are handed back to the writer of that entry (on the leader).
     fn apply(&mut self, index: u64, payload: &[u8]) -> Vec<u8>;
-    /// Serialize the whole state (a point-in-time copy; called under a read lock).
-    fn snapshot(&self) -> Vec<u8>;
-    /// Replace the whole state with a snapshot produced by `snapshot`.
-    fn restore(&mut self, bytes: &[u8]) -> Result<(), String>;
+    /// A point-in-time copy of the whole state, taken under the read lock
+    /// (so it must be cheap: O(1) for a structurally shared state), and the
+    /// work that encodes it, run after the lock is released.
+    fn freeze(&self) -> Box<dyn FnOnce() -> Vec<u8> + Send>;
+    /// Decode and check bytes made by `freeze`'s encoder. No lock is held.
+    fn decode(bytes: &[u8]) -> Result<Self::Restored, String>;
+    /// Replace the whole state with a decoded snapshot (under the write
+    /// lock); returns what it replaced, to be dropped after the lock.
+    fn install(&mut self, restored: Self::Restored) -> Self::Restored;
+
+    /// Freeze and encode at once.
+    fn snapshot(&self) -> Vec<u8> {
+        (self.freeze())()
+    }
+
+    /// Decode and install at once.
+    fn restore(&mut self, bytes: &[u8]) -> Result<(), String>
+    where
+        Self: Sized,
+    {
+        let restored = Self::decode(bytes)?;
+        self.install(restored);
+        Ok(())
+    }
 }
 
 /// Settings of one replica.

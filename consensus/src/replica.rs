@@ -258,9 +258,12 @@ impl<S: StateMachine> Replica<S> {
     /// Copy the applied state with its log id, under one read lock (so the
     /// copy is exactly the state at that index).
     pub fn export(&self) -> Exported {
-        let g = self.inner.state.read().unwrap_or_else(PoisonError::into_inner);
-        let _hold = crate::state_machine::LockHold::new("export");
-        Exported { last_applied: g.last_applied, membership: g.last_membership.clone(), data: g.app.snapshot() }
+        let (encode, last_applied, membership) = {
+            let g = self.inner.state.read().unwrap_or_else(PoisonError::into_inner);
+            let _hold = crate::state_machine::LockHold::new("export");
+            (g.app.freeze(), g.last_applied, g.last_membership.clone())
+        };
+        Exported { last_applied, membership, data: encode() }
     }
 
     /// Last applied log index, updated after each applied batch or

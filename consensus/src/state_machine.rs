@@ -190,11 +190,14 @@ impl<S: StateMachine> StateMachineStore<S> {
     async fn build_and_persist(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let state = self.state.clone();
         let (data, last_applied, last_membership) = blocking(ErrorSubject::Snapshot(None), move || {
-            let g = state.read().map_err(|_| poisoned())?;
-            let held = std::time::Instant::now();
-            let copy = (g.app.snapshot(), g.last_applied, g.last_membership.clone());
-            record_lock_hold("snapshot_build", held);
-            Ok(copy)
+            let (encode, last_applied, last_membership) = {
+                let g = state.read().map_err(|_| poisoned())?;
+                let held = std::time::Instant::now();
+                let frozen = (g.app.freeze(), g.last_applied, g.last_membership.clone());
+                record_lock_hold("snapshot_build", held);
+                frozen
+            };
+            Ok((encode(), last_applied, last_membership))
         })
         .await?;
         let meta = SnapshotMeta { snapshot_id: snapshot_id(&last_applied), last_log_id: last_applied, last_membership };
@@ -266,13 +269,15 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
         let lock = self.persist_lock.clone();
         let signature = meta.signature();
         blocking(ErrorSubject::Snapshot(Some(signature.clone())), move || {
-            {
+            let restored = S::decode(&stored.data).map_err(|e| sto_msg(ErrorSubject::Snapshot(Some(signature)), ErrorVerb::Read, e))?;
+            let replaced = {
                 let mut g = state.write().map_err(|_| poisoned())?;
                 let _hold = LockHold::new("snapshot_install");
-                g.app.restore(&stored.data).map_err(|e| sto_msg(ErrorSubject::Snapshot(Some(signature)), ErrorVerb::Read, e))?;
                 g.last_applied = stored.meta.last_log_id;
                 g.last_membership = stored.meta.last_membership.clone();
-            }
+                g.app.install(restored)
+            };
+            drop(replaced);
             persist(&db, &lock, &stored)
         })
         .await?;

@@ -32,13 +32,19 @@ impl StateMachine for KvMachine {
         self.map.insert(k.to_string(), v.to_string()).unwrap_or_default().into_bytes()
     }
 
-    fn snapshot(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("serialize KvMachine")
+    type Restored = KvMachine;
+
+    fn freeze(&self) -> Box<dyn FnOnce() -> Vec<u8> + Send> {
+        let frozen = self.clone();
+        Box::new(move || serde_json::to_vec(&frozen).expect("serialize KvMachine"))
     }
 
-    fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
-        *self = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-        Ok(())
+    fn decode(bytes: &[u8]) -> Result<KvMachine, String> {
+        serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    }
+
+    fn install(&mut self, restored: KvMachine) -> KvMachine {
+        std::mem::replace(self, restored)
     }
 }
 

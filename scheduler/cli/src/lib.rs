@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod bench;
+pub mod bench_backup;
 pub mod change;
 pub mod config;
 pub mod drill;

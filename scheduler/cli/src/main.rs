@@ -453,6 +453,9 @@ enum BenchWhat {
     Submit(BenchSubmitArgs),
     /// Scheduling pass time over a synthetic cluster (no cluster needed).
     Plan(rota_cli::sim::BenchPlanArgs),
+    /// Write a backup of a synthetic state of N finished and M pending jobs,
+    /// to restore a cluster at that size (no cluster needed).
+    Backup(rota_cli::bench_backup::BenchBackupArgs),
 }
 
 #[derive(clap::Args)]
@@ -681,6 +684,7 @@ async fn main() -> Result<()> {
         Command::Tls { what } => return run_tls(what),
         Command::Sim(sim) => return print_json(&rota_cli::sim::run_sim(&sim)?),
         Command::Bench { what: BenchWhat::Plan(bench) } => return print_json(&rota_cli::sim::run_bench_plan(&bench)?),
+        Command::Bench { what: BenchWhat::Backup(bench) } => return print_json(&rota_cli::bench_backup::write_synthetic_backup(&bench)?),
         Command::Snapshot { action: SnapshotAction::Restore { file, data_dir, id, peers, cluster_id } } => {
             let peers = parse_peers(&peers)?;
             return rota_cli::ops::snapshot_restore(&file, &data_dir, id, &peers, cluster_id, args.output.format()?);
@@ -720,7 +724,7 @@ async fn main() -> Result<()> {
         Command::Server(_)
         | Command::Tls { .. }
         | Command::Sim(_)
-        | Command::Bench { what: BenchWhat::Plan(_) }
+        | Command::Bench { what: BenchWhat::Plan(_) | BenchWhat::Backup(_) }
         | Command::Health { .. }
         | Command::Snapshot { action: SnapshotAction::Restore { .. } } => {
             unreachable!("handled above")

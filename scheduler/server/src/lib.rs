@@ -166,8 +166,6 @@ pub struct Context {
     pub unsafe_ack_before_commit: bool,
     /// The leader's in-memory heartbeat table (empty while not leading).
     pub leader: leader::Leadership,
-    /// Applied payloads for the leader's own copy of the state.
-    pub journal: Arc<std::sync::Mutex<replicated::Journal>>,
     /// `--bootstrap-admin`: proposed by a leader of a cluster without users.
     pub bootstrap_admin: Option<String>,
     /// The cluster this replica belongs to (kept in its data directory).
@@ -239,11 +237,10 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     }
     identity::check(config.id, &config.data_dir, config.join, &peer_addrs, &config.security).await.map_err(ServerError::DataDir)?;
     let cluster_identity = cluster_id::ClusterIdentity::load(&config.data_dir).map_err(ServerError::DataDir)?;
-    let journal = Arc::new(std::sync::Mutex::new(replicated::Journal::default()));
     let events = events::EventRing::new(config.keep_events, events::MAX_KEPT_EVENT_BYTES);
     let archive = archive::ArchiveWriter::open(&archive::archive_dir(&config.data_dir)).map_err(|e| ServerError::DataDir(e.to_string()))?;
     let limits = StateLimits { max_finished_jobs: config.keep_finished_jobs, ..StateLimits::default() };
-    let replicated = Replicated::new(ClusterState::new(limits), journal.clone(), events, Some(archive));
+    let replicated = Replicated::new(ClusterState::new(limits), events, Some(archive));
     let replica = Replica::open(consensus_config(&config, &cluster_identity), replicated).await?;
     let ctx = Arc::new(Context {
         proposer: Proposer::start(replica.clone()),
@@ -252,7 +249,6 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         lease_ms: config.election_timeout_max_ms,
         unsafe_ack_before_commit: std::env::var("ROTA_TEST_ACK_BEFORE_COMMIT").is_ok_and(|v| v == "1"),
         leader: leader::Leadership::new(config.node_ttl_ms, config.max_clock_skew_ms).with_start_timeout_ms(config.start_timeout_ms),
-        journal,
         bootstrap_admin: config.bootstrap_admin.clone(),
         cluster_identity: cluster_identity.clone(),
         archive_dir: archive::archive_dir(&config.data_dir),

@@ -3,11 +3,10 @@
 //! its response a bincode `Vec<CommandResult>` (read only by the proposer on
 //! the same replica).
 //!
-//! While this replica leads, every applied payload is also copied into a
-//! bounded [`Journal`], from which the leader brings its own copy of the state
-//! up to date ([`PlannerCopy`]). The planner then reads that copy without the
-//! state lock, so a scheduling pass over a long queue never holds up apply
-//! (and with it every acknowledged submit).
+//! The state's tables are structurally shared (`rota_core::state::shared`):
+//! a snapshot freezes a copy under the lock in O(1) and encodes it after the
+//! lock is released, and the leader's planner plans on such a copy, so
+//! neither holds up apply (and with it every acknowledged submit).
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -55,27 +54,21 @@ pub fn readable_format() -> u16 {
     })
 }
 
-/// Most payloads the journal holds before the planner must copy the state anew.
-const JOURNAL_MAX_ENTRIES: usize = 100_000;
-/// Most payload bytes the journal holds (the same fallback past it).
-const JOURNAL_MAX_BYTES: usize = 64 * 1024 * 1024;
-
 #[derive(Debug, Default)]
 pub struct Replicated {
     pub state: ClusterState,
-    pub journal: Arc<Mutex<Journal>>,
     /// The events of the entries applied here (see `events`).
     pub events: EventRing,
     /// The monthly archive of dropped jobs' records (see `archive`); None
     /// in tests that keep no data directory.
-    pub archive: Option<Mutex<ArchiveWriter>>,
+    pub archive: Option<Arc<Mutex<ArchiveWriter>>>,
 }
 
 impl Replicated {
     /// A state machine over `state` that archives into `archive`.
-    pub fn new(mut state: ClusterState, journal: Arc<Mutex<Journal>>, events: EventRing, archive: Option<ArchiveWriter>) -> Replicated {
+    pub fn new(mut state: ClusterState, events: EventRing, archive: Option<ArchiveWriter>) -> Replicated {
         state.archive_outbox.collect = archive.is_some();
-        Replicated { state, journal, events, archive: archive.map(Mutex::new) }
+        Replicated { state, events, archive: archive.map(|a| Arc::new(Mutex::new(a))) }
     }
 
     /// Append what the last entry dropped to the archive. A failed write
@@ -129,142 +122,47 @@ fn log_traced(index: u64, commands: &[Command], results: &[CommandResult]) {
 }
 
 impl StateMachine for Replicated {
+    type Restored = ClusterState;
+
     fn apply(&mut self, index: u64, payload: &[u8]) -> Vec<u8> {
         let mut events = Vec::new();
         let results = apply_payload(&mut self.state, index, payload, Some(&mut events));
         self.archive_dropped(index);
         self.events.push_entry(index, events);
-        self.journal.lock().unwrap_or_else(PoisonError::into_inner).record(index, payload);
         bincode::serialize(&results).expect("results serialize")
     }
 
-    fn snapshot(&self) -> Vec<u8> {
-        // A snapshot must not cover a record that is not on disk: the
-        // entries that archived it would never be applied here again.
-        if let Some(archive) = &self.archive {
-            if let Err(error) = archive.lock().unwrap_or_else(PoisonError::into_inner).sync() {
-                metrics::counter!("rota_archive_write_errors_total").increment(1);
-                tracing::error!(%error, "syncing the archive before a snapshot failed");
+    fn freeze(&self) -> Box<dyn FnOnce() -> Vec<u8> + Send> {
+        let frozen = self.state.clone();
+        let archive = self.archive.clone();
+        Box::new(move || {
+            // A snapshot must not cover a record that is not on disk: the
+            // entries that archived it would never be applied here again.
+            // Syncing after the freeze writes at least what it covers.
+            if let Some(archive) = archive {
+                if let Err(error) = archive.lock().unwrap_or_else(PoisonError::into_inner).sync() {
+                    metrics::counter!("rota_archive_write_errors_total").increment(1);
+                    tracing::error!(%error, "syncing the archive before a snapshot failed");
+                }
             }
-        }
-        self.state.to_snapshot()
+            frozen.to_snapshot()
+        })
     }
 
-    fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
+    fn decode(bytes: &[u8]) -> Result<ClusterState, String> {
         let state = match codec::decode_snapshot_up_to(bytes, readable_format()) {
             Ok(state) => state,
             Err(error @ CodecError::TooNew { .. }) => stop_for_newer_format(0, &error),
             Err(error) => return Err(error.to_string()),
         };
         state.check_invariants()?;
+        Ok(state)
+    }
+
+    fn install(&mut self, mut state: ClusterState) -> ClusterState {
         self.events.reset(state.applied_index);
-        self.state = state;
-        self.state.archive_outbox.collect = self.archive.is_some();
-        self.journal.lock().unwrap_or_else(PoisonError::into_inner).break_off();
-        Ok(())
-    }
-}
-
-/// Payloads applied since the planner's copy was last brought up to date.
-/// Records only while a planner follows it (`enabled`).
-#[derive(Debug, Default)]
-pub struct Journal {
-    enabled: bool,
-    entries: Vec<(u64, Vec<u8>)>,
-    bytes: usize,
-    /// The copy cannot be brought up to date from the entries (a snapshot
-    /// replaced the state, or the journal hit its bounds): copy anew.
-    broken: bool,
-}
-
-impl Journal {
-    fn record(&mut self, index: u64, payload: &[u8]) {
-        if !self.enabled || self.broken {
-            return;
-        }
-        if self.entries.len() >= JOURNAL_MAX_ENTRIES || self.bytes + payload.len() > JOURNAL_MAX_BYTES {
-            self.break_off();
-            return;
-        }
-        self.bytes += payload.len();
-        self.entries.push((index, payload.to_vec()));
-    }
-
-    fn break_off(&mut self) {
-        self.broken = true;
-        self.entries = Vec::new();
-        self.bytes = 0;
-    }
-
-    /// Start over from a copy taken now (called under the state lock).
-    fn restart(&mut self) {
-        self.enabled = true;
-        self.broken = false;
-        self.entries.clear();
-        self.bytes = 0;
-    }
-
-    fn stop(&mut self) {
-        self.enabled = false;
-        self.break_off();
-    }
-}
-
-/// The leader's own copy of the state, brought up to date from the journal.
-pub struct PlannerCopy {
-    journal: Arc<Mutex<Journal>>,
-    state: Option<ClusterState>,
-    /// Full copies taken (on the first catch-up of a term and after a break).
-    pub copies: u64,
-}
-
-impl PlannerCopy {
-    pub fn new(journal: Arc<Mutex<Journal>>) -> PlannerCopy {
-        PlannerCopy { journal, state: None, copies: 0 }
-    }
-
-    /// Bring the copy up to what `read` would show. `read` runs a closure on
-    /// the applied state under its lock; it is used only for a full copy.
-    pub fn catch_up(&mut self, read: impl FnOnce(&mut dyn FnMut(&ClusterState))) -> &ClusterState {
-        let (entries, broken) = {
-            let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
-            journal.bytes = 0;
-            (std::mem::take(&mut journal.entries), journal.broken || !journal.enabled)
-        };
-        if broken || self.state.is_none() {
-            let journal = &self.journal;
-            let mut copy = None;
-            // Under the state lock, so no entry applies between the copy and
-            // the journal's restart.
-            read(&mut |state: &ClusterState| {
-                journal.lock().unwrap_or_else(PoisonError::into_inner).restart();
-                copy = Some(state.clone());
-            });
-            self.copies += 1;
-            return self.state.insert(copy.expect("read runs the closure"));
-        }
-        let state = self.state.as_mut().expect("copied above");
-        for (index, payload) in entries {
-            if index > state.applied_index {
-                apply_payload(state, index, &payload, None);
-            }
-        }
-        state
-    }
-
-    /// Hand the copy to another thread for a pass, and take it back after.
-    pub fn take(&mut self) -> Option<ClusterState> {
-        self.state.take()
-    }
-
-    pub fn put_back(&mut self, state: ClusterState) {
-        self.state = Some(state);
-    }
-}
-
-impl Drop for PlannerCopy {
-    fn drop(&mut self) {
-        self.journal.lock().unwrap_or_else(PoisonError::into_inner).stop();
+        state.archive_outbox.collect = self.archive.is_some();
+        std::mem::replace(&mut self.state, state)
     }
 }
 
@@ -280,48 +178,32 @@ mod tests {
     }
 
     fn replicated() -> Replicated {
-        Replicated::new(ClusterState::default(), Arc::new(Mutex::new(Journal::default())), EventRing::default(), None)
+        Replicated::new(ClusterState::default(), EventRing::default(), None)
     }
 
-    /// What `Context::read` does: run the closure on the state.
-    fn read_of(sm: &Replicated) -> impl FnOnce(&mut dyn FnMut(&ClusterState)) + '_ {
-        move |f| f(&sm.state)
-    }
-
+    /// A frozen copy is the state at the moment of the freeze, whatever is
+    /// applied after it; its encoding restores exactly that state.
     #[test]
-    fn the_copy_follows_the_applied_state_entry_by_entry() {
+    fn a_frozen_copy_keeps_the_state_of_its_moment_while_apply_goes_on() {
         let mut sm = replicated();
-        sm.apply(1, &payload(1_000, "a"));
-        let mut copy = PlannerCopy::new(sm.journal.clone());
-        assert_eq!(copy.catch_up(read_of(&sm)), &sm.state);
-        assert_eq!(copy.copies, 1);
-        for index in 2..50 {
+        for index in 1..=20 {
             sm.apply(index, &payload(index * 1_000, &format!("r{index}")));
         }
-        sm.apply(50, b"not a proposal");
-        assert_eq!(copy.catch_up(read_of(&sm)), &sm.state);
-        assert_eq!(copy.copies, 1, "brought up to date from the journal, not copied");
-        assert_eq!(sm.state.jobs.len(), 49);
-    }
-
-    #[test]
-    fn a_restored_snapshot_or_a_full_journal_makes_a_fresh_copy() {
-        let mut sm = replicated();
-        let mut copy = PlannerCopy::new(sm.journal.clone());
-        copy.catch_up(read_of(&sm));
-        sm.apply(1, &payload(1_000, "a"));
-        let snapshot = sm.snapshot();
-        sm.restore(&snapshot).expect("restore");
-        sm.apply(2, &payload(2_000, "b"));
-        assert_eq!(copy.catch_up(read_of(&sm)), &sm.state);
-        assert_eq!(copy.copies, 2);
-        for index in 3..(3 + JOURNAL_MAX_ENTRIES as u64 + 1) {
-            sm.journal.lock().unwrap().record(index, b"x");
+        let at_freeze = sm.state.clone();
+        let encode = sm.freeze();
+        for index in 21..=40 {
+            sm.apply(index, &payload(index * 1_000, &format!("r{index}")));
         }
-        assert!(sm.journal.lock().unwrap().broken);
-        assert!(sm.journal.lock().unwrap().entries.is_empty(), "a broken journal holds nothing");
-        copy.catch_up(read_of(&sm));
-        assert_eq!(copy.copies, 3);
+        sm.apply(41, &codec::encode_proposal(&Proposal { now_ms: 41_000, commands: vec![Command::CancelJob { job_id: 3 }] }));
+        let bytes = encode();
+        let restored = Replicated::decode(&bytes).expect("decodes");
+        assert_eq!(restored, at_freeze);
+        assert_eq!(restored.jobs.len(), 20);
+        assert_eq!(sm.state.jobs.len(), 40);
+        let mut other = replicated();
+        let replaced = other.install(restored);
+        assert_eq!(replaced, ClusterState::default());
+        assert_eq!(other.state, at_freeze);
     }
 
     /// Jobs dropped from the finished table reach the archive, and a
@@ -334,8 +216,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let limits = rota_core::state::StateLimits { max_finished_jobs: 1, ..Default::default() };
         let open = || ArchiveWriter::open(dir.path()).unwrap();
-        let mut sm =
-            Replicated::new(ClusterState::new(limits), Arc::new(Mutex::new(Journal::default())), EventRing::default(), Some(open()));
+        let mut sm = Replicated::new(ClusterState::new(limits), EventRing::default(), Some(open()));
         let cancel = |now_ms, job_id| codec::encode_proposal(&Proposal { now_ms, commands: vec![Command::CancelJob { job_id }] });
         sm.apply(1, &payload(1_000, "a"));
         sm.apply(2, &cancel(2_000, 1));
@@ -349,26 +230,11 @@ mod tests {
                 .sum()
         };
         assert_eq!(lines(), 1, "job 1 dropped when job 2 finished");
-        let mut again =
-            Replicated::new(ClusterState::new(limits), Arc::new(Mutex::new(Journal::default())), EventRing::default(), Some(open()));
+        let mut again = Replicated::new(ClusterState::new(limits), EventRing::default(), Some(open()));
         again.restore(&snapshot).unwrap();
         again.apply(3, &payload(3_000, "b"));
         again.apply(4, &cancel(4_000, 2));
         assert_eq!(lines(), 1, "the replay wrote nothing twice");
         assert_eq!(again.state, sm.state);
-    }
-
-    #[test]
-    fn nothing_is_recorded_without_a_planner() {
-        let mut sm = replicated();
-        sm.apply(1, &payload(1_000, "a"));
-        assert!(sm.journal.lock().unwrap().entries.is_empty());
-        let mut copy = PlannerCopy::new(sm.journal.clone());
-        copy.catch_up(read_of(&sm));
-        sm.apply(2, &payload(2_000, "b"));
-        assert_eq!(sm.journal.lock().unwrap().entries.len(), 1);
-        drop(copy);
-        sm.apply(3, &payload(3_000, "c"));
-        assert!(sm.journal.lock().unwrap().entries.is_empty(), "recording stops with the planner");
     }
 }

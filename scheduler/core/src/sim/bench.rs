@@ -179,3 +179,58 @@ pub fn settle_notes(state: &mut ClusterState, plan: &Plan, now: u64) {
     let index = state.applied_index + 1;
     state.apply_proposal(index, &Proposal { now_ms: now, commands: vec![Command::ApplyPlan(notes)] });
 }
+
+/// Submits or cancels per log entry in [`build_history`], as the leader
+/// batches concurrent requests.
+pub const HISTORY_COMMANDS_PER_ENTRY: u64 = 256;
+
+/// A job spec of a typical size for the history benchmarks (about 150
+/// bytes of name, command and environment).
+pub fn history_spec(i: u64) -> JobSpec {
+    let mut spec = JobSpec::simple(&["python", "train.py", "--lr", "0.1"]);
+    spec.name = format!("train-{i}");
+    spec.env.insert("EPOCHS".into(), "90".into());
+    spec
+}
+
+/// A state of a long-lived cluster without nodes: `finished` jobs
+/// submitted and cancelled, then `pending` jobs waiting, every table sized
+/// to keep them all. Built through `apply`, with a request id per submit.
+/// Returns it with the next free log index.
+pub fn build_history(finished: u64, pending: u64) -> (ClusterState, u64) {
+    let limits = StateLimits {
+        max_finished_jobs: finished.max(1) as usize,
+        max_live_jobs: (finished + pending + 1) as usize,
+        max_spec_bytes: 1 << 40,
+        ..StateLimits::default()
+    };
+    let mut state = ClusterState::new(limits);
+    let mut index = 1;
+    let first = state.next_job_id;
+    submit_history(&mut state, &mut index, finished);
+    let mut job = first;
+    while job < first + finished {
+        let last = (job + HISTORY_COMMANDS_PER_ENTRY).min(first + finished);
+        let commands = (job..last).map(|job_id| Command::CancelJob { job_id }).collect();
+        state.apply_proposal(index, &Proposal { now_ms: index, commands });
+        index += 1;
+        job = last;
+    }
+    submit_history(&mut state, &mut index, pending);
+    (state, index)
+}
+
+/// Submit `count` more jobs of [`history_spec`] in full entries.
+pub fn submit_history(state: &mut ClusterState, index: &mut u64, count: u64) {
+    let mut left = count;
+    while left > 0 {
+        let batch = left.min(HISTORY_COMMANDS_PER_ENTRY);
+        let base = state.next_job_id;
+        let commands = (0..batch)
+            .map(|k| Command::SubmitJob { request_id: Some(format!("history-{}", base + k)), spec: history_spec(base + k) })
+            .collect();
+        state.apply_proposal(*index, &Proposal { now_ms: *index, commands });
+        *index += 1;
+        left -= batch;
+    }
+}

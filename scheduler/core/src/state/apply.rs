@@ -364,8 +364,11 @@ impl ClusterState {
             return Err(Rejection::Conflict { message: format!("{name} is the last admin; make another admin first") });
         }
         self.auth.users.remove(name);
-        for token in self.auth.tokens.values_mut().filter(|t| t.user == name) {
-            token.revoked = true;
+        let owned: Vec<String> = self.auth.tokens.iter().filter(|(_, t)| t.user == name).map(|(id, _)| id.clone()).collect();
+        for id in owned {
+            if let Some(token) = self.auth.tokens.get_mut(&id) {
+                token.revoked = true;
+            }
         }
         Ok(CommandResult::Done)
     }

@@ -8,8 +8,9 @@
 //! of roles racing a command cannot let it through) and by the replicas'
 //! read paths before they answer.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 
+use super::shared::{SharedList, SharedMap};
 use serde::{Deserialize, Serialize};
 
 use super::types::JobId;
@@ -175,10 +176,10 @@ pub enum Action<'a> {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct AuthState {
-    pub users: BTreeMap<String, UserRecord>,
-    pub tokens: BTreeMap<String, TokenRecord>,
-    pub job_marks: BTreeMap<JobId, JobMarks>,
-    pub audit: VecDeque<AuditRecord>,
+    pub users: SharedMap<String, UserRecord>,
+    pub tokens: SharedMap<String, TokenRecord>,
+    pub job_marks: SharedMap<JobId, JobMarks>,
+    pub audit: SharedList<AuditRecord>,
     /// Audit records dropped to keep the trail bounded.
     pub audit_dropped: u64,
 }
@@ -268,7 +269,10 @@ impl AuthState {
     /// Drop tokens past their expiry, so revoked and expired ones do not
     /// fill the table (apply calls it with the log's clock).
     pub fn drop_expired_tokens(&mut self, now_ms: u64) {
-        self.tokens.retain(|_, token| token.expires_ms > now_ms);
+        let expired: Vec<String> = self.tokens.iter().filter(|(_, token)| token.expires_ms <= now_ms).map(|(id, _)| id.clone()).collect();
+        for id in expired {
+            self.tokens.remove(&id);
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! across a failover gets the job it created first, never a second one.
 //! Eviction is by insertion order, which every replica sees the same.
 
-use std::collections::{BTreeMap, VecDeque};
+use super::shared::{SharedList, SharedMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -11,15 +11,15 @@ use super::types::JobId;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DedupeTable {
     capacity: usize,
-    by_request: BTreeMap<String, JobId>,
+    by_request: SharedMap<String, JobId>,
     /// Insertion order; the front is evicted first.
-    order: VecDeque<String>,
+    order: SharedList<String>,
 }
 
 impl DedupeTable {
     pub fn new(capacity: usize) -> Self {
         assert!(capacity > 0);
-        Self { capacity, by_request: BTreeMap::new(), order: VecDeque::new() }
+        Self { capacity, by_request: SharedMap::new(), order: SharedList::new() }
     }
 
     pub fn get(&self, request_id: &str) -> Option<JobId> {

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::shared::SharedMap;
 use serde::{Deserialize, Serialize};
 
 use super::types::{AllocId, GpuInfo};
@@ -76,10 +77,10 @@ impl NodeFences {
 pub struct FaultState {
     /// Node name -> its fences; a node without fences has no entry. Bounded
     /// by the nodes (at most one node fence, one per GPU and per domain).
-    pub fences: BTreeMap<String, NodeFences>,
+    pub fences: SharedMap<String, NodeFences>,
     /// Attempts ended by a GPU fault, with the fault, until they end: the
     /// job's reason then names it. Bounded by the live allocations.
-    pub attempt_faults: BTreeMap<AllocId, String>,
+    pub attempt_faults: SharedMap<AllocId, String>,
     /// Nodes an operator drained: running ranks finish, nothing new is
     /// placed. Kept here so a drained node that was down and registers
     /// again stays drained.

@@ -27,6 +27,7 @@
 
 use std::collections::BTreeMap;
 
+use super::shared::SharedMap;
 use serde::{Deserialize, Serialize};
 
 use super::types::{AllocId, JobId};
@@ -101,9 +102,9 @@ pub struct AllocIdleRecord {
 pub struct IdleState {
     /// Live allocations with at least one idle rank (or a flag). Dropped
     /// when the allocation ends.
-    pub allocs: BTreeMap<AllocId, AllocIdleRecord>,
+    pub allocs: SharedMap<AllocId, AllocIdleRecord>,
     /// Idle GPU-ms of each job's ended idle spans; dropped with the job.
-    pub job_idle_gpu_ms: BTreeMap<JobId, u64>,
+    pub job_idle_gpu_ms: SharedMap<JobId, u64>,
     /// Queues with a policy other than the default; dropped never (bounded
     /// by the queues).
     pub queue_policies: BTreeMap<String, IdlePolicy>,

@@ -19,8 +19,6 @@
 //! A gang spanning nodes never gets this: its ranks on healthy nodes would
 //! wait for a rank that may never come back, so its ranks stop with the lease.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 
 use super::types::{AllocId, JobId, JobSpec, JobState, NodeState, RankState};
@@ -173,7 +171,7 @@ impl ClusterState {
 }
 
 /// The table of `--lost-after` by job: live jobs only.
-pub type LostAfterTable = BTreeMap<JobId, LostAfter>;
+pub type LostAfterTable = super::shared::SharedMap<JobId, LostAfter>;
 
 #[cfg(test)]
 mod tests {

@@ -23,14 +23,16 @@ pub mod lost_after;
 pub mod outcomes;
 pub mod policy_doc;
 pub mod records;
+pub mod shared;
 pub mod tenancy;
 pub mod types;
 pub mod validate;
 pub mod xid;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
+use shared::{SharedList, SharedMap};
 
 pub use command::*;
 pub use dedupe::DedupeTable;
@@ -81,16 +83,16 @@ pub struct ClusterState {
     pub now_ms: u64,
     pub next_job_id: JobId,
     pub next_alloc_id: AllocId,
-    pub jobs: BTreeMap<JobId, Job>,
-    pub allocs: BTreeMap<AllocId, Allocation>,
-    pub nodes: BTreeMap<String, Node>,
+    pub jobs: SharedMap<JobId, Job>,
+    pub allocs: SharedMap<AllocId, Allocation>,
+    pub nodes: SharedMap<String, Node>,
     pub queues: BTreeMap<String, QueueConfig>,
     pub quotas: BTreeMap<String, GroupQuota>,
     pub dedupe: DedupeTable,
     /// Which allocation holds each (node, GPU index). Kept in step with `allocs`.
-    pub gpu_owner: BTreeMap<(String, u32), AllocId>,
+    pub gpu_owner: SharedMap<(String, u32), AllocId>,
     /// Final jobs in the order they ended, for bounded retention.
-    pub finished: VecDeque<JobId>,
+    pub finished: SharedList<JobId>,
     /// Jobs not in a final state.
     pub live_jobs: usize,
     /// Sum of `payload_bytes` over every job in `jobs`.
@@ -110,7 +112,7 @@ pub struct ClusterState {
     /// leader (`NodesHeard`, and registration). Kept from format 4 on,
     /// written after the alarms.
     #[serde(skip)]
-    pub node_heard_ms: BTreeMap<String, u64>,
+    pub node_heard_ms: SharedMap<String, u64>,
     /// Users, tokens, job owners and the audit trail. Kept from format 5
     /// on, written after the heard times.
     #[serde(skip)]
@@ -168,20 +170,20 @@ impl ClusterState {
             now_ms: 0,
             next_job_id: 1,
             next_alloc_id: 1,
-            jobs: BTreeMap::new(),
-            allocs: BTreeMap::new(),
-            nodes: BTreeMap::new(),
+            jobs: SharedMap::new(),
+            allocs: SharedMap::new(),
+            nodes: SharedMap::new(),
             queues: QueueConfig::defaults().into_iter().map(|q| (q.name.clone(), q)).collect(),
             quotas: BTreeMap::new(),
             dedupe: DedupeTable::new(limits.dedupe_capacity),
-            gpu_owner: BTreeMap::new(),
-            finished: VecDeque::new(),
+            gpu_owner: SharedMap::new(),
+            finished: SharedList::new(),
             live_jobs: 0,
             spec_bytes: 0,
             usage: Usage::default(),
             cluster_version: codec::FIRST_FORMAT_VERSION,
             alarms: BTreeSet::new(),
-            node_heard_ms: BTreeMap::new(),
+            node_heard_ms: SharedMap::new(),
             auth: auth::AuthState::default(),
             faults: faults::FaultState::default(),
             tenancy: tenancy::TenancyState::default(),
@@ -254,7 +256,7 @@ impl ClusterState {
     /// Check the invariants that tie the tables together. O(state); used by
     /// tests and after restore, not on every apply.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let mut owners: BTreeMap<(String, u32), AllocId> = BTreeMap::new();
+        let mut owners: SharedMap<(String, u32), AllocId> = SharedMap::new();
         for alloc in self.allocs.values() {
             let job = self.jobs.get(&alloc.job_id).ok_or(format!("alloc {} has no job", alloc.id))?;
             if job.alloc != Some(alloc.id) {
@@ -288,25 +290,25 @@ impl ClusterState {
         if spec_bytes != self.spec_bytes {
             return Err(format!("spec bytes counted {} but the jobs hold {spec_bytes}", self.spec_bytes));
         }
-        if let Some(alloc_id) = self.faults.attempt_faults.keys().find(|id| !self.allocs.contains_key(id)) {
+        if let Some(alloc_id) = self.faults.attempt_faults.keys().find(|id| !self.allocs.contains_key(*id)) {
             return Err(format!("allocation {alloc_id} has a fault but is not live"));
         }
-        if let Some(job_id) = self.auth.job_marks.keys().find(|id| !self.jobs.contains_key(id)) {
+        if let Some(job_id) = self.auth.job_marks.keys().find(|id| !self.jobs.contains_key(*id)) {
             return Err(format!("job {job_id} has marks but is not held"));
         }
-        if let Some(job_id) = self.tenancy.job_tags.keys().find(|id| !self.jobs.contains_key(id)) {
+        if let Some(job_id) = self.tenancy.job_tags.keys().find(|id| !self.jobs.contains_key(*id)) {
             return Err(format!("job {job_id} has labels but is not held"));
         }
-        if let Some(alloc_id) = self.idle.allocs.keys().find(|id| !self.allocs.contains_key(id)) {
+        if let Some(alloc_id) = self.idle.allocs.keys().find(|id| !self.allocs.contains_key(*id)) {
             return Err(format!("allocation {alloc_id} has an idle record but is not live"));
         }
-        if let Some(job_id) = self.idle.job_idle_gpu_ms.keys().find(|id| !self.jobs.contains_key(id)) {
+        if let Some(job_id) = self.idle.job_idle_gpu_ms.keys().find(|id| !self.jobs.contains_key(*id)) {
             return Err(format!("job {job_id} has idle time but is not held"));
         }
-        if let Some(job_id) = self.records.job_stats.keys().find(|id| !self.jobs.contains_key(id)) {
+        if let Some(job_id) = self.records.job_stats.keys().find(|id| !self.jobs.contains_key(*id)) {
             return Err(format!("job {job_id} has statistics but is not held"));
         }
-        if let Some(job_id) = self.policy.job_versions.keys().find(|id| !self.jobs.contains_key(id)) {
+        if let Some(job_id) = self.policy.job_versions.keys().find(|id| !self.jobs.contains_key(*id)) {
             return Err(format!("job {job_id} has a policy version but is not held"));
         }
         self.outcomes.check()?;

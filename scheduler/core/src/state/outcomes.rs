@@ -17,8 +17,7 @@
 //! The table is bounded (`MAX_OUTCOMES`, oldest dropped first, the drop
 //! counted); eviction follows the log, so every replica keeps the same.
 
-use std::collections::{BTreeMap, VecDeque};
-
+use super::shared::{SharedList, SharedMap};
 use serde::{Deserialize, Serialize};
 
 use super::command::{Command, CommandResult};
@@ -49,10 +48,10 @@ pub struct Outcome {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct OutcomeState {
-    by_key: BTreeMap<OutcomeKey, Outcome>,
+    by_key: SharedMap<OutcomeKey, Outcome>,
     /// Keys in the order they were kept; the front is dropped first. A key
     /// taken over by another command moves to the back.
-    order: VecDeque<OutcomeKey>,
+    order: SharedList<OutcomeKey>,
     /// Outcomes dropped to keep the table bounded.
     pub dropped: u64,
 }
@@ -72,7 +71,8 @@ impl OutcomeState {
 
     fn keep(&mut self, key: OutcomeKey, outcome: Outcome) {
         if self.by_key.insert(key.clone(), outcome).is_some() {
-            self.order.retain(|kept| *kept != key);
+            let at = self.order.index_of(&key).expect("a kept key is in the order");
+            self.order.remove(at);
         }
         self.order.push_back(key);
         while self.order.len() > MAX_OUTCOMES {

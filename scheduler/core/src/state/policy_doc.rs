@@ -16,8 +16,9 @@
 //! versions (each bounded in bytes), never dropping the active or the
 //! staged one.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
+use super::shared::SharedMap;
 use serde::{Deserialize, Serialize};
 
 use super::types::{Job, JobId};
@@ -258,7 +259,7 @@ pub struct PolicyState {
     /// The last version number given out.
     pub last_version: u64,
     /// The version each held job was last placed under; dropped with the job.
-    pub job_versions: BTreeMap<JobId, u64>,
+    pub job_versions: SharedMap<JobId, u64>,
 }
 
 impl PolicyState {

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 
+use super::shared::SharedMap;
 use serde::{Deserialize, Serialize};
 
 use super::tenancy::{Invalid, TemplateRef};
@@ -71,7 +72,7 @@ impl JobStats {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct RecordsState {
     /// Statistics of each held job that was placed; dropped with the job.
-    pub job_stats: BTreeMap<JobId, JobStats>,
+    pub job_stats: SharedMap<JobId, JobStats>,
 }
 
 /// A job as history and reports see it: one JSON object per line of the

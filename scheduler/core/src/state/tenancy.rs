@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::shared::SharedMap;
 use serde::{Deserialize, Serialize};
 
 use super::types::{JobId, JobSpec};
@@ -172,7 +173,7 @@ impl GroupMeter {
 pub struct TenancyState {
     pub templates: BTreeMap<String, Template>,
     /// Labels and template of each job that has any; dropped with the job.
-    pub job_tags: BTreeMap<JobId, JobTags>,
+    pub job_tags: SharedMap<JobId, JobTags>,
     pub budgets: BTreeMap<(String, Month), Budget>,
     /// Every group that held GPUs since the cluster reached format 7.
     pub meters: BTreeMap<String, GroupMeter>,

@@ -6,9 +6,9 @@
 //!   so a failover alone never marks a node down.
 //! - `planner`: plans on every change of the applied index (debounced, bounded rate) and
 //!   proposes the plan as one `ApplyPlan` naming the index it was computed at.
-//!   The pass reads the leader's own copy of the state, kept up to date from
-//!   the applied payloads (`replicated::PlannerCopy`), not the state under its
-//!   lock, on a thread of lower CPU priority than the rest of the replica.
+//!   The pass reads a frozen copy of the state (taken in O(1) under the lock,
+//!   see `rota_core::state::shared`), not the state under its lock, on a
+//!   thread of lower CPU priority than the rest of the replica.
 //! - Proposes `NodeDown` for nodes silent past the TTL; apply ends their
 //!   allocations (whole gangs) and requeues the jobs.
 //! - `starts`: stops (as lost) allocations with a rank assigned and never
@@ -30,7 +30,6 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use rota_consensus::{Role, WriteError};
 
 use crate::clock::{self, wall_clock_ms};
-use crate::replicated::PlannerCopy;
 use crate::Context;
 use heartbeats::HeartbeatTable;
 use planner::PlannerThread;
@@ -237,7 +236,6 @@ async fn leadership_lost(ctx: &Context, term: u64) {
 async fn lead_term(ctx: &Context, term: u64) {
     let mut applied = ctx.replica.applied_watch();
     let mut planned_at: Option<u64> = None;
-    let mut copy = PlannerCopy::new(ctx.journal.clone());
     let mut planner = match PlannerThread::start() {
         Ok(planner) => planner,
         Err(error) => {
@@ -271,7 +269,7 @@ async fn lead_term(ctx: &Context, term: u64) {
         let index = ctx.read(|state| state.applied_index);
         if planned_at != Some(index) {
             planned_at = Some(index);
-            if !propose_plan(ctx, &mut copy, &mut planner).await {
+            if !propose_plan(ctx, &mut planner).await {
                 break;
             }
         }
@@ -296,17 +294,16 @@ async fn lead_term(ctx: &Context, term: u64) {
 }
 
 /// Propose the plan for the current state; false when leadership is lost.
-/// The pass runs on the leader's own copy of the state, on the planner
-/// thread: neither apply nor the async runtime waits for it.
-async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy, planner: &mut PlannerThread) -> bool {
+/// The pass runs on a frozen copy of the state, on the planner thread:
+/// neither apply nor the async runtime waits for it.
+async fn propose_plan(ctx: &Context, planner: &mut PlannerThread) -> bool {
     let started = Instant::now();
-    copy.catch_up(|f| ctx.read(|state| f(state)));
-    let Some(state) = copy.take() else { return true };
+    let state = ctx.read(|state| state.clone());
     // Decisions that depend on time read the committed time, never this
     // replica's clock (see `clock`).
     let committed_ms = state.now_ms;
     let Some((state, plan)) = planner.pass(state, committed_ms).await else {
-        // The copy is gone with the thread; the next pass copies anew on a new thread.
+        // The copy is gone with the thread; the next pass runs on a new one.
         tracing::error!("planner thread stopped; starting a new one");
         metrics::counter!("rota_planner_restarts_total").increment(1);
         match PlannerThread::start() {
@@ -318,7 +315,6 @@ async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy, planner: &mut Plann
     let plan = match plan {
         Ok(plan) => plan,
         Err(panic) => {
-            copy.put_back(state);
             tracing::error!(%panic, "a scheduling pass panicked; the next pass runs as usual");
             metrics::counter!("rota_planner_panics_total").increment(1);
             return true;
@@ -326,7 +322,9 @@ async fn propose_plan(ctx: &Context, copy: &mut PlannerCopy, planner: &mut Plann
     };
     let observed = PlanObservations::of(&state, &plan, committed_ms);
     let to_flag = rota_core::policy::idle::to_flag(&state, committed_ms);
-    copy.put_back(state);
+    // Usually a cheap drop (most of the copy is still shared); off the
+    // async workers in case the live state was replaced meanwhile.
+    tokio::task::spawn_blocking(move || drop(state));
     if !to_flag.is_empty() {
         tracing::info!(allocations = ?to_flag, "allocations idle past their queue's idle time flagged");
         if let Err(error) = ctx.proposer.propose(Command::IdleFlagged { alloc_ids: to_flag }).await {
