@@ -275,7 +275,7 @@ fn gpu_events_to_commands(state: &ClusterState, node: &str, events: &[pb::GpuEve
 /// whose exit is not yet committed.
 pub fn node_assignments(state: &ClusterState, node: &str) -> Vec<pb::AssignedRank> {
     let mut ranks = Vec::new();
-    for alloc in state.allocs.values().filter(|a| a.ranks.iter().any(|r| r.node == node)) {
+    for alloc in state.allocs_on_node(node).iter().filter_map(|id| state.allocs.get(id)) {
         let Some(job) = state.jobs.get(&alloc.job_id) else {
             continue;
         };

@@ -21,7 +21,7 @@ use rota_client::convert::{
 use rota_core::state::auth::{Action, Actor};
 use rota_core::state::lost_after::{validate_lost_after, LostAfter, LOST_AFTER_FROM_VERSION};
 use rota_core::state::tenancy::{parse_label, validate_labels, TemplateRef, TENANCY_FROM_VERSION};
-use rota_core::state::{ClusterState, Command, CommandResult, Job, JobSpec, JobState};
+use rota_core::state::{ClusterState, Command, CommandResult, Job, JobId, JobSpec, JobState};
 
 const DEFAULT_LIST_LIMIT: u32 = 1_000;
 const MAX_LIST_LIMIT: u32 = 10_000;
@@ -505,38 +505,50 @@ impl JobService for JobApi {
     }
 }
 
+/// One page of a job watch: the jobs changed after `cursor`.
+pub struct ChangedJobs {
+    pub jobs: Vec<pb::Job>,
+    /// (change index, job id) of the last job in `jobs` (the cursor if none).
+    pub next: (u64, JobId),
+    /// The page ended at its bound in count or bytes; more may follow.
+    pub full: bool,
+}
+
+/// The jobs changed after `cursor` (a change index and the job id last
+/// sent at it), as `actor` may see them, up to a page's bounds.
+pub fn changed_jobs(state: &ClusterState, actor: &Actor, cursor: (u64, JobId)) -> ChangedJobs {
+    let mut page = ChangedJobs { jobs: Vec::new(), next: cursor, full: false };
+    let mut bytes = 0usize;
+    for job in state.jobs_changed_after(cursor.0, cursor.1) {
+        page.next = (job.changed_at_index, job.id);
+        let job = job_for(state, actor, job);
+        bytes += prost::Message::encoded_len(&job);
+        page.jobs.push(job);
+        if page.jobs.len() == WATCH_BATCH || bytes > MAX_RESPONSE_BYTES {
+            page.full = true;
+            break;
+        }
+    }
+    page
+}
+
 /// Send the jobs changed after `after_index`, then every later change, until
-/// the client goes away. Served from this replica's applied state. Delivery
-/// is at least once: a job changed while a long listing is sent in chunks
-/// comes again in the next round.
+/// the client goes away. Served from this replica's applied state, read
+/// through its change index (`ClusterState::jobs_changed_after`), so a round
+/// costs what changed, not the size of the job table. Jobs come in the
+/// order of their last change. Delivery is at least once: a job changed
+/// while a long listing is sent in chunks comes again in the next round.
 async fn watch_loop(ctx: Arc<Context>, actor: Actor, mut after_index: u64, sender: mpsc::Sender<Result<pb::WatchJobsResponse, Status>>) {
     let mut applied = ctx.replica.applied_watch();
     loop {
-        let mut cursor = 0; // last job id sent in this round
+        // The (change index, job id) last sent in this round; the first
+        // read starts past every job changed at `after_index`.
+        let mut cursor = (after_index, JobId::MAX);
         let mut round_index = None;
         loop {
-            let (index, jobs, full) = ctx.read(|state| {
-                let mut bytes = 0usize;
-                let mut jobs: Vec<pb::Job> = Vec::new();
-                let changed = state
-                    .jobs
-                    .range(cursor + 1..)
-                    .map(|(_, job)| job)
-                    .filter(|job| job.changed_at_index > after_index || (after_index == 0 && !job.state.is_final()));
-                let mut full = false;
-                for job in changed {
-                    let job = job_for(state, &actor, job);
-                    bytes += prost::Message::encoded_len(&job);
-                    jobs.push(job);
-                    if jobs.len() == WATCH_BATCH || bytes > MAX_RESPONSE_BYTES {
-                        full = true;
-                        break;
-                    }
-                }
-                (state.applied_index, jobs, full)
-            });
+            let (index, ChangedJobs { jobs, next, full }) = ctx.read(|state| (state.applied_index, changed_jobs(state, &actor, cursor)));
             round_index.get_or_insert(index);
-            cursor = jobs.last().map_or(cursor, |job| job.id);
+            cursor = next;
             if !jobs.is_empty() && sender.send(Ok(pb::WatchJobsResponse { index, jobs })).await.is_err() {
                 return;
             }

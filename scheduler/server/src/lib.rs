@@ -428,6 +428,9 @@ async fn peer_status(addr: &str, security: &Security, connect_timeout_ms: u64, t
 }
 
 #[cfg(test)]
+mod watch_cost;
+
+#[cfg(test)]
 mod tests {
     #[test]
     fn replicas_snapshot_at_different_intervals() {

@@ -206,18 +206,24 @@ pub fn build_history(finished: u64, pending: u64) -> (ClusterState, u64) {
     };
     let mut state = ClusterState::new(limits);
     let mut index = 1;
-    let first = state.next_job_id;
-    submit_history(&mut state, &mut index, finished);
-    let mut job = first;
-    while job < first + finished {
-        let last = (job + HISTORY_COMMANDS_PER_ENTRY).min(first + finished);
-        let commands = (job..last).map(|job_id| Command::CancelJob { job_id }).collect();
-        state.apply_proposal(index, &Proposal { now_ms: index, commands });
-        index += 1;
-        job = last;
-    }
+    finish_history(&mut state, &mut index, finished);
     submit_history(&mut state, &mut index, pending);
     (state, index)
+}
+
+/// Submit `count` jobs of [`history_spec`] and cancel them, in full entries
+/// (each entry's time is its index, never behind the state's clock).
+pub fn finish_history(state: &mut ClusterState, index: &mut u64, count: u64) {
+    let first = state.next_job_id;
+    submit_history(state, index, count);
+    let mut job = first;
+    while job < first + count {
+        let last = (job + HISTORY_COMMANDS_PER_ENTRY).min(first + count);
+        let commands = (job..last).map(|job_id| Command::CancelJob { job_id }).collect();
+        state.apply_proposal(*index, &Proposal { now_ms: state.now_ms.max(*index), commands });
+        *index += 1;
+        job = last;
+    }
 }
 
 /// Submit `count` more jobs of [`history_spec`] in full entries.
@@ -229,7 +235,7 @@ pub fn submit_history(state: &mut ClusterState, index: &mut u64, count: u64) {
         let commands = (0..batch)
             .map(|k| Command::SubmitJob { request_id: Some(format!("history-{}", base + k)), spec: history_spec(base + k) })
             .collect();
-        state.apply_proposal(*index, &Proposal { now_ms: *index, commands });
+        state.apply_proposal(*index, &Proposal { now_ms: state.now_ms.max(*index), commands });
         *index += 1;
         left -= batch;
     }

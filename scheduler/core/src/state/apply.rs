@@ -9,6 +9,7 @@ use super::auth::{
 };
 use super::command::*;
 use super::faults::{utc_text, Fence, FenceKind};
+use super::shared::SharedMap;
 use super::types::*;
 use super::validate::{validate_queue, validate_quota, validate_request_id, validate_spec};
 use super::xid::{xid_action, XidAction};
@@ -454,6 +455,7 @@ impl ClusterState {
             last_nodes: Vec::new(),
         };
         self.jobs.insert(job_id, job);
+        self.job_changes.insert((index, job_id), ());
         self.live_jobs += 1;
         self.spec_bytes += bytes;
         if let Some(id) = request_id {
@@ -692,7 +694,7 @@ impl ClusterState {
         job.estimated_start_ms = None;
         job.stop_reason = None;
         job.exit_code = None;
-        job.changed_at_index = index;
+        note_change(&mut self.job_changes, job, index);
         job.last_nodes = placement.ranks.iter().map(|r| r.node.clone()).collect();
         let attempt = job.attempts;
         if let Some(first) = placement.ranks.first() {
@@ -739,7 +741,7 @@ impl ClusterState {
         let job = self.jobs.get_mut(&alloc.job_id).expect("allocation has a job");
         job.state = JobState::Stopping;
         job.stop_reason = alloc.stop;
-        job.changed_at_index = index;
+        note_change(&mut self.job_changes, job, index);
         let all_exited = alloc.ranks.iter().all(|r| r.state == RankState::Exited);
         if all_exited {
             self.end_allocation(index, alloc_id);
@@ -752,7 +754,7 @@ impl ClusterState {
             rank.state = RankState::Running;
         }
         let job_id = self.allocs[&alloc_id].job_id;
-        self.jobs.get_mut(&job_id).expect("allocation has a job").changed_at_index = index;
+        note_change(&mut self.job_changes, self.jobs.get_mut(&job_id).expect("allocation has a job"), index);
         Ok(CommandResult::Done)
     }
 
@@ -823,7 +825,7 @@ impl ClusterState {
             self.request_stop(index, alloc_id, StopReason::Failed);
             return Ok(CommandResult::Done);
         }
-        self.jobs.get_mut(&job_id).expect("allocation has a job").changed_at_index = index;
+        note_change(&mut self.job_changes, self.jobs.get_mut(&job_id).expect("allocation has a job"), index);
         if alloc.ranks.iter().all(|r| r.state == RankState::Exited) {
             self.end_allocation(index, alloc_id);
         }
@@ -905,7 +907,7 @@ impl ClusterState {
             }
         };
         job.reason = next.1;
-        job.changed_at_index = index;
+        note_change(&mut self.job_changes, job, index);
         if next.0 == JobState::Pending {
             job.state = JobState::Pending;
             job.estimated_start_ms = None;
@@ -922,7 +924,7 @@ impl ClusterState {
         assert!(job.alloc.is_none(), "job {job_id} finished while holding GPUs");
         job.state = state;
         job.finished_at_ms = Some(self.now_ms);
-        job.changed_at_index = index;
+        note_change(&mut self.job_changes, job, index);
         self.live_jobs -= 1;
         self.lost_after.remove(&job_id);
         self.finished.push_back(job_id);
@@ -930,6 +932,8 @@ impl ClusterState {
             let oldest = self.finished.pop_front().expect("non-empty");
             let removed = self.jobs.remove(&oldest).expect("a finished job is held until dropped here");
             assert!(removed.state.is_final());
+            let unindexed = self.job_changes.remove(&(removed.changed_at_index, oldest));
+            assert!(unindexed.is_some(), "a held job is in the change index");
             let bytes = removed.spec.payload_bytes() as u64;
             assert!(self.spec_bytes >= bytes, "spec bytes {} below a held job's {bytes}", self.spec_bytes);
             self.spec_bytes -= bytes;
@@ -1069,7 +1073,7 @@ impl ClusterState {
         let job = self.jobs.get_mut(&alloc.job_id).expect("allocation has a job");
         if job.checkpoint_at_ms.is_none_or(|previous| previous < at_ms) {
             job.checkpoint_at_ms = Some(at_ms);
-            job.changed_at_index = index;
+            note_change(&mut self.job_changes, job, index);
         }
         Ok(CommandResult::Done)
     }
@@ -1117,4 +1121,13 @@ impl ClusterState {
 pub fn gpu_matches(spec: &JobSpec, gpu: &GpuInfo, aliases: bool) -> bool {
     let model_ok = spec.gpu_model.as_ref().is_none_or(|m| super::gpu_model::model_matches(m, &gpu.model, aliases));
     model_ok && gpu.memory_mib >= spec.min_gpu_memory_mib
+}
+
+/// Move `job` to `index` in the change index (`ClusterState::job_changes`),
+/// which must follow every change of `changed_at_index`.
+fn note_change(changes: &mut SharedMap<(u64, JobId), ()>, job: &mut Job, index: u64) {
+    let previous = changes.remove(&(job.changed_at_index, job.id));
+    debug_assert!(previous.is_some(), "job {} was not in the change index", job.id);
+    job.changed_at_index = index;
+    changes.insert((index, job.id), ());
 }

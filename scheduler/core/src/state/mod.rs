@@ -93,6 +93,11 @@ pub struct ClusterState {
     pub gpu_owner: SharedMap<(String, u32), AllocId>,
     /// Final jobs in the order they ended, for bounded retention.
     pub finished: SharedList<JobId>,
+    /// Every held job under (its `changed_at_index`, its id): the change
+    /// index that job watches read from a log index on. Derived from `jobs`
+    /// (not encoded; rebuilt when a snapshot is decoded).
+    #[serde(skip)]
+    pub job_changes: SharedMap<(u64, JobId), ()>,
     /// Jobs not in a final state.
     pub live_jobs: usize,
     /// Sum of `payload_bytes` over every job in `jobs`.
@@ -178,6 +183,7 @@ impl ClusterState {
             dedupe: DedupeTable::new(limits.dedupe_capacity),
             gpu_owner: SharedMap::new(),
             finished: SharedList::new(),
+            job_changes: SharedMap::new(),
             live_jobs: 0,
             spec_bytes: 0,
             usage: Usage::default(),
@@ -253,6 +259,32 @@ impl ClusterState {
         self.nodes.values().flat_map(|n| n.gpus.iter().map(move |g| (n, g))).filter(|(n, g)| self.gpu_is_free(n, g)).count() as u64
     }
 
+    /// Rebuild the change index from the jobs (after decoding a snapshot).
+    pub fn index_job_changes(&mut self) {
+        self.job_changes = self.jobs.values().map(|j| ((j.changed_at_index, j.id), ())).collect();
+    }
+
+    /// Jobs changed after log index `after`, in the order of their last
+    /// change, from `(after_index, after_job)` on (exclusive): O(log n) to
+    /// start, O(1) a job after.
+    pub fn jobs_changed_after(&self, after_index: u64, after_job: JobId) -> impl Iterator<Item = &Job> + '_ {
+        let from = match after_job.checked_add(1) {
+            Some(next) => (after_index, next),
+            None => (after_index.saturating_add(1), 0),
+        };
+        self.job_changes.range(from..).map(|((_, id), ())| &self.jobs[id])
+    }
+
+    /// The live allocations with a rank on `node`, in id order: found
+    /// through the GPU owner index (every rank holds at least one GPU until
+    /// its allocation ends), so O(log n + the node's GPUs).
+    pub fn allocs_on_node(&self, node: &str) -> Vec<AllocId> {
+        let first = (node.to_string(), 0);
+        let last = (node.to_string(), u32::MAX);
+        let ids: BTreeSet<AllocId> = self.gpu_owner.range(first..=last).map(|(_, id)| *id).collect();
+        ids.into_iter().collect()
+    }
+
     /// Check the invariants that tie the tables together. O(state); used by
     /// tests and after restore, not on every apply.
     pub fn check_invariants(&self) -> Result<(), String> {
@@ -281,6 +313,10 @@ impl ClusterState {
             if !exists {
                 return Err(format!("GPU {node}:{gpu} is held but its node has no such GPU"));
             }
+        }
+        let changes: SharedMap<(u64, JobId), ()> = self.jobs.values().map(|j| ((j.changed_at_index, j.id), ())).collect();
+        if changes != self.job_changes {
+            return Err(format!("the change index holds {} jobs, the state {}", self.job_changes.len(), self.jobs.len()));
         }
         let live = self.jobs.values().filter(|j| !j.state.is_final()).count();
         if live != self.live_jobs {

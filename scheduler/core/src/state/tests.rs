@@ -656,3 +656,24 @@ fn a_dropped_job_leaves_its_record_in_the_outbox() {
     assert!(!state.records.job_stats.contains_key(&1));
     assert!(!state.clone().archive_outbox.collect, "a copy of the state does not collect");
 }
+
+/// The change index yields the jobs changed after a log index, in the
+/// order of their last change, and a job once only (at its newest change).
+#[test]
+fn jobs_changed_after_an_index_come_in_change_order_once_each() {
+    let mut state = running_gang_on_a_and_b();
+    submit(&mut state, "p", JobSpec::simple(&["x"]));
+    let before = state.applied_index;
+    submit(&mut state, "q", JobSpec::simple(&["x"]));
+    run(&mut state, vec![Command::CancelJob { job_id: 2 }]);
+    let changed: Vec<JobId> = state.jobs_changed_after(before, JobId::MAX).map(|job| job.id).collect();
+    assert_eq!(changed, vec![3, 2], "job 3 submitted, then job 2 cancelled");
+    let all: Vec<JobId> = state.jobs_changed_after(0, JobId::MAX).map(|job| job.id).collect();
+    assert_eq!(all, vec![1, 3, 2]);
+    let after_three = state.jobs_changed_after(state.jobs[&3].changed_at_index, 3).map(|job| job.id).collect::<Vec<_>>();
+    assert_eq!(after_three, vec![2], "a cursor inside one index resumes after its job");
+    assert_eq!(state.allocs_on_node("a"), vec![state.jobs[&1].alloc.unwrap()]);
+    assert!(state.allocs_on_node("c").is_empty());
+    let restored = ClusterState::from_snapshot(&state.to_snapshot()).unwrap();
+    assert_eq!(restored.job_changes, state.job_changes, "rebuilt when decoded");
+}
