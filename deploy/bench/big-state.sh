@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Benchmark: three local replicas restored from a synthetic state of
+# FINISHED finished and PENDING pending jobs (`rota bench backup`), then:
+# time to a serving leader, resident memory, three rounds of the open loop
+# (1,000 submits/s for 20 s) with snapshots during them, a follower
+# restarted from its data directory, and a fourth member added (it installs
+# a snapshot). Loopback only, TLS on; stops every process it started.
+#
+#   deploy/bench/big-state.sh DIR [FINISHED] [PENDING]
+#
+# ROTA_BIN: the rota binary (default: the release build); SERVER_BIN: the
+# binary the replicas run, to compare two builds with one CLI;
+# SNAPSHOT_EVERY: entries between snapshots (20000, the default).
+set -u
+dir="${1:?usage: $0 DIR [FINISHED] [PENDING]}"; finished="${2:-1000000}"; pending="${3:-50000}"
+rota="${ROTA_BIN:-${CARGO_TARGET_DIR:-/var/tmp/rota-target}/release/rota}"
+server="${SERVER_BIN:-$rota}"
+here="$(cd "$(dirname "$0")/../local" && pwd)"; base=7501
+[ -e "$dir" ] && { echo "$dir exists; give a new directory" >&2; exit 2; }
+mkdir -p "$dir"
+now() { date +%s.%N; }
+since() { python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$1" "$(now)"; }
+rss() { grep VmRSS "/proc/$(cat "$dir/replica-$1/pid")/status" | awk '{print int($2/1024) " MiB"}'; }
+cleanup() {
+  ROTA_BIN="$server" bash "$here/cluster.sh" stop "$dir" >/dev/null 2>&1
+  [ -f "$dir/replica-4/pid" ] && kill "$(cat "$dir/replica-4/pid")" 2>/dev/null
+}
+trap cleanup EXIT
+
+t=$(now); "$rota" bench backup "$dir/backup.rota" --finished "$finished" --pending "$pending" >/dev/null || exit 1
+echo "backup of $((finished + pending)) jobs: $(stat -c %s "$dir/backup.rota") bytes in $(since "$t") s"
+peers="1=127.0.0.1:$base,2=127.0.0.1:$((base + 1)),3=127.0.0.1:$((base + 2))"
+cluster_id=""
+for i in 1 2 3; do
+  mkdir -p "$dir/replica-$i"
+  out=$("$rota" --output json snapshot restore "$dir/backup.rota" --data-dir "$dir/replica-$i/db" --id "$i" \
+    --peers "$peers" ${cluster_id:+--cluster-id "$cluster_id"}) || exit 1
+  [ -n "$cluster_id" ] || cluster_id=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["cluster_id"])')
+done
+export ROTA_SERVER_ARGS="--user-requests-per-s 0 --user-max-in-flight 100000 --snapshot-every ${SNAPSHOT_EVERY:-20000} --keep-finished-jobs $((finished + 100000))"
+t=$(now); ROTA_BIN="$server" bash "$here/cluster.sh" start "$dir" 3 "$base" >"$dir/start.log" 2>&1 || { echo "no leader; see $dir" >&2; exit 1; }
+echo "three restored members: a leader serving after $(since "$t") s; rss $(rss 1), $(rss 2), $(rss 3)"
+# shellcheck disable=SC1091
+. "$dir/env"
+for round in 1 2 3; do
+  "$rota" bench submit --clients 256 --rate 1000 --duration-s 20 >"$dir/open-loop-$round.json" 2>&1
+  python3 - "$dir/open-loop-$round.json" "$round" <<'PY' 2>/dev/null || echo "open loop round $round: $(head -1 "$dir/open-loop-$round.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+l = d["latency_ms"]
+print(f"open loop round {sys.argv[2]}: {d['acked']} acked, {d['errors']} errors, p50 {l['p50']} ms, p99 {l['p99']} ms")
+PY
+done
+for i in 1 2 3; do
+  echo "replica $i: rss $(rss "$i"); $(curl -s "127.0.0.1:$((base + 100 + i - 1))/metrics" | grep -E '^rota_snapshot_build_seconds_(sum|count) ' | tr '\n' ' ')"
+done
+leader=$("$rota" --output json cluster | python3 -c 'import json,sys; print(json.load(sys.stdin)["leader_id"])' 2>/dev/null)
+follower=2; [ "$leader" = 2 ] && follower=3
+pid=$(cat "$dir/replica-$follower/pid"); kill "$pid"; while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+t=$(now); ROTA_BIN="$server" bash "$here/cluster.sh" start "$dir" 3 "$base" >"$dir/restart.log" 2>&1
+for _ in $(seq 1 1200); do "$rota" health --endpoint "127.0.0.1:$((base + follower - 1))" >/dev/null 2>&1 && break; sleep 0.1; done
+echo "replica $follower restarted from its data directory: serving after $(since "$t") s; rss $(rss "$follower")"
+"$rota" tls cert create --server 4 --dir "$dir/tls" >/dev/null
+mkdir -p "$dir/replica-4"
+# shellcheck disable=SC2086
+nohup "$server" server --tls-ca "$dir/tls/ca.pem" --tls-cert "$dir/tls/replica-4.pem" --tls-key "$dir/tls/replica-4-key.pem" \
+  --id 4 --join --listen "127.0.0.1:$((base + 3))" --data-dir "$dir/replica-4/db" --peers "$peers,4=127.0.0.1:$((base + 3))" \
+  --metrics-listen "127.0.0.1:$((base + 103))" --http-listen "127.0.0.1:$((base + 203))" $ROTA_SERVER_ARGS >>"$dir/replica-4/server.log" 2>&1 &
+echo $! >"$dir/replica-4/pid"
+t=$(now); "$rota" --timeout-s 300 member add 4 "127.0.0.1:$((base + 3))" >"$dir/member-add.log" 2>&1
+echo "member 4 added (learner caught up by snapshot, then voter) after $(since "$t") s; rss $(rss 4)"
