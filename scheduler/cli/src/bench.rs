@@ -32,9 +32,9 @@ pub struct BenchSubmitArgs {
     pub rate: u64,
 }
 
-struct Sample {
-    latencies_us: Vec<u64>,
-    errors: u64,
+pub(crate) struct Sample {
+    pub latencies_us: Vec<u64>,
+    pub errors: u64,
 }
 
 pub async fn run(client: &Client, args: &BenchSubmitArgs) -> Result<serde_json::Value> {
@@ -84,17 +84,32 @@ async fn submit_once(mut jobs: JobServiceClient<Channel>, request: pb::SubmitJob
 }
 
 async fn closed_loop(channels: &[Channel], run_id: &str, args: &BenchSubmitArgs) -> Sample {
-    let deadline = Instant::now() + Duration::from_secs(args.duration_s);
-    let mut tasks = Vec::with_capacity(args.clients);
-    for c in 0..args.clients {
+    let channels = channels.to_vec();
+    let run_id = run_id.to_string();
+    closed_loop_of(args.clients, args.duration_s, move |c, n| {
         let jobs = JobServiceClient::new(channels[c % channels.len()].clone());
-        let run_id = run_id.to_string();
+        submit_once(jobs, request(&run_id, (c as u64) << 32 | n))
+    })
+    .await
+}
+
+/// `clients` loops calling `once(client, n)` back to back for `duration_s`;
+/// `once` answers whether the call was acknowledged.
+pub(crate) async fn closed_loop_of<F, Fut>(clients: usize, duration_s: u64, once: F) -> Sample
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let deadline = Instant::now() + Duration::from_secs(duration_s);
+    let mut tasks = Vec::with_capacity(clients);
+    for c in 0..clients {
+        let once = once.clone();
         tasks.push(tokio::spawn(async move {
             let mut sample = Sample { latencies_us: Vec::new(), errors: 0 };
             let mut n = 0u64;
             while Instant::now() < deadline {
                 let begun = Instant::now();
-                let ok = submit_once(jobs.clone(), request(&run_id, (c as u64) << 32 | n)).await;
+                let ok = once(c, n).await;
                 n += 1;
                 if ok {
                     sample.latencies_us.push(begun.elapsed().as_micros() as u64);
@@ -143,7 +158,7 @@ async fn merge(tasks: Vec<tokio::task::JoinHandle<Sample>>) -> Sample {
     all
 }
 
-fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
+pub(crate) fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
     if sorted_us.is_empty() {
         return 0.0;
     }

@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod bench;
 pub mod bench_backup;
+pub mod bench_etcd;
 pub mod change;
 pub mod config;
 pub mod drill;

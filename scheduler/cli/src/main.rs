@@ -456,6 +456,9 @@ enum BenchWhat {
     /// Write a backup of a synthetic state of N finished and M pending jobs,
     /// to restore a cluster at that size (no cluster needed).
     Backup(rota_cli::bench_backup::BenchBackupArgs),
+    /// Durable puts/s against an etcd cluster, the same closed loop as
+    /// `bench submit`, for a side-by-side figure (no rota cluster needed).
+    Etcd(rota_cli::bench_etcd::BenchEtcdArgs),
 }
 
 #[derive(clap::Args)]
@@ -685,6 +688,7 @@ async fn main() -> Result<()> {
         Command::Sim(sim) => return print_json(&rota_cli::sim::run_sim(&sim)?),
         Command::Bench { what: BenchWhat::Plan(bench) } => return print_json(&rota_cli::sim::run_bench_plan(&bench)?),
         Command::Bench { what: BenchWhat::Backup(bench) } => return print_json(&rota_cli::bench_backup::write_synthetic_backup(&bench)?),
+        Command::Bench { what: BenchWhat::Etcd(bench) } => return print_json(&rota_cli::bench_etcd::run(&bench).await?),
         Command::Snapshot { action: SnapshotAction::Restore { file, data_dir, id, peers, cluster_id } } => {
             let peers = parse_peers(&peers)?;
             return rota_cli::ops::snapshot_restore(&file, &data_dir, id, &peers, cluster_id, args.output.format()?);
@@ -724,7 +728,7 @@ async fn main() -> Result<()> {
         Command::Server(_)
         | Command::Tls { .. }
         | Command::Sim(_)
-        | Command::Bench { what: BenchWhat::Plan(_) | BenchWhat::Backup(_) }
+        | Command::Bench { what: BenchWhat::Plan(_) | BenchWhat::Backup(_) | BenchWhat::Etcd(_) }
         | Command::Health { .. }
         | Command::Snapshot { action: SnapshotAction::Restore { .. } } => {
             unreachable!("handled above")

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Benchmark: rota's durable submits/s next to etcd 3.4's durable puts/s, the
+# same closed loop (`rota bench submit` / `rota bench etcd`) at 1, 16 and 256
+# clients, three local members each, plaintext, on 127.0.0.1; rounds
+# alternate, each on fresh data directories. Installs etcd from Debian's
+# `etcd-server` when it is missing (as root). Stops what it started by PID.
+#
+#   deploy/bench/etcd-side-by-side.sh DIR [ROUNDS] [SECONDS]
+set -u
+dir="${1:?usage: $0 DIR [ROUNDS] [SECONDS]}"; rounds="${2:-3}"; seconds="${3:-8}"
+rota="${ROTA_BIN:-${CARGO_TARGET_DIR:-/var/tmp/rota-target}/release/rota}"
+here="$(cd "$(dirname "$0")/../local" && pwd)"
+[ -e "$dir" ] && { echo "$dir exists; give a new directory" >&2; exit 2; }
+command -v etcd >/dev/null || { DEBIAN_FRONTEND=noninteractive apt-get install -y -q etcd-server >/dev/null || exit 1; }
+mkdir -p "$dir"
+etcd --version | head -1
+client_port() { echo $((23790 + $1)); }
+peer_port() { echo $((23800 + $1)); }
+etcd_pids=()
+leader=""
+stop_etcd() { for pid in "${etcd_pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done; etcd_pids=(); }
+trap 'stop_etcd; ROTA_INSECURE=1 ROTA_BIN="$rota" bash "$here/cluster.sh" stop "$dir/rota" >/dev/null 2>&1' EXIT
+
+# start_etcd DIR: three members; sets etcd_pids and leader (its client address).
+start_etcd() {
+  local d="$1" cluster="" token="bench-$RANDOM"
+  mkdir -p "$d"
+  for i in 1 2 3; do cluster+="${cluster:+,}e$i=http://127.0.0.1:$(peer_port "$i")"; done
+  for i in 1 2 3; do
+    etcd --name "e$i" --data-dir "$d/e$i" \
+      --listen-client-urls "http://127.0.0.1:$(client_port "$i")" --advertise-client-urls "http://127.0.0.1:$(client_port "$i")" \
+      --listen-peer-urls "http://127.0.0.1:$(peer_port "$i")" --initial-advertise-peer-urls "http://127.0.0.1:$(peer_port "$i")" \
+      --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "$token" \
+      >"$d/e$i.log" 2>&1 &
+    etcd_pids+=($!)
+  done
+  # The leader: the member whose status names itself leader (bounded wait).
+  for _ in $(seq 1 100); do
+    for i in 1 2 3; do
+      if curl -s --max-time 1 -X POST "http://127.0.0.1:$(client_port "$i")/v3/maintenance/status" -d '{}' 2>/dev/null |
+        python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if d.get("leader") and d["leader"] == d["header"]["member_id"] else 1)' 2>/dev/null; then
+        leader="127.0.0.1:$(client_port "$i")"; return 0
+      fi
+    done
+    sleep 0.2
+  done
+  return 1
+}
+
+figure() { # FILE KEY
+  python3 - "$1" "$2" <<'PY' 2>/dev/null || echo "failed: $(head -c 200 "$1")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+l = d["latency_ms"]
+print(f"{d[sys.argv[2]]:.0f}/s, p50 {l['p50']} ms, p99 {l['p99']} ms, {d['errors']} errors")
+PY
+}
+
+for round in $(seq 1 "$rounds"); do
+  start_etcd "$dir/etcd-$round" || { echo "etcd elected no leader; see $dir/etcd-$round" >&2; exit 1; }
+  for clients in 1 16 256; do
+    "$rota" bench etcd --endpoint "$leader" --clients "$clients" --duration-s "$seconds" >"$dir/etcd-$round-$clients.json" 2>&1
+    echo "round $round etcd  $clients clients: $(figure "$dir/etcd-$round-$clients.json" puts_per_s)"
+  done
+  stop_etcd
+  ROTA_INSECURE=1 ROTA_SERVER_ARGS="--user-requests-per-s 0 --user-max-in-flight 100000" ROTA_BIN="$rota" \
+    bash "$here/cluster.sh" start "$dir/rota" 3 7601 >"$dir/rota-$round.log" 2>&1 || { echo "rota elected no leader" >&2; exit 1; }
+  for clients in 1 16 256; do
+    "$rota" --insecure --endpoints "$(cat "$dir/rota/endpoints")" bench submit --clients "$clients" --duration-s "$seconds" >"$dir/rota-$round-$clients.json" 2>&1
+    echo "round $round rota  $clients clients: $(figure "$dir/rota-$round-$clients.json" jobs_per_s)"
+  done
+  ROTA_INSECURE=1 ROTA_BIN="$rota" bash "$here/cluster.sh" stop "$dir/rota" >/dev/null
+  mv "$dir/rota" "$dir/rota-$round-data"
+done
