@@ -188,9 +188,18 @@ pub struct Outage {
     pub to_ms: u64,
 }
 
-/// Whether `run` was on a node cut off for longer than the TTL while it ran.
+/// How long after a rank ends its agent may take to have its exit
+/// acknowledged: the outbox reports every 250 ms, and the call may wait
+/// on a busy or changing leader. An outage that begins within this window
+/// may keep the exit from the scheduler, which then sees a lost node.
+const EXIT_REPORT_WINDOW_MS: u64 = 2_000;
+
+/// Whether `run` was on a node cut off for longer than the TTL while it ran,
+/// or ended so shortly before that its exit may not have been reported.
 fn hit_by_outage(run: &RankRun, outages: &[Outage]) -> bool {
-    outages.iter().any(|o| o.node == run.node && run.start_ms < o.to_ms && run.end_ms.is_none_or(|end| end > o.from_ms))
+    outages
+        .iter()
+        .any(|o| o.node == run.node && run.start_ms < o.to_ms && run.end_ms.is_none_or(|end| end + EXIT_REPORT_WINDOW_MS > o.from_ms))
 }
 
 /// No running rank was killed or restarted by a fault shorter than the node
@@ -399,6 +408,22 @@ mod tests {
         assert!(no_rank_killed(&killed, &jobs, &BTreeSet::new(), &cut_off).passed, "a rank cut off past the TTL stops by rule");
         let before = [Outage { node, from_ms: 0, to_ms: 50 }];
         assert!(!no_rank_killed(&killed, &jobs, &BTreeSet::new(), &before).passed, "an outage before the rank started excuses nothing");
+    }
+
+    /// A gang's rank ended its work 60 ms before its node was cut off past
+    /// the TTL (seen in a 30-minute run): its exit never reached the
+    /// scheduler, which requeued the gang, so the job ran again. That is
+    /// the rule for a lost node, not a killed rank; an outage that begins
+    /// well after the exit excuses nothing.
+    #[test]
+    fn a_rank_whose_exit_an_outage_cut_off_may_run_again() {
+        let jobs = BTreeMap::from([(1, job(1, "succeeded", 900))]);
+        let runs = [run(1, 10, &[0], 100, Some(3_100)), run(1, 12, &[0], 40_000, Some(43_000))];
+        let node = runs[0].node.clone();
+        let just_after = [Outage { node: node.clone(), from_ms: 3_160, to_ms: 33_000 }];
+        assert!(no_rank_killed(&runs, &jobs, &BTreeSet::new(), &just_after).passed);
+        let later = [Outage { node, from_ms: 3_100 + EXIT_REPORT_WINDOW_MS + 1, to_ms: 33_000 }];
+        assert!(!no_rank_killed(&runs, &jobs, &BTreeSet::new(), &later).passed);
     }
 
     /// A two-rank gang: rank 0 started on n1, rank 1 could not start on n2

@@ -52,7 +52,9 @@ struct RunArgs {
     interval_s: u64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Seconds jobs get to finish after the faults stop.
+    /// After the faults stop, the run waits for every job to finish while
+    /// jobs keep finishing; it stops waiting once none has finished for
+    /// this many seconds (or after ten times it in all).
     #[arg(long, default_value_t = 180)]
     settle_s: u64,
     /// Concurrent submitters (default: 4 without agents, 1 with agents).

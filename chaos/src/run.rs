@@ -37,7 +37,8 @@ pub struct RunConfig {
     pub faults: Vec<FaultKind>,
     pub interval_s: u64,
     pub seed: u64,
-    /// After the faults stop, how long jobs get to finish.
+    /// After the faults stop, how long the run waits for jobs to finish
+    /// once none has finished for that long (see `settle`).
     pub settle_s: u64,
     pub submitters: usize,
     pub submit_interval_ms: u64,
@@ -477,11 +478,19 @@ where
     }
 }
 
-/// Wait (bounded) until every acknowledged job is final.
-async fn settle(clients: &Clients, acked: &BTreeSet<u64>, limit: Duration) {
-    let deadline = Instant::now() + limit;
+/// How many settle periods the wait may last in all while jobs keep finishing.
+const SETTLE_MAX_PERIODS: u32 = 10;
+
+/// Wait until every acknowledged job is final. A backlog left by the faults
+/// takes as long as it takes to run: the wait goes on while jobs keep
+/// finishing, and ends once none has finished for `stall` (a stuck job is
+/// then reported by the liveness check) or after `SETTLE_MAX_PERIODS`
+/// times `stall` in all.
+async fn settle(clients: &Clients, acked: &BTreeSet<u64>, stall: Duration) {
+    let started = Instant::now();
+    let mut progress_at = Instant::now();
     let mut open: BTreeSet<u64> = acked.clone();
-    while !open.is_empty() && Instant::now() < deadline {
+    while !open.is_empty() && progress_at.elapsed() < stall && started.elapsed() < stall * SETTLE_MAX_PERIODS {
         let mut still_open = BTreeSet::new();
         for &id in &open {
             let final_state = clients
@@ -492,10 +501,16 @@ async fn settle(clients: &Clients, acked: &BTreeSet<u64>, limit: Duration) {
                 still_open.insert(id);
             }
         }
+        if still_open.len() < open.len() {
+            progress_at = Instant::now();
+        }
         open = still_open;
         if !open.is_empty() {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+    if !open.is_empty() {
+        tracing::warn!(open = open.len(), waited_s = started.elapsed().as_secs(), "jobs still open when the settle wait ended");
     }
 }
 
