@@ -15,20 +15,12 @@ use std::time::Instant;
 use rota_core::sim::bench::{build_history, submit_history};
 use rota_core::state::{ClusterState, Command, Proposal};
 
-fn build(finished: u64, pending: u64) -> (ClusterState, u64) {
-    build_history(finished, pending)
-}
-
-fn submit_more(state: &mut ClusterState, index: &mut u64, count: u64) {
-    submit_history(state, index, count)
-}
-
 #[test]
 fn a_frozen_copy_is_independent_and_its_snapshot_restores_it() {
-    let (mut state, mut index) = build(3_000, 1_000);
+    let (mut state, mut index) = build_history(3_000, 1_000);
     let frozen = state.clone();
     let before = frozen.jobs.len();
-    submit_more(&mut state, &mut index, 1_024);
+    submit_history(&mut state, &mut index, 1_024);
     state.apply_proposal(index, &Proposal { now_ms: index, commands: vec![Command::CancelJob { job_id: 3_500 }] });
     assert_eq!(frozen.jobs.len(), before, "the frozen copy does not see later submits");
     assert!(!frozen.jobs[&3_500].state.is_final(), "nor a later cancel");
@@ -59,10 +51,10 @@ fn state_copy_and_snapshot_at_scale() {
     let finished = env_count("ROTA_SCALE_FINISHED", 1_000_000);
     let pending = env_count("ROTA_SCALE_PENDING", 50_000);
     let rss_empty = resident_bytes();
-    let (pending_only, _) = build(0, pending);
+    let (pending_only, _) = build_history(0, pending);
     let rss_pending = resident_bytes();
     let started = Instant::now();
-    let (finished_only, _) = build(finished, 0);
+    let (finished_only, _) = build_history(finished, 0);
     let rss_both = resident_bytes();
     println!("built {finished} finished jobs in {:.1} s", started.elapsed().as_secs_f64());
     println!(
@@ -75,7 +67,7 @@ fn state_copy_and_snapshot_at_scale() {
     drop(pending_only);
     drop(finished_only);
 
-    let (mut state, mut index) = build(finished, pending);
+    let (mut state, mut index) = build_history(finished, pending);
     println!("state: {} jobs held, {} live, rss {} MiB", state.jobs.len(), state.live_jobs, resident_bytes() >> 20);
     let clone_us = median(
         (0..101)
@@ -111,11 +103,11 @@ fn state_copy_and_snapshot_at_scale() {
     let mut beside_copy = Vec::new();
     for _ in 0..rounds {
         let at = Instant::now();
-        submit_more(&mut state, &mut index, 2_048);
+        submit_history(&mut state, &mut index, 2_048);
         alone.push(at.elapsed().as_secs_f64() * 1e3);
         let copy = state.clone();
         let at = Instant::now();
-        submit_more(&mut state, &mut index, 2_048);
+        submit_history(&mut state, &mut index, 2_048);
         beside_copy.push(at.elapsed().as_secs_f64() * 1e3);
         drop(copy);
     }

@@ -261,7 +261,12 @@ impl ClusterState {
 
     /// Rebuild the change index from the jobs (after decoding a snapshot).
     pub fn index_job_changes(&mut self) {
-        self.job_changes = self.jobs.values().map(|j| ((j.changed_at_index, j.id), ())).collect();
+        self.job_changes = self.derived_job_changes();
+    }
+
+    /// The change index as the jobs say it should be.
+    fn derived_job_changes(&self) -> SharedMap<(u64, JobId), ()> {
+        self.jobs.values().map(|j| ((j.changed_at_index, j.id), ())).collect()
     }
 
     /// Jobs changed after log index `after`, in the order of their last
@@ -314,8 +319,7 @@ impl ClusterState {
                 return Err(format!("GPU {node}:{gpu} is held but its node has no such GPU"));
             }
         }
-        let changes: SharedMap<(u64, JobId), ()> = self.jobs.values().map(|j| ((j.changed_at_index, j.id), ())).collect();
-        if changes != self.job_changes {
+        if self.derived_job_changes() != self.job_changes {
             return Err(format!("the change index holds {} jobs, the state {}", self.job_changes.len(), self.jobs.len()));
         }
         let live = self.jobs.values().filter(|j| !j.state.is_final()).count();
