@@ -19,6 +19,9 @@ async fn grow_to_five_and_shrink_back_under_load() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
     let leader = cluster.wait_leader(Duration::from_secs(30)).await?;
+    // The admin calls below are not retried: wait until the founding
+    // admin is named (until then every user's call is refused).
+    rota_e2e::wait_access_control(&cluster, Duration::from_secs(30)).await?;
     let any = AnyReplica::new(&cluster)?;
 
     let stop = Arc::new(AtomicBool::new(false));
