@@ -19,6 +19,7 @@ mod network;
 mod recovery;
 mod replica;
 mod service;
+mod snapshot_file;
 mod state_machine;
 mod types;
 

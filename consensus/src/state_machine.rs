@@ -16,12 +16,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, Snapshot};
-use rocksdb::{WriteOptions, DB};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::log_store::{blocking, cf, decode, encode, open_db, sto_err, sto_msg, Db, CF_SM};
+use crate::log_store::{blocking, cf, decode, open_db, sto_err, sto_msg, Db, CF_SM};
 use crate::types::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 use crate::{ConsensusError, StateMachine};
 
@@ -68,47 +67,49 @@ fn poisoned() -> StorageError {
     sto_msg(ErrorSubject::StateMachine, ErrorVerb::Write, "state machine lock poisoned")
 }
 
-fn read_stored(db: &DB) -> Result<Option<StoredSnapshot>, StorageError> {
+/// The current snapshot: its file, or where builds before it kept it (the
+/// `sm` column family) until the first snapshot written since.
+fn read_stored(db: &Db) -> Result<Option<StoredSnapshot>, StorageError> {
+    let subject = || ErrorSubject::Snapshot(None);
+    if let Some((meta, data)) = db.snapshot_file().read().map_err(|e| sto_err(subject(), ErrorVerb::Read, &e))? {
+        return Ok(Some(StoredSnapshot { meta, data }));
+    }
     let cf = cf(db, CF_SM)?;
     match db.get_cf(cf, KEY_SNAPSHOT) {
-        Ok(Some(bytes)) => Ok(Some(decode(&bytes, ErrorSubject::Snapshot(None))?)),
+        Ok(Some(bytes)) => Ok(Some(decode(&bytes, subject())?)),
         Ok(None) => Ok(None),
-        Err(e) => Err(sto_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, &e)),
+        Err(e) => Err(sto_err(subject(), ErrorVerb::Read, &e)),
     }
+}
+
+/// Store `data` as the replica's current snapshot (a restored backup).
+pub(crate) fn write_snapshot(db: &Db, meta: SnapshotMeta, data: Vec<u8>) -> Result<(), StorageError> {
+    persist(db, &Mutex::new(None), &StoredSnapshot { meta, data })
+}
+
+/// The persisted snapshot's meta, if any (read offline, before the replica runs).
+pub(crate) fn stored_snapshot_meta(db: &Db) -> Result<Option<SnapshotMeta>, StorageError> {
+    read_stored(db).map(|s| s.map(|s| s.meta))
 }
 
 /// Persist `snap` as the current snapshot unless a newer one is already
 /// stored (a slow build racing an install). `persisted` (under its lock)
 /// is the log id of the snapshot stored now.
 ///
-/// Durable without the write-ahead log: a snapshot is tens of megabytes at
-/// scale, and as a synced WAL write it would hold up every Raft log append
-/// of this replica (they share the WAL) for as long as it takes. Written
-/// with the WAL off, then flushed to its own synced table file. A crash
-/// before the flush ends leaves the previous snapshot in place, and the log
-/// is purged only after this returns.
-/// Store `data` as the replica's current snapshot (a restored backup).
-pub(crate) fn write_snapshot(db: &DB, meta: SnapshotMeta, data: Vec<u8>) -> Result<(), StorageError> {
-    persist(db, &Mutex::new(None), &StoredSnapshot { meta, data })
-}
-
-/// The persisted snapshot's meta, if any (read offline, before the replica runs).
-pub(crate) fn stored_snapshot_meta(db: &DB) -> Result<Option<SnapshotMeta>, StorageError> {
-    read_stored(db).map(|s| s.map(|s| s.meta))
-}
-
-fn persist(db: &DB, persisted: &Mutex<Option<LogId>>, snap: &StoredSnapshot) -> Result<(), StorageError> {
+/// Its own file, synced and renamed into place (see `snapshot_file`), not
+/// the write-ahead log every Raft append of this replica waits on. A crash
+/// before the rename leaves the previous snapshot in place, and the log is
+/// purged only after this returns.
+fn persist(db: &Db, persisted: &Mutex<Option<LogId>>, snap: &StoredSnapshot) -> Result<(), StorageError> {
     let subject = || ErrorSubject::Snapshot(Some(snap.meta.signature()));
     let mut current = persisted.lock().map_err(|_| sto_msg(subject(), ErrorVerb::Write, "snapshot lock poisoned"))?;
     if *current > snap.meta.last_log_id {
         return Ok(());
     }
-    let bytes = encode(snap, subject())?;
+    db.snapshot_file().write(&snap.meta, &snap.data).map_err(|e| sto_err(subject(), ErrorVerb::Write, &e))?;
+    // The file is read first from now on; drop the older copy's bytes.
     let cf = cf(db, CF_SM)?;
-    let mut wo = WriteOptions::default();
-    wo.disable_wal(true);
-    db.put_cf_opt(cf, KEY_SNAPSHOT, bytes, &wo).map_err(|e| sto_err(subject(), ErrorVerb::Write, &e))?;
-    db.flush_cf(cf).map_err(|e| sto_err(subject(), ErrorVerb::Write, &e))?;
+    db.delete_cf(cf, KEY_SNAPSHOT).map_err(|e| sto_err(subject(), ErrorVerb::Delete, &e))?;
     *current = snap.meta.last_log_id;
     Ok(())
 }
@@ -330,5 +331,35 @@ impl LockHold {
 impl Drop for LockHold {
     fn drop(&mut self) {
         record_lock_hold(self.kind, self.since);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log_store::encode;
+    use openraft::CommittedLeaderId;
+
+    fn meta(index: u64) -> SnapshotMeta {
+        let log_id = LogId::new(CommittedLeaderId::new(2, 1), index);
+        SnapshotMeta { last_log_id: Some(log_id), last_membership: StoredMembership::default(), snapshot_id: format!("s-{index}") }
+    }
+
+    /// A data directory of a build that kept its snapshot in RocksDB starts
+    /// from it; the first snapshot written after moves it to its file.
+    #[test]
+    fn a_snapshot_kept_in_rocksdb_by_older_builds_is_read_until_the_next_one_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, _closed) = open_db(dir.path()).unwrap();
+        let legacy = StoredSnapshot { meta: meta(7), data: b"older state".to_vec() };
+        db.put_cf(cf(&db, CF_SM).unwrap(), KEY_SNAPSHOT, encode(&legacy, ErrorSubject::Store).unwrap()).unwrap();
+        let read = read_stored(&db).unwrap().expect("the older build's snapshot");
+        assert_eq!((read.meta, read.data), (meta(7), b"older state".to_vec()));
+
+        write_snapshot(&db, meta(9), b"newer state".to_vec()).unwrap();
+        let read = read_stored(&db).unwrap().expect("the new snapshot");
+        assert_eq!((read.meta, read.data), (meta(9), b"newer state".to_vec()));
+        assert!(db.get_cf(cf(&db, CF_SM).unwrap(), KEY_SNAPSHOT).unwrap().is_none(), "the older copy is gone");
+        assert!(dir.path().join(crate::snapshot_file::SNAPSHOT_DIR).join("current").is_file());
     }
 }
