@@ -166,7 +166,7 @@ impl PeerClient {
         Ok(c)
     }
 
-    async fn call<Resp, E>(&mut self, kind: RPCTypes, payload: Vec<u8>, timeout: Duration) -> Result<Resp, RpcErr<E>>
+    async fn call<Resp, E>(&mut self, kind: RPCTypes, label: &'static str, payload: Vec<u8>, timeout: Duration) -> Result<Resp, RpcErr<E>>
     where
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
@@ -183,7 +183,14 @@ impl PeerClient {
                 RPCTypes::InstallSnapshot => client.install_snapshot(msg).await,
             }
         };
-        let reply = match tokio::time::timeout(timeout, fut).await {
+        let started = std::time::Instant::now();
+        let answered = tokio::time::timeout(timeout, fut).await;
+        if matches!(answered, Ok(Ok(_))) {
+            // The round trip of an answered call: the network both ways
+            // and, for AppendEntries, the follower's own sync.
+            metrics::histogram!("rota_raft_rpc_seconds", "kind" => label).record(started.elapsed().as_secs_f64());
+        }
+        let reply = match answered {
             Err(_) => return Err(RPCError::Timeout(Timeout { action: kind, id: self.net.self_id, target: self.target, timeout })),
             Ok(Err(status)) => {
                 let text = format!("{kind} to node {} at {}: {status}", self.target, self.addr);
@@ -233,7 +240,11 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(n / 2)));
         }
         let timeout = self.timeout(&option);
-        self.call(RPCTypes::AppendEntries, payload, timeout).await
+        // An AppendEntries without entries only carries the leader's term
+        // and commit index (a heartbeat): told apart, the round trip of one
+        // with entries shows the follower's sync.
+        let label = if n == 0 { "heartbeat" } else { "append_entries" };
+        self.call(RPCTypes::AppendEntries, label, payload, timeout).await
     }
 
     async fn install_snapshot(
@@ -243,7 +254,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<InstallSnapshotError>> {
         let payload = encode(&rpc)?;
         let timeout = self.net.snapshot_timeout.min(option.hard_ttl());
-        self.call(RPCTypes::InstallSnapshot, payload, timeout).await
+        self.call(RPCTypes::InstallSnapshot, "install_snapshot", payload, timeout).await
     }
 
     async fn vote(
@@ -253,7 +264,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     ) -> Result<VoteResponse<NodeId>, RpcErr<openraft::error::Infallible>> {
         let payload = encode(&rpc)?;
         let timeout = self.timeout(&option);
-        self.call(RPCTypes::Vote, payload, timeout).await
+        self.call(RPCTypes::Vote, "vote", payload, timeout).await
     }
 }
 

@@ -104,6 +104,11 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ("rota_snapshot_last_success_timestamp_seconds", "Unix time of the last snapshot built"),
     ("rota_snapshot_failures_total", "Snapshots that failed to build or persist"),
     ("rota_state_lock_hold_seconds", "How long the state lock was held, by holder"),
+    (
+        "rota_log_sync_seconds",
+        "Time to write and fsync appended Raft log entries (every commit waits for it on the leader and on a follower)",
+    ),
+    ("rota_raft_rpc_seconds", "Round trip of an answered Raft call to a peer, by kind: append_entries (with entries: includes the peer's log sync), heartbeat, vote, install_snapshot"),
     ("rota_heartbeats_total", "Node heartbeats received"),
     ("rota_data_dir_free_bytes", "Free space in the data directory"),
     ("rota_alarms_raised", "Alarms raised in the cluster (no new work while any is)"),
