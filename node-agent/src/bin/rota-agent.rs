@@ -16,6 +16,11 @@ use rota_proto::v1::node_agent_service_server::NodeAgentServiceServer;
 use rota_tls::{IdentityKind, TlsFlags};
 use tonic::service::interceptor::InterceptedService;
 
+/// The same allocator as the replicas' (a fleet process holds a thousand
+/// agents' sessions and reports).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "rota-agent", version, about = "rota's node agent: runs job ranks on a GPU host")]
 struct Args {

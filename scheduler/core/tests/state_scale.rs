@@ -12,8 +12,12 @@
 
 use std::time::Instant;
 
-use rota_core::sim::bench::{build_history, submit_history};
-use rota_core::state::{ClusterState, Command, Proposal};
+use rota_core::sim::bench::{build_history, fleet_registrations, submit_history};
+use rota_core::state::{ClusterState, Command, Proposal, StateLimits};
+
+/// The allocator the `rota` binary runs with, so the figures are a replica's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[test]
 fn a_frozen_copy_is_independent_and_its_snapshot_restores_it() {
@@ -36,6 +40,23 @@ fn resident_bytes() -> u64 {
     pages * 4096
 }
 
+/// What a registered node of 8 GPUs costs the replicated state: resident
+/// bytes and snapshot bytes per node.
+fn node_bytes(nodes: u32) {
+    let rss_before = resident_bytes();
+    let mut state = ClusterState::new(StateLimits::default());
+    let empty_snapshot = state.to_snapshot().len();
+    state.apply_proposal(1, &Proposal { now_ms: 1, commands: fleet_registrations(nodes, 8) });
+    assert_eq!(state.nodes.len(), nodes as usize, "every node registered");
+    let rss_after = resident_bytes();
+    let snapshot = state.to_snapshot().len();
+    println!(
+        "{nodes} nodes of 8 GPUs: resident bytes per node {:.0}; snapshot bytes per node {:.0}",
+        rss_after.saturating_sub(rss_before) as f64 / f64::from(nodes.max(1)),
+        (snapshot - empty_snapshot) as f64 / f64::from(nodes.max(1)),
+    );
+}
+
 fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
@@ -50,6 +71,8 @@ fn env_count(name: &str, default: u64) -> u64 {
 fn state_copy_and_snapshot_at_scale() {
     let finished = env_count("ROTA_SCALE_FINISHED", 1_000_000);
     let pending = env_count("ROTA_SCALE_PENDING", 50_000);
+    // First, while freed memory cannot be reused and hide the growth.
+    node_bytes(env_count("ROTA_SCALE_NODES", 1_250) as u32);
     let rss_empty = resident_bytes();
     let (pending_only, _) = build_history(0, pending);
     let rss_pending = resident_bytes();

@@ -53,7 +53,14 @@ impl Builder {
 }
 
 fn nodes(shape: &BenchShape) -> Vec<Command> {
-    (0..shape.nodes)
+    fleet_registrations(shape.nodes, shape.gpus_per_node)
+}
+
+/// Registrations of `count` nodes of `gpus_per_node` GPUs each, 32 nodes
+/// to a leaf and 4 leaves to a rack; every fifth node holds A100s, a few
+/// have an unhealthy GPU.
+pub fn fleet_registrations(count: u32, gpus_per_node: u32) -> Vec<Command> {
+    (0..count)
         .map(|i| {
             let leaf = i / 32;
             let rack = leaf / 4;
@@ -62,7 +69,7 @@ fn nodes(shape: &BenchShape) -> Vec<Command> {
                 address: format!("10.{rack}.{leaf}.{i}"),
                 rack: format!("r{rack:03}"),
                 leaf: format!("l{leaf:04}"),
-                gpus: (0..shape.gpus_per_node)
+                gpus: (0..gpus_per_node)
                     .map(|g| GpuInfo {
                         index: g,
                         uuid: format!("GPU-{i}-{g}"),
