@@ -3,7 +3,8 @@
 //! The application state `S` lives in memory, together with the last applied
 //! log id and the last membership, in one [`SmData`] under one lock, so a
 //! snapshot is a point-in-time copy of all three. The current snapshot
-//! (meta + data) is persisted in the `sm` column family; a restarted replica
+//! (meta + data) is persisted in its own file (`snapshot_file`; older builds
+//! kept it in the `sm` column family, still read); a restarted replica
 //! starts from it and openraft re-applies the committed log after it.
 
 // openraft's StorageError (the error type its storage traits require) is large.
