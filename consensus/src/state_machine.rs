@@ -21,6 +21,7 @@ use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, Snaps
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::background;
 use crate::log_store::{blocking, cf, decode, open_db, sto_err, sto_msg, Db, CF_SM};
 use crate::types::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 use crate::{ConsensusError, StateMachine};
@@ -190,27 +191,29 @@ impl<S: StateMachine> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<S> {
 
 impl<S: StateMachine> StateMachineStore<S> {
     async fn build_and_persist(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        // Freezing takes the state lock (briefly: the copy is O(1)) on a
+        // normal thread; encoding and writing the frozen copy take seconds
+        // at a million jobs and run in the background, where they hold no
+        // lock apply needs (see `background`).
         let state = self.state.clone();
-        let (data, last_applied, last_membership) = blocking(ErrorSubject::Snapshot(None), move || {
-            let (encode, last_applied, last_membership) = {
-                let g = state.read().map_err(|_| poisoned())?;
-                let held = std::time::Instant::now();
-                let frozen = (g.app.freeze(), g.last_applied, g.last_membership.clone());
-                record_lock_hold("snapshot_build", held);
-                frozen
-            };
-            Ok((encode(), last_applied, last_membership))
+        let (encode, last_applied, last_membership) = blocking(ErrorSubject::Snapshot(None), move || {
+            let g = state.read().map_err(|_| poisoned())?;
+            let held = std::time::Instant::now();
+            let frozen = (g.app.freeze(), g.last_applied, g.last_membership.clone());
+            record_lock_hold("snapshot_build", held);
+            Ok(frozen)
         })
         .await?;
         let meta = SnapshotMeta { snapshot_id: snapshot_id(&last_applied), last_log_id: last_applied, last_membership };
-        let stored = StoredSnapshot { meta, data };
         let db = self.db.clone();
         let lock = self.persist_lock.clone();
-        let stored = blocking(ErrorSubject::Snapshot(None), move || {
-            persist(&db, &lock, &stored)?;
-            Ok(stored)
+        let signature = meta.signature();
+        let written = background::run("rota-snapshot", move || {
+            let stored = StoredSnapshot { meta, data: encode() };
+            persist(&db, &lock, &stored).map(|()| stored)
         })
-        .await?;
+        .await;
+        let stored = written.map_err(|e| sto_msg(ErrorSubject::Snapshot(Some(signature)), ErrorVerb::Write, e))??;
         tracing::info!(snapshot = %stored.meta, bytes = stored.data.len(), "built snapshot");
         Ok(Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) })
     }
@@ -265,24 +268,32 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
     }
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<Cursor<Vec<u8>>>) -> Result<(), StorageError> {
-        let stored = StoredSnapshot { meta: meta.clone(), data: snapshot.into_inner() };
-        let state = self.state.clone();
-        let db = self.db.clone();
-        let lock = self.persist_lock.clone();
+        let data = snapshot.into_inner();
         let signature = meta.signature();
-        blocking(ErrorSubject::Snapshot(Some(signature.clone())), move || {
-            let restored = S::decode(&stored.data).map_err(|e| sto_msg(ErrorSubject::Snapshot(Some(signature)), ErrorVerb::Read, e))?;
-            let replaced = {
-                let mut g = state.write().map_err(|_| poisoned())?;
-                let _hold = LockHold::new("snapshot_install");
-                g.last_applied = stored.meta.last_log_id;
-                g.last_membership = stored.meta.last_membership.clone();
-                g.app.install(restored)
-            };
+        let subject = move || ErrorSubject::Snapshot(Some(signature.clone()));
+        // Decoding, dropping the replaced state and writing the file are the
+        // slow parts and hold no lock: they run at background priority (see
+        // `background`). Only the swap takes the write lock.
+        let decoded = background::run("rota-snapshot", move || (S::decode(&data), data)).await;
+        let (restored, data) = decoded.map_err(|e| sto_msg(subject(), ErrorVerb::Read, e))?;
+        let restored = restored.map_err(|e| sto_msg(subject(), ErrorVerb::Read, e))?;
+        let state = self.state.clone();
+        let (last_applied, last_membership) = (meta.last_log_id, meta.last_membership.clone());
+        let replaced = blocking(subject(), move || {
+            let mut g = state.write().map_err(|_| poisoned())?;
+            let _hold = LockHold::new("snapshot_install");
+            g.last_applied = last_applied;
+            g.last_membership = last_membership;
+            Ok(g.app.install(restored))
+        })
+        .await?;
+        let (db, lock, stored) = (self.db.clone(), self.persist_lock.clone(), StoredSnapshot { meta: meta.clone(), data });
+        let written = background::run("rota-snapshot", move || {
             drop(replaced);
             persist(&db, &lock, &stored)
         })
-        .await?;
+        .await;
+        written.map_err(|e| sto_msg(subject(), ErrorVerb::Write, e))??;
         self.installed.fetch_add(1, Ordering::AcqRel);
         if let Some(l) = &meta.last_log_id {
             self.applied_tx.send_replace(l.index);

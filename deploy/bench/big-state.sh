@@ -48,11 +48,27 @@ for round in 1 2 3; do
 import json, sys
 d = json.load(open(sys.argv[1]))
 l = d["latency_ms"]
-print(f"open loop round {sys.argv[2]}: {d['acked']} acked, {d['errors']} errors, p50 {l['p50']} ms, p99 {l['p99']} ms")
+kinds = ", ".join(f"{k} {n}" for k, n in d.get("errors_by_kind", {}).items())
+print(f"open loop round {sys.argv[2]}: {d['acked']} acked, {d['errors']} errors{' (' + kinds + ')' if kinds else ''}, p50 {l['p50']} ms, p99 {l['p99']} ms")
 PY
 done
+# Snapshots built, and the bucket holding the 99th percentile of the
+# replica's synced log appends over the whole run.
+metrics_line() {
+  curl -s "127.0.0.1:$((base + 100 + $1 - 1))/metrics" | python3 -c '
+import re, sys
+text = sys.stdin.read()
+def value(name):
+    m = re.search(r"^" + name + r" (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+buckets = [(float(le), float(n)) for le, n in re.findall(r"^rota_log_sync_seconds_bucket\{le=\"([0-9.e+-]+)\"\} (\S+)$", text, re.M)]
+count = value("rota_log_sync_seconds_count")
+p99 = next((le for le, n in sorted(buckets) if count and n >= 0.99 * count), float("inf"))
+built, build_s = int(value("rota_snapshot_build_seconds_count")), value("rota_snapshot_build_seconds_sum")
+print(f"{built} snapshots built in {build_s:.1f} s; {int(count)} log syncs, p99 <= {p99 * 1000:g} ms")'
+}
 for i in 1 2 3; do
-  echo "replica $i: rss $(rss "$i"); $(curl -s "127.0.0.1:$((base + 100 + i - 1))/metrics" | grep -E '^rota_snapshot_build_seconds_(sum|count) ' | tr '\n' ' ')"
+  echo "replica $i: rss $(rss "$i"); $(metrics_line "$i")"
 done
 leader=$("$rota" --output json cluster | python3 -c 'import json,sys; print(json.load(sys.stdin)["leader_id"])' 2>/dev/null)
 follower=2; [ "$leader" = 2 ] && follower=3

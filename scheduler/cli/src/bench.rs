@@ -3,6 +3,7 @@
 //! open loop (`--rate`: submits start on a fixed schedule, and latency counts
 //! from the scheduled start, so a stall is not hidden by fewer requests).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,9 +33,32 @@ pub struct BenchSubmitArgs {
     pub rate: u64,
 }
 
+/// Latencies of the acknowledged calls and the failed ones counted by why
+/// they failed (a gRPC status code, or what else stopped the call).
+#[derive(Default)]
 pub(crate) struct Sample {
     pub latencies_us: Vec<u64>,
-    pub errors: u64,
+    pub errors: BTreeMap<String, u64>,
+}
+
+impl Sample {
+    fn record(&mut self, outcome: Result<(), String>, latency_us: u64) {
+        match outcome {
+            Ok(()) => self.latencies_us.push(latency_us),
+            Err(kind) => *self.errors.entry(kind).or_default() += 1,
+        }
+    }
+
+    fn absorb(&mut self, other: Sample) {
+        self.latencies_us.extend(other.latencies_us);
+        for (kind, count) in other.errors {
+            *self.errors.entry(kind).or_default() += count;
+        }
+    }
+
+    pub(crate) fn error_count(&self) -> u64 {
+        self.errors.values().sum()
+    }
 }
 
 pub async fn run(client: &Client, args: &BenchSubmitArgs) -> Result<serde_json::Value> {
@@ -79,8 +103,8 @@ fn request(run_id: &str, n: u64) -> pb::SubmitJobRequest {
     pb::SubmitJobRequest { spec: Some(spec), request_id: format!("{run_id}-{n}"), ..Default::default() }
 }
 
-async fn submit_once(mut jobs: JobServiceClient<Channel>, request: pb::SubmitJobRequest) -> bool {
-    jobs.submit_job(request).await.is_ok()
+async fn submit_once(mut jobs: JobServiceClient<Channel>, request: pb::SubmitJobRequest) -> Result<(), String> {
+    jobs.submit_job(request).await.map(|_| ()).map_err(|status| format!("{:?}", status.code()))
 }
 
 async fn closed_loop(channels: &[Channel], run_id: &str, args: &BenchSubmitArgs) -> Sample {
@@ -94,28 +118,24 @@ async fn closed_loop(channels: &[Channel], run_id: &str, args: &BenchSubmitArgs)
 }
 
 /// `clients` loops calling `once(client, n)` back to back for `duration_s`;
-/// `once` answers whether the call was acknowledged.
+/// `once` answers Ok when the call was acknowledged, else why it failed.
 pub(crate) async fn closed_loop_of<F, Fut>(clients: usize, duration_s: u64, once: F) -> Sample
 where
     F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = bool> + Send,
+    Fut: std::future::Future<Output = Result<(), String>> + Send,
 {
     let deadline = Instant::now() + Duration::from_secs(duration_s);
     let mut tasks = Vec::with_capacity(clients);
     for c in 0..clients {
         let once = once.clone();
         tasks.push(tokio::spawn(async move {
-            let mut sample = Sample { latencies_us: Vec::new(), errors: 0 };
+            let mut sample = Sample::default();
             let mut n = 0u64;
             while Instant::now() < deadline {
                 let begun = Instant::now();
-                let ok = once(c, n).await;
+                let outcome = once(c, n).await;
                 n += 1;
-                if ok {
-                    sample.latencies_us.push(begun.elapsed().as_micros() as u64);
-                } else {
-                    sample.errors += 1;
-                }
+                sample.record(outcome, begun.elapsed().as_micros() as u64);
             }
             sample
         }));
@@ -136,23 +156,22 @@ async fn open_loop(channels: &[Channel], run_id: &str, args: &BenchSubmitArgs) -
         let jobs = JobServiceClient::new(channels[n as usize % channels.len()].clone());
         let request = request(run_id, n);
         tasks.push(tokio::spawn(async move {
-            let ok = submit_once(jobs, request).await;
+            let outcome = submit_once(jobs, request).await;
             drop(permit);
-            let latency_us = scheduled.elapsed().as_micros() as u64;
-            Sample { latencies_us: if ok { vec![latency_us] } else { vec![] }, errors: u64::from(!ok) }
+            let mut sample = Sample::default();
+            sample.record(outcome, scheduled.elapsed().as_micros() as u64);
+            sample
         }));
     }
     merge(tasks).await
 }
 
 async fn merge(tasks: Vec<tokio::task::JoinHandle<Sample>>) -> Sample {
-    let mut all = Sample { latencies_us: Vec::new(), errors: 0 };
+    let mut all = Sample::default();
     for task in tasks {
-        if let Ok(sample) = task.await {
-            all.latencies_us.extend(sample.latencies_us);
-            all.errors += sample.errors;
-        } else {
-            all.errors += 1;
+        match task.await {
+            Ok(sample) => all.absorb(sample),
+            Err(_) => all.record(Err("benchmark task failed".to_string()), 0),
         }
     }
     all
@@ -176,7 +195,8 @@ fn report(mut sample: Sample, elapsed_s: f64, args: &BenchSubmitArgs, leader: &s
         "duration_s": elapsed_s,
         "leader": leader,
         "acked": acked,
-        "errors": sample.errors,
+        "errors": sample.error_count(),
+        "errors_by_kind": sample.errors,
         "jobs_per_s": acked as f64 / elapsed_s,
         "latency_ms": {
             "p50": percentile_ms(&sample.latencies_us, 50.0),

@@ -44,15 +44,13 @@ struct PutRequest {
 #[derive(Clone, PartialEq, prost::Message)]
 struct PutResponse {}
 
-async fn put_once(channel: Channel, key: Vec<u8>) -> bool {
+async fn put_once(channel: Channel, key: Vec<u8>) -> Result<(), String> {
     let mut grpc = tonic::client::Grpc::new(channel);
-    if grpc.ready().await.is_err() {
-        return false;
-    }
+    grpc.ready().await.map_err(|e| format!("not ready: {e}"))?;
     let codec = tonic_prost::ProstCodec::<PutRequest, PutResponse>::default();
     let path = tonic::codegen::http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Put");
     let request = tonic::Request::new(PutRequest { key, value: vec![b'v'; VALUE_BYTES] });
-    grpc.unary(request, path, codec).await.is_ok()
+    grpc.unary(request, path, codec).await.map(|_| ()).map_err(|status| format!("{:?}", status.code()))
 }
 
 pub async fn run(args: &BenchEtcdArgs) -> Result<serde_json::Value> {
@@ -65,8 +63,8 @@ pub async fn run(args: &BenchEtcdArgs) -> Result<serde_json::Value> {
     for _ in 0..CONNECTIONS {
         channels.push(endpoint.connect().await.with_context(|| format!("connecting to {}", args.endpoint))?);
     }
-    if !put_once(channels[0].clone(), b"bench-first".to_vec()).await {
-        bail!("{}: the first put failed (is it an etcd member with a leader?)", args.endpoint);
+    if let Err(why) = put_once(channels[0].clone(), b"bench-first".to_vec()).await {
+        bail!("{}: the first put failed ({why}; is it an etcd member with a leader?)", args.endpoint);
     }
     let started = Instant::now();
     let sample = closed_loop_of(args.clients, args.duration_s, move |c, n| {
@@ -74,6 +72,7 @@ pub async fn run(args: &BenchEtcdArgs) -> Result<serde_json::Value> {
     })
     .await;
     let elapsed_s = started.elapsed().as_secs_f64();
+    let (errors, errors_by_kind) = (sample.error_count(), sample.errors);
     let mut latencies = sample.latencies_us;
     latencies.sort_unstable();
     Ok(json!({
@@ -81,7 +80,8 @@ pub async fn run(args: &BenchEtcdArgs) -> Result<serde_json::Value> {
         "clients": args.clients,
         "duration_s": elapsed_s,
         "acked": latencies.len(),
-        "errors": sample.errors,
+        "errors": errors,
+        "errors_by_kind": errors_by_kind,
         "puts_per_s": latencies.len() as f64 / elapsed_s,
         "latency_ms": {
             "p50": percentile_ms(&latencies, 50.0),

@@ -23,14 +23,13 @@ pub struct PlannerThread {
     requests: std::sync::mpsc::SyncSender<PassRequest>,
 }
 
-/// Niceness of the planner thread (0 = as the rest of the replica).
-const PLANNER_NICENESS: i32 = 10;
-
 impl PlannerThread {
     pub fn start() -> std::io::Result<PlannerThread> {
         let (requests, inbox) = std::sync::mpsc::sync_channel::<PassRequest>(1);
         std::thread::Builder::new().name("rota-planner".into()).spawn(move || {
-            lower_priority();
+            if let Err(e) = rota_consensus::background::lower_this_thread_priority() {
+                tracing::debug!(error = %e, "planner thread keeps the default priority");
+            }
             for (state, now_ms, reply) in inbox {
                 let plan =
                     std::panic::catch_unwind(AssertUnwindSafe(|| plan_once(&state, now_ms))).map_err(|payload| panic_text(&*payload));
@@ -45,18 +44,6 @@ impl PlannerThread {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.requests.send((state, now_ms, reply)).ok()?;
         answer.await.ok()
-    }
-}
-
-/// Raise this thread's niceness (Linux: per thread). Failing to is harmless.
-fn lower_priority() {
-    // SAFETY: plain syscalls on the calling thread, no memory handed over.
-    let result = unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, PLANNER_NICENESS)
-    };
-    if result != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "planner thread keeps the default priority");
     }
 }
 
