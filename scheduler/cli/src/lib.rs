@@ -59,7 +59,8 @@ pub struct SpecArgs {
     pub gpu_model: Option<String>,
     #[arg(long)]
     pub min_gpu_memory_mib: Option<u64>,
-    /// Wall-clock limit in seconds [default: the queue's].
+    /// Wall-clock limit in seconds, counted from the start of the last rank
+    /// [default: the queue's].
     #[arg(long)]
     pub runtime_limit_s: Option<u64>,
     /// Seconds between SIGTERM and SIGKILL when stopped [default: 60].

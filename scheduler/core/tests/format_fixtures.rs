@@ -22,6 +22,10 @@ use rota_core::state::{
     Proposal, QueueConfig, RankPlacement, ReasonCode, Stop, StopReason,
 };
 
+/// The newest format that added commands: a log entry of every command is
+/// written in it (formats after it added only snapshot sections).
+const NEWEST_ENTRY_FORMAT: u16 = 11;
+
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
@@ -429,6 +433,16 @@ fn small_cluster(version: u16) -> ClusterState {
         assert!(matches!(results[0], rota_core::state::CommandResult::Submitted { deduplicated: false, .. }), "{results:?}");
         assert_eq!(state.lost_after.len(), 1);
     }
+    if version >= 12 {
+        state.apply_proposal(21, &Proposal { now_ms: 1_700_000_021_000, commands: vec![Command::SetClusterVersion { version: 12 }] });
+        // The canary job of format 9 reports its rank started: it runs, and
+        // its runtime limit counts, from now.
+        let alloc_id = *state.allocs.keys().next_back().expect("the canary job's attempt");
+        let started = Command::AllocStarted { alloc_id, rank: 0 };
+        let results = state.apply_proposal(22, &Proposal { now_ms: 1_700_000_022_000, commands: vec![started] });
+        assert_eq!(results, vec![rota_core::state::CommandResult::Done]);
+        assert_eq!(state.running_since.get(&alloc_id), Some(&1_700_000_022_000));
+    }
     state.check_invariants().expect("a consistent fixture");
     state
 }
@@ -442,8 +456,8 @@ fn write_once(name: &str, bytes: &[u8]) {
 
 #[test]
 fn the_log_entry_fixture_of_every_version_decodes() {
-    write_once(&format!("entry-v{FORMAT_VERSION}.bin"), &codec::encode_proposal(&every_command(FORMAT_VERSION)));
-    for version in FIRST_FORMAT_VERSION..=FORMAT_VERSION {
+    write_once(&format!("entry-v{NEWEST_ENTRY_FORMAT}.bin"), &codec::encode_proposal(&every_command(NEWEST_ENTRY_FORMAT)));
+    for version in FIRST_FORMAT_VERSION..=NEWEST_ENTRY_FORMAT {
         let bytes = std::fs::read(fixture(&format!("entry-v{version}.bin"))).expect("every version's entry fixture is committed");
         assert_eq!(codec::version_of("entry", &bytes).expect("a header").0, version);
         assert_eq!(codec::decode_proposal(&bytes).expect("entries decode"), every_command(version), "format {version}");
@@ -466,7 +480,7 @@ fn this_build_writes_the_oldest_format_that_holds_the_data() {
     let first = codec::encode_proposal(&every_command(FIRST_FORMAT_VERSION));
     assert_eq!(codec::version_of("entry", &first).expect("a header").0, FIRST_FORMAT_VERSION);
     let newest = codec::encode_proposal(&every_command(FORMAT_VERSION));
-    assert_eq!(codec::version_of("entry", &newest).expect("a header").0, FORMAT_VERSION);
+    assert_eq!(codec::version_of("entry", &newest).expect("a header").0, NEWEST_ENTRY_FORMAT);
     for version in FIRST_FORMAT_VERSION..=FORMAT_VERSION {
         let snapshot = codec::encode_snapshot(&small_cluster(version));
         assert_eq!(codec::version_of("snapshot", &snapshot).expect("a header").0, version);

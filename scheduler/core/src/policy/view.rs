@@ -177,7 +177,11 @@ impl<'a> View<'a> {
             };
             let limit_ms = limit_s.saturating_mul(1000);
             let stopping = alloc.stop.is_some();
-            let deadline_ms = alloc.created_at_ms.saturating_add(limit_ms);
+            // Not yet limited while a rank waits to start (see `run_clock`).
+            let deadline_ms = match crate::state::run_clock::limit_counts_from_ms(state, alloc) {
+                Some(since_ms) => since_ms.saturating_add(limit_ms),
+                None => now_ms.saturating_add(limit_ms),
+            };
             let end_ms = if stopping { now_ms } else { deadline_ms.max(now_ms) };
             let mut release: Vec<(u32, u32)> = Vec::with_capacity(alloc.ranks.len());
             for rank in &alloc.ranks {

@@ -753,6 +753,7 @@ impl ClusterState {
         if rank.state == RankState::Assigned {
             rank.state = RankState::Running;
         }
+        self.note_rank_started(alloc_id);
         let job_id = self.allocs[&alloc_id].job_id;
         note_change(&mut self.job_changes, self.jobs.get_mut(&job_id).expect("allocation has a job"), index);
         Ok(CommandResult::Done)
@@ -841,6 +842,7 @@ impl ClusterState {
     /// done, failed, retried, or back to the queue.
     fn end_allocation(&mut self, index: u64, alloc_id: AllocId) {
         let alloc = self.allocs.remove(&alloc_id).expect("ending a live allocation");
+        self.running_since.remove(&alloc_id);
         for rank in &alloc.ranks {
             for &gpu in &rank.gpus {
                 let owner = self.gpu_owner.remove(&(rank.node.clone(), gpu));

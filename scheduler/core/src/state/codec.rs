@@ -36,6 +36,7 @@
 //! | 9 | `Command::ApplyPolicy`, `PromotePolicy`, `RollbackPolicy`; then the policy documents, the active and staged version and each job's version (`policy_doc`) |
 //! | 10 | `Command::Once` (a person's change applied once per sender and request id), `SetJobPriority`, `StopReason::NeverStarted`, `ReasonCode::NeverStarted`; then the request outcomes (`outcomes`) |
 //! | 11 | `Command::WithLostAfter` (a single-node job outliving its node's silence), `AllocLostFor`, `StopReason::AgentDiskFull`, `ReasonCode::AgentDiskFull`; then the jobs' lost-after (`lost_after`) |
+//! | 12 | no new command; then when each live attempt had every rank started (`run_clock`: runtime limits count from it) |
 
 use serde::Serialize;
 
@@ -43,7 +44,7 @@ use super::command::Proposal;
 use super::ClusterState;
 
 /// The newest format this build reads (and writes, once the cluster runs it).
-pub const FORMAT_VERSION: u16 = 11;
+pub const FORMAT_VERSION: u16 = 12;
 pub use super::command::FIRST_FORMAT_VERSION;
 const MAGIC: &[u8; 4] = b"rota";
 const HEADER_BYTES: usize = 6;
@@ -166,6 +167,11 @@ pub fn encode_snapshot(state: &ClusterState) -> Vec<u8> {
     } else {
         debug_assert!(state.lost_after.is_empty(), "lost-after exists from format 11 on");
     }
+    if version >= 12 {
+        bincode::serialize_into(&mut bytes, &state.running_since).expect("start times encode");
+    } else {
+        debug_assert!(state.running_since.is_empty(), "start times exist from format 12 on");
+    }
     bytes
 }
 
@@ -230,6 +236,9 @@ pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterStat
     }
     if version >= 11 {
         state.lost_after = read_part(what, &mut reader)?;
+    }
+    if version >= 12 {
+        state.running_since = read_part(what, &mut reader)?;
     }
     if !reader.is_empty() {
         return Err(CodecError::Corrupt { what, detail: format!("{} bytes after the state", reader.len()) });

@@ -23,6 +23,7 @@ pub mod lost_after;
 pub mod outcomes;
 pub mod policy_doc;
 pub mod records;
+pub mod run_clock;
 pub mod shared;
 pub mod tenancy;
 pub mod types;
@@ -155,6 +156,10 @@ pub struct ClusterState {
     /// format 11 on, written after the request outcomes.
     #[serde(skip)]
     pub lost_after: lost_after::LostAfterTable,
+    /// When each live attempt had every rank started (`run_clock`). Kept
+    /// from format 12 on, written after the lost-after table.
+    #[serde(skip)]
+    pub running_since: run_clock::RunningSinceTable,
     /// Records of jobs this replica dropped, for its archive (not
     /// replicated; see `records::ArchiveOutbox`).
     #[serde(skip)]
@@ -199,6 +204,7 @@ impl ClusterState {
             policy: policy_doc::PolicyState::default(),
             outcomes: outcomes::OutcomeState::default(),
             lost_after: lost_after::LostAfterTable::new(),
+            running_since: run_clock::RunningSinceTable::new(),
             archive_outbox: records::ArchiveOutbox::default(),
         }
     }
@@ -358,6 +364,7 @@ impl ClusterState {
                 _ => return Err(format!("job {job_id} has a lost-after but is not a live single-node job")),
             }
         }
+        self.check_run_clock()?;
         if self.cluster_version() >= tenancy::TENANCY_FROM_VERSION {
             let mut running: BTreeMap<&str, u64> = BTreeMap::new();
             for alloc in self.allocs.values() {
