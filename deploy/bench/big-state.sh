@@ -53,7 +53,8 @@ print(f"open loop round {sys.argv[2]}: {d['acked']} acked, {d['errors']} errors{
 PY
 done
 # Snapshots built, and the bucket holding the 99th percentile of the
-# replica's synced log appends over the whole run.
+# replica's synced log appends over the whole run (every metric is kept
+# in DIR/metrics-N.txt).
 metrics_line() {
   curl -s "127.0.0.1:$((base + 100 + $1 - 1))/metrics" | python3 -c '
 import re, sys
@@ -69,6 +70,7 @@ print(f"{built} snapshots built in {build_s:.1f} s; {int(count)} log syncs, p99 
 }
 for i in 1 2 3; do
   echo "replica $i: rss $(rss "$i"); $(metrics_line "$i")"
+  curl -s "127.0.0.1:$((base + 100 + i - 1))/metrics" >"$dir/metrics-$i.txt"
 done
 leader=$("$rota" --output json cluster | python3 -c 'import json,sys; print(json.load(sys.stdin)["leader_id"])' 2>/dev/null)
 follower=2; [ "$leader" = 2 ] && follower=3
