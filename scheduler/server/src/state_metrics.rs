@@ -214,7 +214,19 @@ pub async fn run(ctx: Arc<Context>) {
     let mut warned = BTreeSet::new();
     for tick in 0u64.. {
         let now_ms = crate::clock::wall_clock_ms();
-        let gauges = ctx.read(|state| state_gauges(state, now_ms));
+        // A scan of every job takes tens of milliseconds at 100,000s of
+        // jobs: under the state lock it held up apply (and with it every
+        // acknowledgement) once a second. The copy is O(1); the scan runs
+        // on it, off the lock and off the async workers.
+        let frozen = ctx.read(|state| state.clone());
+        let with_quota = tick % QUOTA_EVERY_TICKS == 0;
+        let Ok((gauges, new_quota)) =
+            tokio::task::spawn_blocking(move || (state_gauges(&frozen, now_ms), with_quota.then(|| quota_gauges(&frozen)))).await
+        else {
+            tracing::warn!("state metrics pass failed; retrying next tick");
+            tokio::time::sleep(Duration::from_millis(EVERY_MS)).await;
+            continue;
+        };
         publish(&gauges);
         for warning in budget_warnings(&gauges.budget_used_ratio, &mut warned) {
             let (group, month, percent) = (&warning.group, &warning.month, warning.ratio * 100.0);
@@ -224,8 +236,8 @@ pub async fn run(ctx: Arc<Context>) {
                 tracing::warn!(group, month, "GPU budget at {percent:.1} % (warning at {:.0} %)", BUDGET_WARN_RATIO * 100.0);
             }
         }
-        if tick % QUOTA_EVERY_TICKS == 0 {
-            quota = ctx.read(quota_gauges);
+        if let Some(new_quota) = new_quota {
+            quota = new_quota;
         }
         for (group, kind, value) in &quota {
             metrics::gauge!("rota_quota_gpus", "group" => group.clone(), "kind" => *kind).set(*value);
