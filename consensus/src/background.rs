@@ -65,7 +65,8 @@ where
     }
 }
 
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+/// The message of a caught panic (`catch_unwind`'s payload).
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(text) = payload.downcast_ref::<&str>() {
         return (*text).to_string();
     }

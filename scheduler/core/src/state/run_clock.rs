@@ -73,36 +73,19 @@ impl ClusterState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{Command, JobSpec, NodeRegistration, Placement, Plan, Proposal, RankPlacement, StopReason};
-
-    fn node(name: &str) -> Command {
-        let gpus = (0..2)
-            .map(|index| crate::state::GpuInfo {
-                index,
-                uuid: format!("GPU-{name}-{index}"),
-                model: "H100-80GB".into(),
-                memory_mib: 81_920,
-                healthy: true,
-                nvlink_domain: Some(0),
-            })
-            .collect();
-        Command::RegisterNode(NodeRegistration {
-            name: name.into(),
-            address: "127.0.0.1:1".into(),
-            rack: "r".into(),
-            leaf: "l".into(),
-            gpus,
-        })
-    }
+    use crate::sim::bench::fleet_registrations;
+    use crate::state::{Command, JobSpec, Placement, Plan, Proposal, RankPlacement, StopReason};
 
     /// A cluster at `version` with a two-node gang placed at 1,000 s, its
     /// runtime limit 60 s.
     fn gang_placed(version: u16) -> (ClusterState, AllocId) {
         let mut state = ClusterState::default();
         let spec = JobSpec { replicas: 2, gpus_per_replica: 1, runtime_limit_s: 60, ..JobSpec::simple(&["train"]) };
-        let setup = vec![Command::SetClusterVersion { version }, node("a"), node("b"), Command::SubmitJob { request_id: None, spec }];
+        let mut setup = vec![Command::SetClusterVersion { version }];
+        setup.extend(fleet_registrations(2, 2));
+        setup.push(Command::SubmitJob { request_id: None, spec });
         state.apply_proposal(1, &Proposal { now_ms: 1_000_000, commands: setup });
-        let ranks = vec![RankPlacement { node: "a".into(), gpus: vec![0] }, RankPlacement { node: "b".into(), gpus: vec![0] }];
+        let ranks = vec![RankPlacement { node: "n00000".into(), gpus: vec![1] }, RankPlacement { node: "n00001".into(), gpus: vec![1] }];
         let plan = Plan { placements: vec![Placement { job_id: 1, ranks }], ..Plan::default() };
         state.apply_proposal(2, &Proposal { now_ms: 1_000_000, commands: vec![Command::ApplyPlan(plan)] });
         let alloc_id = *state.allocs.keys().next().expect("placed");

@@ -10,6 +10,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use rota_consensus::background::panic_text;
 use rota_core::state::{ClusterState, Plan};
 
 /// The state back, and the plan or why the pass failed.
@@ -55,13 +56,6 @@ fn plan_once(state: &ClusterState, now_ms: u64) -> Plan {
         panic!("ROTA_TEST_PANIC_PLANNER_ONCE: a planner panic on purpose");
     }
     rota_core::policy::plan(state, now_ms)
-}
-
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(text) = payload.downcast_ref::<&str>() {
-        return (*text).to_string();
-    }
-    payload.downcast_ref::<String>().cloned().unwrap_or_else(|| "a panic without a message".into())
 }
 
 #[cfg(test)]
