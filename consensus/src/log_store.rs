@@ -279,7 +279,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let written = db.write_opt(batch, &synced()).map_err(|e| sto_err(ErrorSubject::Logs, ErrorVerb::Write, &e));
             // The disk's share of every commit, paid once on the leader and
             // once on each follower before it acknowledges.
-            metrics::histogram!("rota_log_sync_seconds").record(started.elapsed().as_secs_f64());
+            let took = started.elapsed();
+            metrics::histogram!("rota_log_sync_seconds").record(took.as_secs_f64());
+            if took >= SLOW_LOG_SYNC {
+                tracing::warn!(took_ms = took.as_millis() as u64, "slow log sync: the disk held a commit");
+            }
             written
         })
         .await;
@@ -322,6 +326,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         .await
     }
 }
+
+/// A synced append slower than this is logged: every commit waits for one
+/// on a quorum, so such a stall shows up as acknowledgement latency.
+const SLOW_LOG_SYNC: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// TEST ONLY: `ROTA_TEST_FAIL_APPEND_AFTER=N` makes every log append after
 /// the first N fail as a disk error would, to show that a replica with a

@@ -9,9 +9,20 @@
 //! magic (8 bytes) | meta length (u64 LE) | meta (bincode) | data length (u64 LE) | data | SHA-256 of all before (32 bytes)
 //! ```
 //!
-//! written under a temporary name, synced, renamed over `current` and the
-//! directory synced: a crash leaves the previous snapshot in place. The
-//! digest catches a disk that returns other bytes than it was given.
+//! written over a spare file (`current.writing`), synced, swapped with
+//! `current` in one atomic rename and the directory synced: a crash leaves
+//! the previous snapshot in place. The digest catches a disk that returns
+//! other bytes than it was given, and a spare holding half a write.
+//!
+//! Why a spare, not a fresh file renamed over the old one: replacing the
+//! old file frees hundreds of megabytes of blocks, and on a filesystem
+//! that discards freed blocks (ext4 mounted `discard`) every log append's
+//! sync then waits for the discard; a fresh file also allocates its blocks
+//! as it is written. Measured on an ext4 volume with an 85 MB snapshot and
+//! a loop of small synced appends beside it: 15-37 ms stalls per snapshot
+//! written as a fresh file and renamed over the old one, at most 3 ms when
+//! the spare's blocks are overwritten in place and exchanged. The price is
+//! the disk space of two snapshots.
 //! Snapshots of older versions, kept in RocksDB's `sm` column family, are
 //! still read until the first snapshot written here replaces them.
 
@@ -30,11 +41,13 @@ const WRITING: &str = "current.writing";
 const MAX_META_BYTES: u64 = 16 << 20;
 const WRITE_BUFFER_BYTES: usize = 1 << 20;
 /// A snapshot's bytes are handed to the disk in chunks of this size as
-/// they are written, rather than all at once by the final sync: on ext4
-/// a log append's fsync waits for the data of other files that are being
-/// flushed, so one sync of hundreds of megabytes stalls every commit for
-/// as long as it takes. In chunks, an append waits for one chunk at most.
-const WRITEBACK_CHUNK_BYTES: u64 = 4 << 20;
+/// they are written, rather than all at once by the final sync: a log
+/// append's sync waits for the data of other files that are being flushed,
+/// so one sync of hundreds of megabytes stalls every commit for as long as
+/// it takes. In chunks, an append waits for one chunk at most (with the
+/// spare file of the module's note: at most 3 ms in 1 MiB chunks, 8 ms in
+/// 4 MiB chunks on the volume measured there).
+const WRITEBACK_CHUNK_BYTES: u64 = 1 << 20;
 
 /// Name of the snapshot directory inside the RocksDB directory (RocksDB
 /// leaves subdirectories it does not know alone).
@@ -71,14 +84,19 @@ impl SnapshotFile {
 
     /// Write `meta` and `data` as the current snapshot, durably.
     pub(crate) fn write(&self, meta: &SnapshotMeta, data: &[u8]) -> Result<(), SnapshotFileError> {
-        self.write_in_chunks(meta, data, WRITEBACK_CHUNK_BYTES)
+        self.write_in_chunks(meta, data, WRITEBACK_CHUNK_BYTES).map(|_chunks| ())
     }
 
-    fn write_in_chunks(&self, meta: &SnapshotMeta, data: &[u8], chunk_bytes: u64) -> Result<(), SnapshotFileError> {
+    /// Write as [`SnapshotFile::write`] does, handing the bytes to the disk
+    /// in chunks of `chunk_bytes`; answers how many chunks that took.
+    fn write_in_chunks(&self, meta: &SnapshotMeta, data: &[u8], chunk_bytes: u64) -> Result<u64, SnapshotFileError> {
         std::fs::create_dir_all(&self.dir).map_err(|e| self.io(&self.dir, e))?;
         let writing = self.dir.join(WRITING);
         let meta_bytes = bincode::serialize(meta).map_err(|e| SnapshotFileError::Corrupt { path: writing.clone(), what: e.to_string() })?;
-        let file = File::create(&writing).map_err(|e| self.io(&writing, e))?;
+        // The spare is overwritten from its start, not truncated first:
+        // its blocks are reused, and only a tail the new snapshot does not
+        // fill is freed (by `set_len` below).
+        let file = File::options().write(true).create(true).truncate(false).open(&writing).map_err(|e| self.io(&writing, e))?;
         let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, PacedFile::new(file, chunk_bytes));
         let mut digest = Context::new(&SHA256);
         let header = [&MAGIC[..], &(meta_bytes.len() as u64).to_le_bytes(), &meta_bytes, &(data.len() as u64).to_le_bytes()];
@@ -87,12 +105,24 @@ impl SnapshotFile {
             out.write_all(part).map_err(|e| self.io(&writing, e))?;
         }
         out.write_all(digest.finish().as_ref()).map_err(|e| self.io(&writing, e))?;
-        let file = out.into_inner().map_err(|e| self.io(&writing, e.into_error()))?.file;
+        let mut paced = out.into_inner().map_err(|e| self.io(&writing, e.into_error()))?;
+        if paced.written > paced.started_upto {
+            paced.start_writeback();
+        }
+        let (file, written, chunks) = (paced.file, paced.written, paced.chunks_started);
+        // Only a spare longer than this snapshot is cut: on ext4 a
+        // truncate, even to the same length, waits for the file's dirty
+        // data and holds up the journal, hence every log append's sync.
+        let spare_len = file.metadata().map_err(|e| self.io(&writing, e))?.len();
+        if spare_len > written {
+            file.set_len(written).map_err(|e| self.io(&writing, e))?;
+        }
         file.sync_all().map_err(|e| self.io(&writing, e))?;
         drop(file);
         let current = self.current();
-        std::fs::rename(&writing, &current).map_err(|e| self.io(&current, e))?;
-        File::open(&self.dir).and_then(|dir| dir.sync_all()).map_err(|e| self.io(&self.dir, e))
+        exchange_or_replace(&writing, &current).map_err(|e| self.io(&current, e))?;
+        File::open(&self.dir).and_then(|dir| dir.sync_all()).map_err(|e| self.io(&self.dir, e))?;
+        Ok(chunks)
     }
 
     /// The current snapshot, its digest checked; None when none was written.
@@ -157,6 +187,29 @@ impl SnapshotFile {
     }
 }
 
+/// Make `from` the file at `to` and keep the file that was at `to` under
+/// `from` (one atomic `renameat2(RENAME_EXCHANGE)`), so the old snapshot
+/// becomes the next spare and no blocks are freed. Where there is nothing
+/// at `to` yet, or the filesystem cannot exchange, a plain rename.
+fn exchange_or_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    if !to.exists() {
+        return std::fs::rename(from, to);
+    }
+    let c_path = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+    let (from_c, to_c) = (c_path(from)?, c_path(to)?);
+    // SAFETY: both paths are NUL-terminated strings that outlive the call.
+    let result = unsafe { libc::renameat2(libc::AT_FDCWD, from_c.as_ptr(), libc::AT_FDCWD, to_c.as_ptr(), libc::RENAME_EXCHANGE) };
+    if result == 0 {
+        return Ok(());
+    }
+    let error = std::io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) => std::fs::rename(from, to),
+        _ => Err(error),
+    }
+}
+
 /// A file being written whose bytes are sent to the disk chunk by chunk
 /// (see [`WRITEBACK_CHUNK_BYTES`]): at each chunk boundary the new chunk's
 /// writeback starts and the one before it is waited for, so at most two
@@ -169,12 +222,14 @@ struct PacedFile {
     started_from: u64,
     /// End of that chunk.
     started_upto: u64,
+    /// Chunks whose writeback was started.
+    chunks_started: u64,
 }
 
 impl PacedFile {
     fn new(file: File, chunk_bytes: u64) -> PacedFile {
         assert!(chunk_bytes > 0, "a writeback chunk holds bytes");
-        PacedFile { file, chunk_bytes, written: 0, started_from: 0, started_upto: 0 }
+        PacedFile { file, chunk_bytes, written: 0, started_from: 0, started_upto: 0, chunks_started: 0 }
     }
 
     fn start_writeback(&mut self) {
@@ -194,13 +249,19 @@ impl PacedFile {
         }
         self.started_from = new_from;
         self.started_upto = self.written;
+        self.chunks_started += 1;
+
         debug_assert!(self.started_from <= self.started_upto && self.started_upto == self.written);
     }
 }
 
 impl Write for PacedFile {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.file.write(buf)?;
+        // Never past the chunk's end: a buffered writer hands a large slice
+        // (the whole state) straight through, and written in one call it
+        // would all be dirty at once, for the final sync to flush.
+        let room = self.chunk_bytes - (self.written - self.started_upto);
+        let n = self.file.write(&buf[..buf.len().min(room as usize)])?;
         self.written += n as u64;
         if self.written - self.started_upto >= self.chunk_bytes {
             self.start_writeback();
@@ -246,10 +307,35 @@ mod tests {
         let file = SnapshotFile::of_db(dir.path());
         // 300,001 bytes in chunks of 4,096: many boundaries, the last one
         // partial, each crossed inside one buffered write.
-        file.write_in_chunks(&meta(7), &state(300_001, 5), 4_096).unwrap();
+        let chunks = file.write_in_chunks(&meta(7), &state(300_001, 5), 4_096).unwrap();
+        let file_len = std::fs::metadata(file.current()).unwrap().len();
+        assert_eq!(chunks, file_len.div_ceil(4_096), "every chunk handed to the disk on its own, the last partial one too");
         let (read_meta, data) = file.read().unwrap().expect("a snapshot");
         assert_eq!(read_meta, meta(7));
         assert_eq!(data, state(300_001, 5));
+    }
+
+    #[test]
+    fn each_write_reuses_the_replaced_snapshot_as_its_spare_whatever_the_sizes() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = SnapshotFile::of_db(dir.path());
+        let spare = file.dir.join(WRITING);
+        let mut before: Option<Vec<u8>> = None;
+        for (i, len) in [100_000usize, 50_000, 20_000, 80_000, 1_000, 120_000].into_iter().enumerate() {
+            let (index, seed) = (10 * (i as u64 + 1), i as u8);
+            file.write(&meta(index), &state(len, seed)).unwrap();
+            let (read_meta, data) = file.read().unwrap().expect("a snapshot");
+            assert_eq!((read_meta, data), (meta(index), state(len, seed)), "write {i} reads back whole");
+            let header_len = MAGIC.len() + 8 + bincode::serialize(&meta(index)).unwrap().len() + 8;
+            let file_len = std::fs::metadata(file.current()).unwrap().len() as usize;
+            assert_eq!(file_len, header_len + len + SHA256_OUTPUT_LEN, "write {i}: no tail of a longer spare is left");
+            // The snapshot replaced is kept whole as the next write's spare
+            // (exchanged, not deleted: deleting frees its blocks).
+            if let Some(previous) = &before {
+                assert_eq!(&std::fs::read(&spare).expect("a spare after write {i}"), previous, "write {i}: the spare is the old snapshot");
+            }
+            before = Some(std::fs::read(file.current()).unwrap());
+        }
     }
 
     #[test]

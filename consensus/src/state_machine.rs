@@ -208,13 +208,24 @@ impl<S: StateMachine> StateMachineStore<S> {
         let db = self.db.clone();
         let lock = self.persist_lock.clone();
         let signature = meta.signature();
+        tracing::info!(index = ?last_applied.map(|l| l.index), "snapshot: state frozen, encoding");
         let written = background::run("rota-snapshot", move || {
+            let began = std::time::Instant::now();
             let stored = StoredSnapshot { meta, data: encode() };
-            persist(&db, &lock, &stored).map(|()| stored)
+            let encoded = std::time::Instant::now();
+            tracing::info!(bytes = stored.data.len(), "snapshot: encoded, writing");
+            persist(&db, &lock, &stored).map(|()| (stored, encoded - began, encoded.elapsed()))
         })
         .await;
-        let stored = written.map_err(|e| sto_msg(ErrorSubject::Snapshot(Some(signature)), ErrorVerb::Write, e))??;
-        tracing::info!(snapshot = %stored.meta, bytes = stored.data.len(), "built snapshot");
+        let (stored, encode_time, write_time) =
+            written.map_err(|e| sto_msg(ErrorSubject::Snapshot(Some(signature)), ErrorVerb::Write, e))??;
+        tracing::info!(
+            snapshot = %stored.meta,
+            bytes = stored.data.len(),
+            encode_ms = encode_time.as_millis() as u64,
+            write_ms = write_time.as_millis() as u64,
+            "built snapshot"
+        );
         Ok(Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) })
     }
 }

@@ -52,6 +52,43 @@ kinds = ", ".join(f"{k} {n}" for k, n in d.get("errors_by_kind", {}).items())
 print(f"open loop round {sys.argv[2]}: {d['acked']} acked, {d['errors']} errors{' (' + kinds + ')' if kinds else ''}, p50 {l['p50']} ms, p99 {l['p99']} ms")
 PY
 done
+# When the slow submits started, next to when each replica froze and wrote
+# a snapshot (seconds from the start of the round).
+python3 - "$dir" <<'PY'
+import datetime, json, re, sys
+d = sys.argv[1]
+events = []
+for i in (1, 2, 3):
+    for line in open(f"{d}/replica-{i}/server.log", errors="replace"):
+        line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+        m = re.match(r"(\S+Z)\s", line)
+        if not m or ("snapshot" not in line and "slow" not in line):
+            continue
+        at = datetime.datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
+        if "state frozen" in line:
+            events.append((at, f"replica {i} froze"))
+        elif "encoded, writing" in line:
+            events.append((at, f"replica {i} encoded"))
+        elif "slow log sync" in line or "slow apply" in line:
+            took = " ".join(re.findall(r"took_ms=\d+", line))
+            events.append((at, f"replica {i} {'log sync' if 'sync' in line else 'apply'} {took}"))
+        elif "built snapshot" in line:
+            took = " ".join(re.findall(r"(?:encode|write)_ms=\d+", line))
+            events.append((at, f"replica {i} built ({took})"))
+events.sort()
+for r in (1, 2, 3):
+    try:
+        run = json.load(open(f"{d}/open-loop-{r}.json"))
+    except (OSError, ValueError):
+        continue
+    start = run.get("started_unix_s", 0)
+    first = lambda s: f" from {s['first_slow_ms'] / 1000:.3f} s" if s.get("first_slow_ms") is not None else ""
+    slow = ", ".join(f"{s['second']}s: {s['slow']} slow{first(s)}, {s['failed']} failed, max {s['max_ms']:.0f} ms" for s in run.get("troubled_seconds", []))
+    print(f"round {r} seconds with submits over 50 ms: {slow or 'none'}")
+    for at, what in events:
+        if start <= at <= start + run.get("duration_s", 20) + 2:
+            print(f"  {at - start:7.3f} s {what}")
+PY
 # Snapshots built, and the bucket holding the 99th percentile of the
 # replica's synced log appends over the whole run (every metric is kept
 # in DIR/metrics-N.txt).
@@ -66,7 +103,8 @@ buckets = [(float(le), float(n)) for le, n in re.findall(r"^rota_log_sync_second
 count = value("rota_log_sync_seconds_count")
 p99 = next((le for le, n in sorted(buckets) if count and n >= 0.99 * count), float("inf"))
 built, build_s = int(value("rota_snapshot_build_seconds_count")), value("rota_snapshot_build_seconds_sum")
-print(f"{built} snapshots built in {build_s:.1f} s; {int(count)} log syncs, p99 <= {p99 * 1000:g} ms")'
+over = lambda limit: int(count - max((n for le, n in buckets if le <= limit), default=0))
+print(f"{built} snapshots built in {build_s:.1f} s; {int(count)} log syncs, p99 <= {p99 * 1000:g} ms, {over(0.01)} over 10 ms, {over(0.05)} over 50 ms")'
 }
 for i in 1 2 3; do
   echo "replica $i: rss $(rss "$i"); $(metrics_line "$i")"

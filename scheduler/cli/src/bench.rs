@@ -33,19 +33,53 @@ pub struct BenchSubmitArgs {
     pub rate: u64,
 }
 
+/// A call slower than this counts as slow in the per-second timeline (the
+/// open loop's latency target).
+const SLOW_US: u64 = 50_000;
+
 /// Latencies of the acknowledged calls and the failed ones counted by why
-/// they failed (a gRPC status code, or what else stopped the call).
+/// they failed (a gRPC status code, or what else stopped the call), and per
+/// second of the run (by when each call started) the slowest and the slow
+/// calls, so a tail can be set beside what the replicas logged at that time.
 #[derive(Default)]
 pub(crate) struct Sample {
     pub latencies_us: Vec<u64>,
     pub errors: BTreeMap<String, u64>,
+    by_second: BTreeMap<u64, SecondStats>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct SecondStats {
+    acked: u64,
+    failed: u64,
+    slow: u64,
+    max_us: u64,
+    /// When the first slow call of the second started, ms into the run.
+    first_slow_ms: Option<u64>,
 }
 
 impl Sample {
     fn record(&mut self, outcome: Result<(), String>, latency_us: u64) {
+        self.record_at(outcome, latency_us, 0);
+    }
+
+    /// Record a call that started `at_ms` into the run.
+    fn record_at(&mut self, outcome: Result<(), String>, latency_us: u64, at_ms: u64) {
+        let stats = self.by_second.entry(at_ms / 1000).or_default();
         match outcome {
-            Ok(()) => self.latencies_us.push(latency_us),
-            Err(kind) => *self.errors.entry(kind).or_default() += 1,
+            Ok(()) => {
+                self.latencies_us.push(latency_us);
+                stats.acked += 1;
+                if latency_us > SLOW_US {
+                    stats.slow += 1;
+                    stats.first_slow_ms = Some(stats.first_slow_ms.map_or(at_ms, |first| first.min(at_ms)));
+                }
+                stats.max_us = stats.max_us.max(latency_us);
+            }
+            Err(kind) => {
+                *self.errors.entry(kind).or_default() += 1;
+                stats.failed += 1;
+            }
         }
     }
 
@@ -54,6 +88,27 @@ impl Sample {
         for (kind, count) in other.errors {
             *self.errors.entry(kind).or_default() += count;
         }
+        for (second, theirs) in other.by_second {
+            let ours = self.by_second.entry(second).or_default();
+            ours.acked += theirs.acked;
+            ours.failed += theirs.failed;
+            ours.slow += theirs.slow;
+            ours.max_us = ours.max_us.max(theirs.max_us);
+            ours.first_slow_ms = match (ours.first_slow_ms, theirs.first_slow_ms) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+    }
+
+    /// The seconds with a slow or failed call: (second, stats).
+    fn troubled_seconds(&self) -> Vec<serde_json::Value> {
+        let troubled = self.by_second.iter().filter(|(_, s)| s.slow > 0 || s.failed > 0);
+        troubled
+            .map(|(second, s)| {
+                json!({ "second": second, "acked": s.acked, "failed": s.failed, "slow": s.slow, "max_ms": s.max_us as f64 / 1000.0, "first_slow_ms": s.first_slow_ms })
+            })
+            .collect()
     }
 
     pub(crate) fn error_count(&self) -> u64 {
@@ -86,9 +141,12 @@ pub async fn run(client: &Client, args: &BenchSubmitArgs) -> Result<serde_json::
         .await
         .context("the cluster's first accepted submit")?;
     let started = Instant::now();
+    let started_unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
     let sample = if args.rate == 0 { closed_loop(&channels, &run_id, args).await } else { open_loop(&channels, &run_id, args).await };
     let elapsed_s = started.elapsed().as_secs_f64();
-    Ok(report(sample, elapsed_s, args, &leader))
+    let mut report = report(sample, elapsed_s, args, &leader);
+    report["started_unix_s"] = json!(started_unix_s);
+    Ok(report)
 }
 
 fn request(run_id: &str, n: u64) -> pb::SubmitJobRequest {
@@ -124,7 +182,8 @@ where
     F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = Result<(), String>> + Send,
 {
-    let deadline = Instant::now() + Duration::from_secs(duration_s);
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(duration_s);
     let mut tasks = Vec::with_capacity(clients);
     for c in 0..clients {
         let once = once.clone();
@@ -135,7 +194,8 @@ where
                 let begun = Instant::now();
                 let outcome = once(c, n).await;
                 n += 1;
-                sample.record(outcome, begun.elapsed().as_micros() as u64);
+                let at_ms = begun.duration_since(start).as_millis() as u64;
+                sample.record_at(outcome, begun.elapsed().as_micros() as u64, at_ms);
             }
             sample
         }));
@@ -159,7 +219,7 @@ async fn open_loop(channels: &[Channel], run_id: &str, args: &BenchSubmitArgs) -
             let outcome = submit_once(jobs, request).await;
             drop(permit);
             let mut sample = Sample::default();
-            sample.record(outcome, scheduled.elapsed().as_micros() as u64);
+            sample.record_at(outcome, scheduled.elapsed().as_micros() as u64, n * interval_ns / 1_000_000);
             sample
         }));
     }
@@ -187,6 +247,7 @@ pub(crate) fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
 
 fn report(mut sample: Sample, elapsed_s: f64, args: &BenchSubmitArgs, leader: &str) -> serde_json::Value {
     sample.latencies_us.sort_unstable();
+    let troubled_seconds = sample.troubled_seconds();
     let acked = sample.latencies_us.len();
     json!({
         "mode": if args.rate == 0 { "closed" } else { "open" },
@@ -204,5 +265,6 @@ fn report(mut sample: Sample, elapsed_s: f64, args: &BenchSubmitArgs, leader: &s
             "p99": percentile_ms(&sample.latencies_us, 99.0),
             "max": percentile_ms(&sample.latencies_us, 100.0),
         },
+        "troubled_seconds": troubled_seconds,
     })
 }

@@ -96,7 +96,13 @@ fn apply_payload(state: &mut ClusterState, index: u64, payload: &[u8], events: O
     match codec::decode_proposal_up_to(payload, readable_format()) {
         Ok(proposal) => match events {
             Some(events) => {
+                let started = std::time::Instant::now();
                 let results = state.apply_proposal_with_events(index, &proposal, events);
+                let took = started.elapsed();
+                if took >= SLOW_APPLY {
+                    let commands = command_names(&proposal.commands);
+                    tracing::warn!(index, bytes = payload.len(), took_ms = took.as_millis() as u64, %commands, "slow apply");
+                }
                 log_traced(index, &proposal.commands, &results);
                 results
             }
@@ -109,6 +115,25 @@ fn apply_payload(state: &mut ClusterState, index: u64, payload: &[u8], events: O
             vec![CommandResult::Rejected(Rejection::Invalid { field: "proposal".into(), message: error.to_string() })]
         }
     }
+}
+
+/// An entry whose apply takes this long is logged with what it held: every
+/// acknowledgement waits for it.
+const SLOW_APPLY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// "SubmitJob x3, ApplyPlan": the commands of a slow entry, by kind.
+fn command_names(commands: &[Command]) -> String {
+    let mut counted: Vec<(String, usize)> = Vec::new();
+    for command in commands {
+        let text = format!("{command:?}");
+        let name = text.split([' ', '(', '{']).next().unwrap_or_default().to_string();
+        match counted.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, count)) => *count += 1,
+            None => counted.push((name, 1)),
+        }
+    }
+    let named = counted.into_iter().map(|(name, count)| if count > 1 { format!("{name} x{count}") } else { name });
+    named.collect::<Vec<_>>().join(", ")
 }
 
 /// Name the request id of each traced command this replica applied (see
@@ -127,8 +152,13 @@ impl StateMachine for Replicated {
     fn apply(&mut self, index: u64, payload: &[u8]) -> Vec<u8> {
         let mut events = Vec::new();
         let results = apply_payload(&mut self.state, index, payload, Some(&mut events));
+        let started = std::time::Instant::now();
         self.archive_dropped(index);
         self.events.push_entry(index, events);
+        let took = started.elapsed();
+        if took >= SLOW_APPLY {
+            tracing::warn!(index, took_ms = took.as_millis() as u64, "slow apply: archiving and the event ring");
+        }
         bincode::serialize(&results).expect("results serialize")
     }
 

@@ -68,6 +68,8 @@ mod fence_tests;
 #[cfg(test)]
 mod idle_tests;
 #[cfg(test)]
+mod notes_tests;
+#[cfg(test)]
 mod policy_doc_tests;
 
 use crate::state::{ClusterState, Plan};

@@ -16,6 +16,13 @@ use super::reason::Reason;
 use super::reserve::{self, Release, Reservation};
 use super::view::{FreeGpu, RunningView, View};
 
+/// Most reasons and estimates one plan carries. A plan is one log entry,
+/// replicated in one message and applied under the state lock: the first
+/// pass after a restore or a burst of submits would otherwise note every
+/// pending job at once (6 MB at 130,000 jobs, longer to send than a
+/// heartbeat interval). About 50 bytes each, so some 400 KB at most.
+pub const MAX_NOTES_PER_PLAN: usize = 8_192;
+
 /// A job's shape for memoisation: class set, replicas, GPUs per replica.
 type ShapeKey = (usize, u32, u32);
 
@@ -462,8 +469,13 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// Record the reason, only if it changed (keeps plans small).
+    /// Record the reason, only if it changed (keeps plans small), and at
+    /// most [`MAX_NOTES_PER_PLAN`] of them: the rest differ still on the
+    /// next pass and are noted then.
     fn note(&mut self, cand: &Cand, reason: Reason, estimate: Option<u64>) {
+        if self.plan.pending.len() >= MAX_NOTES_PER_PLAN {
+            return;
+        }
         let rendered = self.rendered.entry(reason).or_insert_with_key(Reason::to_job_reason);
         let job = cand.job;
         if cand.estimate != estimate || cand.reason != &*rendered {
