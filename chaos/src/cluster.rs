@@ -555,6 +555,25 @@ impl LocalCluster {
         }
     }
 
+    /// Wait until replica `id` serves its users: a new cluster refuses them
+    /// (UNAVAILABLE, "being founded") until its leader has named the first
+    /// admin, which a loaded host may take longer to do than a replica
+    /// holds a request for it. For tests that send one attempt per call.
+    pub async fn wait_founded(&self, id: u64, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut jobs = self.jobs_client(id)?;
+            let listed = jobs.list_jobs(pb::ListJobsRequest { limit: 1, ..Default::default() }).await;
+            match listed {
+                Ok(_) => return Ok(()),
+                Err(status) if Instant::now() > deadline => {
+                    bail!("replica {id} did not serve users within {timeout:?}: {status}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
     pub fn jobs_client(&self, id: u64) -> Result<JobServiceClient<Channel>> {
         Ok(JobServiceClient::new(self.channel(&self.replicas.get(&id).context("unknown replica")?.addr)?))
     }

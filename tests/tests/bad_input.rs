@@ -58,6 +58,10 @@ async fn bad_submits_are_refused_naming_the_field() -> Result<()> {
     let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
     let leader = cluster.wait_leader(Duration::from_secs(30)).await?;
     let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    // Each case is one attempt: a refusal for a cluster still being founded
+    // would be taken for the answer to the input.
+    cluster.wait_founded(leader, Duration::from_secs(30)).await?;
+    cluster.wait_founded(follower, Duration::from_secs(30)).await?;
     let cases: Vec<(pb::SubmitJobRequest, &str)> = vec![
         (with_spec(|s| s.command.clear()), "spec.command"),
         (with_spec(|s| s.command = vec![String::new()]), "spec.command"),
