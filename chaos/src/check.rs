@@ -277,32 +277,72 @@ pub fn faulted_replicas_recovered(failures: &[String]) -> Check {
 pub struct Failover {
     pub kind: String,
     pub at_ms: u64,
-    /// Fault to the first acknowledged submit sent after it.
+    /// Fault to the first acknowledged submit sent after it (the long-lived
+    /// client).
     pub submit_ms: Option<u64>,
+    /// Fault to the first acknowledged submit of a `rota submit` process
+    /// started after it (absent when the run had no CLI probe).
+    pub cli_submit_ms: Option<u64>,
     /// Fault to the first job started by a scheduling decision after it.
     pub schedule_ms: Option<u64>,
 }
 
-pub fn failovers(faults: &[Fault], probes: &[Ack], jobs: &[FinalJob]) -> Vec<Failover> {
+/// Fault to the first ack of a submit sent after it.
+fn first_ack_after(at_ms: u64, acks: &[Ack]) -> Option<u64> {
+    acks.iter().filter(|a| a.sent_ms >= at_ms).map(|a| a.acked_ms - at_ms).min()
+}
+
+/// `cli_probes`: `None` when the run started no CLI probe.
+pub fn failovers(faults: &[Fault], probes: &[Ack], cli_probes: Option<&[Ack]>, jobs: &[FinalJob]) -> Vec<Failover> {
     faults
         .iter()
         .filter(|f| f.kind.ends_with("leader"))
         .map(|fault| {
-            let submit_ms = probes.iter().filter(|p| p.sent_ms >= fault.at_ms).map(|p| p.acked_ms - fault.at_ms).min();
+            let submit_ms = first_ack_after(fault.at_ms, probes);
+            let cli_submit_ms = cli_probes.and_then(|acks| first_ack_after(fault.at_ms, acks));
             let schedule_ms = jobs.iter().filter(|j| j.started_at_ms > fault.at_ms).map(|j| j.started_at_ms - fault.at_ms).min();
-            Failover { kind: fault.kind.clone(), at_ms: fault.at_ms, submit_ms, schedule_ms }
+            Failover { kind: fault.kind.clone(), at_ms: fault.at_ms, submit_ms, cli_submit_ms, schedule_ms }
         })
         .collect()
 }
 
-/// Every leader fault recovered within `limit_ms`.
-pub fn failover_bound(failovers: &[Failover], limit_ms: u64) -> Check {
+/// Every leader fault recovered within `limit_ms`, for the long-lived
+/// client and (when the run had one) for fresh CLI processes.
+pub fn failover_bound(failovers: &[Failover], limit_ms: u64, with_cli: bool) -> Check {
+    let late = |ms: Option<u64>| ms.is_none_or(|ms| ms > limit_ms);
     let violations = failovers
         .iter()
-        .filter(|f| f.submit_ms.is_none_or(|ms| ms > limit_ms))
-        .map(|f| format!("{} at {} ms: submits recovered after {:?} ms (limit {limit_ms})", f.kind, f.at_ms, f.submit_ms))
+        .filter(|f| late(f.submit_ms) || (with_cli && late(f.cli_submit_ms)))
+        .map(|f| {
+            format!(
+                "{} at {} ms: submits recovered after {:?} ms, CLI submits after {:?} ms (limit {limit_ms})",
+                f.kind, f.at_ms, f.submit_ms, f.cli_submit_ms
+            )
+        })
         .collect();
     Check::new("every_failover_under_limit", violations)
+}
+
+/// Failover figures of one fault kind.
+#[derive(Debug, Clone, Serialize)]
+pub struct KindFailovers {
+    pub kind: String,
+    pub submit: Distribution,
+    pub cli_submit: Distribution,
+}
+
+/// The failovers' distributions per fault kind, kinds in name order.
+pub fn failovers_by_kind(failovers: &[Failover]) -> Vec<KindFailovers> {
+    let mut kinds: BTreeMap<&str, (Vec<u64>, Vec<u64>)> = BTreeMap::new();
+    for f in failovers {
+        let (submit, cli) = kinds.entry(f.kind.as_str()).or_default();
+        submit.extend(f.submit_ms);
+        cli.extend(f.cli_submit_ms);
+    }
+    kinds
+        .into_iter()
+        .map(|(kind, (submit, cli))| KindFailovers { kind: kind.to_string(), submit: distribution(submit), cli_submit: distribution(cli) })
+        .collect()
 }
 
 #[derive(Debug, Clone, Serialize, Default)]

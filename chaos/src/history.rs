@@ -43,6 +43,13 @@ pub struct Fault {
 pub struct History {
     pub acks: Mutex<Vec<Ack>>,
     pub probes: Mutex<Vec<Ack>>,
+    /// Submits of fresh `rota submit` processes (`cli_probe`).
+    pub cli_probes: Mutex<Vec<Ack>>,
+    /// CLI probe commands that failed, and why for the first few.
+    pub cli_failed: Mutex<u64>,
+    pub cli_errors: Mutex<Vec<String>>,
+    /// CLI probe starts skipped because too many commands were still running.
+    pub cli_skipped: Mutex<u64>,
     pub resubmits: Mutex<Vec<Resubmit>>,
     pub cancels: Mutex<Vec<(u64, u64)>>,
     pub faults: Mutex<Vec<Fault>>,
@@ -65,6 +72,18 @@ impl History {
 
     pub fn record_probe(&self, ack: Ack) {
         self.probes.lock().expect("history lock").push(ack);
+    }
+
+    pub fn record_cli_probe(&self, ack: Ack) {
+        self.cli_probes.lock().expect("history lock").push(ack);
+    }
+
+    pub fn record_cli_failure(&self, why: String, keep_at_most: usize) {
+        *self.cli_failed.lock().expect("history lock") += 1;
+        let mut errors = self.cli_errors.lock().expect("history lock");
+        if errors.len() < keep_at_most {
+            errors.push(why);
+        }
     }
 
     pub fn record_fault(&self, fault: Fault) -> usize {

@@ -5,6 +5,7 @@
 //! - `agents`: node agents (fake GPUs) started, killed and restarted by PID
 //! - `proxy`: a TCP proxy per replica-to-replica link, to cut and heal links
 //! - `workload`: submits, resubmits, cancels, probes; jobs write marker files
+//! - `cli_probe`: fresh `rota submit` processes, failover as a shell user sees it
 //! - `pki`: the cluster's CA and certificates (every link is TLS)
 //! - `faults`: the fault kinds
 //! - `history`: what the harness saw, on its own clock
@@ -12,6 +13,7 @@
 
 pub mod agents;
 pub mod check;
+pub mod cli_probe;
 pub mod cluster;
 pub mod faults;
 pub mod history;

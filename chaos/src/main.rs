@@ -47,6 +47,10 @@ struct RunArgs {
     /// purged what the follower lacks).
     #[arg(long, default_value_t = 30)]
     stale_cut_s: u64,
+    /// A fresh `rota submit` process starts this often, to measure failover
+    /// as a shell user sees it (0: none).
+    #[arg(long, default_value_t = 100)]
+    cli_probe_ms: u64,
     /// Seconds between faults.
     #[arg(long, default_value_t = 10)]
     interval_s: u64,
@@ -129,6 +133,7 @@ async fn main() -> Result<()> {
         agent_env: Vec::new(),
         in_order: args.in_order,
         stale_cut_s: args.stale_cut_s,
+        cli_probe_ms: args.cli_probe_ms,
     };
     let report = run(config).await?;
     let json = serde_json::to_string_pretty(&report)?;

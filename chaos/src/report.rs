@@ -4,7 +4,7 @@
 use rota_proto::v1 as pb;
 use serde::Serialize;
 
-use crate::check::{Check, Distribution, Failover};
+use crate::check::{Check, Distribution, Failover, KindFailovers};
 use crate::history::Fault;
 
 /// Everything a run measured and checked.
@@ -21,12 +21,20 @@ pub struct Report {
     pub resubmits: usize,
     pub cancels: usize,
     pub probes: usize,
+    /// Fresh `rota submit` processes: acknowledged, failed, starts skipped
+    /// (too many still running), and why the first few failed.
+    pub cli_probes: usize,
+    pub cli_probes_failed: u64,
+    pub cli_probes_skipped: u64,
+    pub cli_probe_errors: Vec<String>,
     pub faults: Vec<Fault>,
     /// What a fault could not do as planned, though nothing failed.
     pub notes: Vec<String>,
     pub failovers: Vec<Failover>,
     pub failover_submit: Distribution,
+    pub failover_cli_submit: Distribution,
     pub failover_schedule: Distribution,
+    pub failover_by_kind: Vec<KindFailovers>,
     pub checks: Vec<Check>,
     pub dir: String,
 }
@@ -63,6 +71,22 @@ pub fn summary(report: &Report) -> String {
         "failover to first acknowledged submit (ms): n={} min {} median {} p99 {} max {}\n",
         d.count, d.min_ms, d.median_ms, d.p99_ms, d.max_ms
     );
+    if report.cli_probes > 0 || report.cli_probes_failed > 0 {
+        out += &format!(
+            "CLI probes: {} acknowledged, {} failed, {} starts skipped\n",
+            report.cli_probes, report.cli_probes_failed, report.cli_probes_skipped
+        );
+        for error in report.cli_probe_errors.iter().take(5) {
+            out += &format!("  CLI error: {error}\n");
+        }
+        out += &line("failover to first acknowledged CLI submit", &report.failover_cli_submit);
+    }
+    for kind in &report.failover_by_kind {
+        out += &line(&format!("  {} (submit)", kind.kind), &kind.submit);
+        if kind.cli_submit.count > 0 {
+            out += &line(&format!("  {} (CLI submit)", kind.kind), &kind.cli_submit);
+        }
+    }
     let d = &report.failover_schedule;
     out += &format!(
         "failover to first scheduling decision (ms): n={} min {} median {} p99 {} max {}\n",
@@ -83,4 +107,8 @@ pub fn summary(report: &Report) -> String {
     }
     out += &format!("data: {}\n", report.dir);
     out
+}
+
+fn line(what: &str, d: &Distribution) -> String {
+    format!("{what} (ms): n={} min {} median {} p99 {} max {}\n", d.count, d.min_ms, d.median_ms, d.p99_ms, d.max_ms)
 }

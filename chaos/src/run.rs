@@ -14,6 +14,7 @@ use rota_proto::v1 as pb;
 
 use crate::agents::{AgentOptions, LocalAgent};
 use crate::check::{self, Check, FinalJob};
+use crate::cli_probe::{self, CliProbe};
 use crate::cluster::{ClusterOptions, LocalCluster};
 use crate::faults::FaultKind;
 use crate::history::{now_ms, Fault, History};
@@ -52,6 +53,8 @@ pub struct RunConfig {
     pub in_order: bool,
     /// The longest a stale-follower cut lasts (see `stale_follower`).
     pub stale_cut_s: u64,
+    /// A fresh `rota submit` process starts this often (`cli_probe`); 0: none.
+    pub cli_probe_ms: u64,
 }
 
 /// What faults can hit.
@@ -138,7 +141,19 @@ pub async fn run(config: RunConfig) -> Result<Report> {
         max_gpus: 16,
         runnable: config.agents > 0,
     };
-    let mut tasks = vec![tokio::spawn(workload::probe(clients.clone(), history.clone(), config.seed, stop.clone()))];
+    let mut long_lived = rota_client::Client::new(&cluster.endpoints(), cluster.security())?;
+    long_lived.deadline = Duration::from_millis(workload::SUBMIT_DEADLINE_MS);
+    let mut tasks = vec![tokio::spawn(workload::probe(long_lived, clients.clone(), history.clone(), config.seed, stop.clone()))];
+    if config.cli_probe_ms > 0 {
+        let probe = CliProbe {
+            rota: crate::cluster::rota_bin()?,
+            endpoints_csv: cluster.endpoints_csv(),
+            flags: cluster.cli_flags()?,
+            cache_home: dir.join("cli-cache"),
+            every_ms: config.cli_probe_ms,
+        };
+        tasks.push(tokio::spawn(cli_probe::run(probe, clients.clone(), history.clone(), config.seed, stop.clone())));
+    }
     for i in 0..config.submitters {
         tasks.push(tokio::spawn(workload::submitter(i, clients.clone(), history.clone(), workload_config.clone(), stop.clone())));
     }
@@ -160,7 +175,8 @@ pub async fn run(config: RunConfig) -> Result<Report> {
     let acked: BTreeSet<u64> = {
         let acks = history.acks.lock().expect("history lock");
         let probes = history.probes.lock().expect("history lock");
-        acks.iter().chain(probes.iter()).map(|a| a.job_id).collect()
+        let cli_probes = history.cli_probes.lock().expect("history lock");
+        acks.iter().chain(probes.iter()).chain(cli_probes.iter()).map(|a| a.job_id).collect()
     };
     if workload_config.runnable {
         settle(&clients, &acked, Duration::from_secs(config.settle_s)).await;
@@ -556,17 +572,20 @@ fn build_report(
 ) -> Report {
     let acks = history.acks.lock().expect("history lock").clone();
     let probes = history.probes.lock().expect("history lock").clone();
+    let cli_probes = history.cli_probes.lock().expect("history lock").clone();
     let resubmits = history.resubmits.lock().expect("history lock").clone();
     let cancels = history.cancels.lock().expect("history lock").clone();
     let faults = history.faults.lock().expect("history lock").clone();
     let mut all_acks = acks.clone();
     all_acks.extend(probes.iter().cloned());
+    all_acks.extend(cli_probes.iter().cloned());
     let mut checks = vec![check::acknowledged_exactly_once(&all_acks, jobs, &resubmits)];
     let by_id: BTreeMap<u64, FinalJob> = jobs.iter().map(|j| (j.id, j.clone())).collect();
     if config.agents > 0 {
         let runs = check::read_markers(markers);
-        let cancelled: BTreeSet<u64> = cancels.iter().map(|c| c.0).chain(probes.iter().map(|p| p.job_id)).collect();
-        let acked: BTreeSet<u64> = acks.iter().chain(probes.iter()).map(|a| a.job_id).collect();
+        let probe_jobs = probes.iter().chain(cli_probes.iter()).map(|p| p.job_id);
+        let cancelled: BTreeSet<u64> = cancels.iter().map(|c| c.0).chain(probe_jobs).collect();
+        let acked: BTreeSet<u64> = acks.iter().chain(probes.iter()).chain(cli_probes.iter()).map(|a| a.job_id).collect();
         // Outages past the TTL stop ranks by rule: the ranks they cut off are
         // not counted as killed.
         let outages: Vec<check::Outage> = faults
@@ -596,10 +615,13 @@ fn build_report(
         }
     }
     checks.push(check::faulted_replicas_recovered(&history.recovery_failures.lock().expect("history lock")));
-    let failovers = check::failovers(&faults, &probes, jobs);
-    checks.push(check::failover_bound(&failovers, FAILOVER_LIMIT_MS));
+    let with_cli = config.cli_probe_ms > 0;
+    let failovers = check::failovers(&faults, &probes, with_cli.then_some(&cli_probes[..]), jobs);
+    checks.push(check::failover_bound(&failovers, FAILOVER_LIMIT_MS, with_cli));
     let failover_submit = check::distribution(failovers.iter().filter_map(|f| f.submit_ms).collect());
+    let failover_cli_submit = check::distribution(failovers.iter().filter_map(|f| f.cli_submit_ms).collect());
     let failover_schedule = check::distribution(failovers.iter().filter_map(|f| f.schedule_ms).collect());
+    let failover_by_kind = check::failovers_by_kind(&failovers);
     Report {
         passed: checks.iter().all(|c| c.passed),
         replicas: config.replicas,
@@ -612,11 +634,17 @@ fn build_report(
         resubmits: resubmits.len(),
         cancels: cancels.len(),
         probes: probes.len(),
+        cli_probes: cli_probes.len(),
+        cli_probes_failed: *history.cli_failed.lock().expect("history lock"),
+        cli_probes_skipped: *history.cli_skipped.lock().expect("history lock"),
+        cli_probe_errors: history.cli_errors.lock().expect("history lock").clone(),
         faults,
         notes: history.notes.lock().expect("history lock").clone(),
         failovers,
         failover_submit,
+        failover_cli_submit,
         failover_schedule,
+        failover_by_kind,
         checks,
         dir,
     }

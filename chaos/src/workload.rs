@@ -22,7 +22,7 @@ use crate::history::{now_ms, Ack, History, Resubmit};
 /// One attempt's deadline: past it the replica is taken as unreachable.
 const ATTEMPT_TIMEOUT_MS: u64 = 300;
 /// How long one submit keeps retrying before it counts as unacknowledged.
-const SUBMIT_DEADLINE_MS: u64 = 60_000;
+pub const SUBMIT_DEADLINE_MS: u64 = 60_000;
 const PROBE_PAUSE_MS: u64 = 20;
 /// About one left-to-run probe every 2 s: enough to time scheduling after a
 /// fault without flooding the fake-GPU agents with tiny jobs.
@@ -188,10 +188,13 @@ pub async fn submitter(index: usize, clients: Clients, history: Arc<History>, co
 }
 
 /// Submit tiny jobs back to back; the gaps between acks are the outages.
-/// Most probe jobs are cancelled as soon as they are acknowledged; every
-/// `SCHEDULE_PROBE_EVERY`th is left to run (one GPU, exits at once), so the
-/// first placement after a fault shows when the new leader scheduled.
-pub async fn probe(clients: Clients, history: Arc<History>, seed: u64, stop: Arc<AtomicBool>) {
+/// The submits go through rota's client library (`long_lived`: hedged
+/// across replicas, starting at the one that answered last), so the outage
+/// is the one a long-lived user program sees. Most probe jobs are cancelled
+/// as soon as they are acknowledged; every `SCHEDULE_PROBE_EVERY`th is left
+/// to run (one GPU, exits at once), so the first placement after a fault
+/// shows when the new leader scheduled.
+pub async fn probe(long_lived: rota_client::Client, clients: Clients, history: Arc<History>, seed: u64, stop: Arc<AtomicBool>) {
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let request_id = format!("probe-{seed}-{n}");
@@ -208,9 +211,9 @@ pub async fn probe(clients: Clients, history: Arc<History>, seed: u64, stop: Arc
         };
         let request = pb::SubmitJobRequest { spec: Some(spec), request_id: request_id.clone(), ..Default::default() };
         let sent_ms = now_ms();
-        let (result, attempts) = clients.submit(n as usize, &request, SUBMIT_DEADLINE_MS).await;
-        if let Ok(response) = result {
-            history.record_probe(Ack { request_id, job_id: response.job_id, sent_ms, acked_ms: now_ms(), attempts });
+        if let Ok(response) = long_lived.submit_job(&request).await {
+            // The library's attempts are its own; one call.
+            history.record_probe(Ack { request_id, job_id: response.job_id, sent_ms, acked_ms: now_ms(), attempts: 1 });
             if !n.is_multiple_of(SCHEDULE_PROBE_EVERY) {
                 let clients = clients.clone();
                 tokio::spawn(async move { clients.cancel(response.job_id).await });

@@ -328,8 +328,9 @@ impl<S: StateMachine> Replica<S> {
     /// election timeout? Then it names no leader: a caller does better to
     /// try another replica at once than to be forwarded into silence (a
     /// follower's own election timer clears its leader too, but a learner
-    /// has none).
-    fn leader_silent(&self) -> bool {
+    /// has none). Also ends a call already forwarded to a leader that then
+    /// fell silent.
+    pub fn leader_silent(&self) -> bool {
         self.inner.leader_contact.silent_ms() > self.inner.cfg.election_timeout_max_ms
     }
 

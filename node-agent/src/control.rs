@@ -24,7 +24,6 @@ use tonic::Status;
 const CALL_TIMEOUT_MS: u64 = 5_000;
 /// A call unanswered this long is also sent to the next replica.
 const HEDGE_AFTER_MS: u64 = 250;
-const MAX_HEDGED_ATTEMPTS: u32 = 8;
 const HEDGED_BACKOFF_MAX_MS: u64 = 200;
 const FIRST_BACKOFF_MS: u64 = 50;
 const MAX_BACKOFF_MS: u64 = 2_000;
@@ -147,13 +146,12 @@ impl ControlPlane {
     /// A heartbeat is safe to send twice, and a paused or cut-off leader
     /// would otherwise cost a whole call timeout of the node's lease.
     fn hedging(&self) -> Hedging {
-        Hedging {
-            endpoints: self.endpoints.len(),
-            hedge_after: Duration::from_millis(HEDGE_AFTER_MS),
-            attempt_timeout: Duration::from_millis(CALL_TIMEOUT_MS),
-            max_attempts: MAX_HEDGED_ATTEMPTS,
-            max_backoff_ms: HEDGED_BACKOFF_MAX_MS,
-        }
+        Hedging::within(
+            self.endpoints.len(),
+            Duration::from_millis(HEDGE_AFTER_MS),
+            Duration::from_millis(CALL_TIMEOUT_MS),
+            HEDGED_BACKOFF_MAX_MS,
+        )
     }
 
     fn leader_hint(&self, status: &Status) -> Option<usize> {

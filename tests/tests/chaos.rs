@@ -40,6 +40,7 @@ fn config(seed: u64, duration_s: u64, faults: Vec<FaultKind>) -> RunConfig {
         agent_env: Vec::new(),
         in_order: false,
         stale_cut_s: 30,
+        cli_probe_ms: 0,
     }
 }
 
@@ -47,11 +48,19 @@ fn config(seed: u64, duration_s: u64, faults: Vec<FaultKind>) -> RunConfig {
 async fn leader_faults_lose_nothing() -> Result<()> {
     let _turn = ONE_AT_A_TIME.lock().await;
     let faults = vec![FaultKind::KillLeader, FaultKind::PauseLeader, FaultKind::PartitionLeader, FaultKind::KillFollower];
-    let report = run(config(11, 30, faults)).await?;
+    let mut config = config(11, 30, faults);
+    // Fresh `rota submit` processes beside the long-lived client: their
+    // submits must each exist once too, and every leader fault gets a
+    // failover measured by them.
+    config.cli_probe_ms = 250;
+    let report = run(config).await?;
     println!("{}", summary(&report));
     ensure!(report.passed, "chaos run failed:\n{}", summary(&report));
     ensure!(report.faults.len() >= 5, "only {} faults injected", report.faults.len());
     ensure!(report.acknowledged_submits > 100, "workload too small: {}", report.acknowledged_submits);
+    ensure!(report.cli_probes > 20, "CLI probes acknowledged: {}; errors {:?}", report.cli_probes, report.cli_probe_errors);
+    let unmeasured: Vec<_> = report.failovers.iter().filter(|f| f.cli_submit_ms.is_none()).collect();
+    ensure!(!report.failovers.is_empty() && unmeasured.is_empty(), "leader faults without a CLI failover: {unmeasured:?}");
     Ok(())
 }
 

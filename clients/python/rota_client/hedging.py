@@ -30,8 +30,8 @@ from rota_client.retry import FIRST_BACKOFF_MS, Backoff
 
 #: When an unanswered call that may run twice is also sent to the next replica.
 HEDGE_AFTER_S = 0.25
-#: Attempts one hedged round sends at most.
-MAX_HEDGED_ATTEMPTS = 8
+#: Attempts one hedged round sends at most, however long its time.
+MAX_HEDGED_ATTEMPTS = 64
 #: Short: a replica refusing at once is tried again soon, while the other
 #: attempt may still answer.
 HEDGED_BACKOFF_MAX_MS = 200
@@ -78,6 +78,21 @@ def next_endpoint(after: int, count: int, busy: Collection[int]) -> int:
     return (after + 1) % count
 
 
+def attempts_within(hedge_after_s: float, timeout_s: float, backoff_max_ms: int = HEDGED_BACKOFF_MAX_MS) -> int:
+    """The attempts a round sends at most by default: the first, the hedge,
+    and as many retries as the backoff schedule fits in the rest of its
+    time (at most MAX_HEDGED_ATTEMPTS). A smaller fixed cap ends the retries
+    early in a long election, and the round then waits out its whole time
+    on the one attempt that hangs."""
+    backoff = Backoff(FIRST_BACKOFF_MS, max(backoff_max_ms, FIRST_BACKOFF_MS))
+    left_ms = (timeout_s - hedge_after_s) * 1000.0
+    attempts = 2
+    while left_ms > 0 and attempts < MAX_HEDGED_ATTEMPTS:
+        left_ms -= backoff.next_delay_ms()
+        attempts += 1
+    return attempts
+
+
 def hedged_round(
     start: Callable[[int, float], F],
     first: int,
@@ -87,7 +102,7 @@ def hedged_round(
     leader_of: Callable[[F], Optional[int]],
     hedge_after_s: float,
     timeout_s: float,
-    max_attempts: int = MAX_HEDGED_ATTEMPTS,
+    max_attempts: Optional[int] = None,
     backoff_max_ms: int = HEDGED_BACKOFF_MAX_MS,
 ) -> Round[F]:
     """One round of attempts of a call that may run twice.
@@ -97,12 +112,15 @@ def hedged_round(
     The first goes to `first`; unanswered after `hedge_after_s`, a second
     to the next endpoint. Once hedged, an attempt that fails over is sent
     again after a backoff (capped at `backoff_max_ms`) while the round has
-    attempts left (`max_attempts` in all); without attempts left, the round
+    attempts left (`max_attempts` in all; by default `attempts_within` its
+    time, so it keeps retrying while it may run); without attempts left, the round
     waits for the one still in flight. An attempt failing before the hedge
     ends the round, so the caller backs off as between rounds. The first
     ANSWER ends the round at once; every other attempt is cancelled. The
     round lasts `timeout_s` at most.
     """
+    if max_attempts is None:
+        max_attempts = attempts_within(hedge_after_s, timeout_s, backoff_max_ms)
     began = time.monotonic()
     give_up_at = began + timeout_s
     hedge_at = began + hedge_after_s
@@ -189,6 +207,7 @@ __all__ = [
     "HEDGED_BACKOFF_MAX_MS",
     "HEDGE_AFTER_S",
     "MAX_HEDGED_ATTEMPTS",
+    "attempts_within",
     "Attempt",
     "Round",
     "Verdict",

@@ -26,7 +26,7 @@ import pytest
 from rota_client import Client, JobState
 from rota_client._proto import rota_pb2 as pb
 from rota_client._proto import rota_pb2_grpc as pb_grpc
-from rota_client.hedging import MAX_HEDGED_ATTEMPTS, Verdict, hedged_round
+from rota_client.hedging import MAX_HEDGED_ATTEMPTS, Verdict, attempts_within, hedged_round
 
 #: Longest a test waits for something that should happen at once; only a
 #: broken client makes a test wait this long.
@@ -236,7 +236,7 @@ def test_a_failover_answer_does_not_end_a_call_still_in_flight(cluster: Cluster)
     assert refused_then_retried.is_set()
     assert submitted.job_id == ord("a")
     # Bounded: the refusing replica got at most what one round sends beside the first.
-    assert 2 <= len(refusing.submit_ids) <= MAX_HEDGED_ATTEMPTS - 1, refusing.submit_ids
+    assert 2 <= len(refusing.submit_ids) <= attempts_within(0.25, WAIT_S) - 1, refusing.submit_ids
     assert set(slow.submit_ids + refusing.submit_ids) == {"hedged-1"}
     assert set(slow.trace_ids + refusing.trace_ids) == {"hedged-1"}
 
@@ -342,10 +342,44 @@ def test_a_refusal_before_the_hedge_ends_the_round() -> None:
 
 def test_a_round_sends_a_bounded_number_of_attempts() -> None:
     """Endpoint 0 hangs and 1 refuses at once: 1 is tried again with a
-    short backoff, but the round sends 8 attempts at most, then waits for
-    0 until its time is up (2 s: far more than 8 attempts need)."""
+    short backoff, but the round sends `max_attempts` at most, then waits
+    for 0 until its time is up (2 s: far more than 8 attempts need)."""
     endpoints = Endpoints("hang", "refuse")
-    done = hedged_round(endpoints.start, 0, 2, verdict=verdict, leader_of=lambda _: None, hedge_after_s=0.01, timeout_s=2.0)
-    assert endpoints.sent == [0] + [1] * (MAX_HEDGED_ATTEMPTS - 1) and done.sent == MAX_HEDGED_ATTEMPTS
+    done = hedged_round(
+        endpoints.start, 0, 2, verdict=verdict, leader_of=lambda _: None, hedge_after_s=0.01, timeout_s=2.0, max_attempts=8
+    )
+    assert endpoints.sent == [0] + [1] * 7 and done.sent == 8
     assert done.endpoint == 1 and verdict(done.settled) is Verdict.FAILOVER  # type: ignore[arg-type]
     assert endpoints.attempts[0].cancelled()
+
+
+def test_a_rounds_default_cap_covers_its_whole_time_and_stays_bounded() -> None:
+    # 25 + 50 + 100 + 200 * 13 ms of backoff cover the 2.75 s after the hedge.
+    assert attempts_within(0.25, 3.0) == 2 + 3 + 13
+    assert attempts_within(0.001, 3600.0) == MAX_HEDGED_ATTEMPTS
+    assert attempts_within(0.25, 0.1) == 2
+
+
+class ElectedLater(Endpoints):
+    """Endpoint 0 hangs; the others refuse ("no leader") until `at`, then
+    endpoint 2 answers, as after a paused leader's successor is elected."""
+
+    def __init__(self, at: float) -> None:
+        super().__init__("hang", "refuse", "refuse")
+        self.at = at
+
+    def start(self, endpoint: int, timeout_s: float) -> "futures.Future[str]":
+        if endpoint == 2 and time.monotonic() >= self.at:
+            self.modes = ("hang", "refuse", "answer")
+        return super().start(endpoint, timeout_s)
+
+
+def test_a_round_outlasts_a_long_election_beside_a_hung_endpoint() -> None:
+    """Retries go on until the election ends 1.2 s in: the round must not
+    run out of attempts and wait out its 3 s on the hung endpoint."""
+    began = time.monotonic()
+    endpoints = ElectedLater(began + 1.2)
+    done = hedged_round(endpoints.start, 0, 3, verdict=verdict, leader_of=lambda _: None, hedge_after_s=0.25, timeout_s=3.0)
+    took = time.monotonic() - began
+    assert done.endpoint == 2 and done.settled is not None and done.settled.result() == "answer of 2"
+    assert took < 1.8, f"answered after {took:.2f} s: the retries stopped before the election ended"

@@ -31,10 +31,14 @@ const FIRST_BACKOFF_MS: u64 = 25;
 /// then says nothing, and waiting out a whole attempt on it is what makes a
 /// failover slow for a client.
 const HEDGE_AFTER_MS: u64 = 250;
-/// Attempts one hedged round sends at most.
-const MAX_HEDGED_ATTEMPTS: u32 = 8;
+/// Longest wait between a hedged round's retries (its attempt cap follows
+/// from it and the round's timeout: `Hedging::within`).
 const HEDGED_BACKOFF_MAX_MS: u64 = 200;
-const MAX_BACKOFF_MS: u64 = 1_000;
+/// Longest wait between rounds. The replicas answering "no leader" while an
+/// election runs answer at once and cheaply; a client that had backed off
+/// to a second would find the new leader (elected a few hundred ms after
+/// the old one went) up to a second late.
+const MAX_BACKOFF_MS: u64 = 250;
 /// Most endpoints a client is given; a cluster has at most 7 replicas.
 const MAX_ENDPOINTS: usize = 16;
 
@@ -350,13 +354,7 @@ impl Client {
         F: FnMut(usize) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
-        let hedging = Hedging {
-            endpoints: self.endpoints.len(),
-            hedge_after: self.hedge_after,
-            attempt_timeout: self.attempt_timeout,
-            max_attempts: MAX_HEDGED_ATTEMPTS,
-            max_backoff_ms: HEDGED_BACKOFF_MAX_MS,
-        };
+        let hedging = Hedging::within(self.endpoints.len(), self.hedge_after, self.attempt_timeout, HEDGED_BACKOFF_MAX_MS);
         crate::hedge::round(&hedging, call, target, |status| self.leader_hint(status)).await
     }
 

@@ -38,6 +38,27 @@ pub struct Hedging {
     pub max_backoff_ms: u64,
 }
 
+/// Most attempts any round sends, whatever its timeout.
+const MAX_ATTEMPTS_EVER: u32 = 64;
+
+impl Hedging {
+    /// A round that keeps retrying on its hedged side for as long as it may
+    /// run: its attempt cap is what the backoff schedule fits between the
+    /// hedge and `attempt_timeout` (plus the two first attempts). A smaller
+    /// fixed cap ends the retries early in a long election, and the round
+    /// then waits out its whole timeout on the one attempt that hangs.
+    pub fn within(endpoints: usize, hedge_after: Duration, attempt_timeout: Duration, max_backoff_ms: u64) -> Hedging {
+        let mut backoff = Backoff::new(FIRST_BACKOFF_MS, max_backoff_ms.max(FIRST_BACKOFF_MS));
+        let mut left = attempt_timeout.saturating_sub(hedge_after);
+        let mut max_attempts = 2u32;
+        while !left.is_zero() && max_attempts < MAX_ATTEMPTS_EVER {
+            left = left.saturating_sub(backoff.next_delay());
+            max_attempts += 1;
+        }
+        Hedging { endpoints, hedge_after, attempt_timeout, max_attempts, max_backoff_ms }
+    }
+}
+
 type Slot<Fut> = Option<(usize, Pin<Box<Fut>>)>;
 
 /// One round: `call(i)` makes the attempt at endpoint `i`; `leader_hint`
@@ -117,6 +138,40 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rounds_retries_span_its_whole_timeout_and_stay_bounded() {
+        let hedging = Hedging::within(3, Duration::from_millis(250), Duration::from_secs(3), 200);
+        // 25 + 50 + 100 + 200 * 13 ms of backoff cover the 2,750 ms after the hedge.
+        assert_eq!(hedging.max_attempts, 2 + 3 + 13);
+        let long = Hedging::within(3, Duration::from_millis(1), Duration::from_secs(3_600), 200);
+        assert_eq!(long.max_attempts, MAX_ATTEMPTS_EVER, "bounded however long the round");
+        let short = Hedging::within(3, Duration::from_millis(250), Duration::from_millis(100), 200);
+        assert_eq!(short.max_attempts, 2, "no time after the hedge: the first attempt and the hedge");
+    }
+
+    /// Endpoint 0 hangs; the others refuse ("no leader") until an election
+    /// ends 1.2 s in, then endpoint 2 answers. The round must keep retrying
+    /// until then, not give up its hedged side and wait out the hung one.
+    #[tokio::test]
+    async fn a_round_outlasts_a_long_election_beside_a_hung_replica() {
+        let started = std::time::Instant::now();
+        let elected_after = Duration::from_millis(1_200);
+        let hedging = Hedging::within(3, Duration::from_millis(250), Duration::from_secs(3), 200);
+        let mut call = |i: usize| async move {
+            if i == 0 {
+                return std::future::pending().await;
+            }
+            if started.elapsed() < elected_after || i == 1 {
+                return Err(Status::unavailable("no leader is known; try another replica"));
+            }
+            Ok(i)
+        };
+        let (from, outcome) = round(&hedging, &mut call, 0, |_| None).await;
+        assert_eq!((from, outcome.map_err(|s| s.code())), (2, Ok(2)));
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(1_800), "answered {took:?} in: the retries stopped before the election ended");
+    }
 
     #[test]
     fn the_next_endpoint_skips_the_busy_one() {

@@ -332,7 +332,7 @@ impl AgentService for AgentApi {
         caller(&request)?.may_act_for_node(&request.get_ref().name)?;
         let here = |message| async move { self.register_here(&message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.agents(&addr)?.register_node(request).await };
-        serve_or_forward("register_node", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "register_node", request, here, forward).await
     }
 
     async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
@@ -360,7 +360,7 @@ impl AgentService for AgentApi {
         caller(&request)?.may_act_for_node(&request.get_ref().node)?;
         let here = |message| async move { self.report_here(&message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.agents(&addr)?.report_rank_events(request).await };
-        serve_or_forward("report_rank_events", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "report_rank_events", request, here, forward).await
     }
 }
 

@@ -152,7 +152,7 @@ impl AuthService for AuthApi {
         let actor = &self.ctx.actor(&mut request).await?;
         let here = |message| async move { self.set_user_here(actor, message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.auth(&addr)?.set_user(request).await };
-        serve_or_forward("set_user", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "set_user", request, here, forward).await
     }
 
     async fn remove_user(&self, mut request: Request<pb::RemoveUserRequest>) -> Result<Response<pb::RemoveUserResponse>, Status> {
@@ -161,7 +161,7 @@ impl AuthService for AuthApi {
             self.propose(actor, Command::RemoveUser { name: message.name }).await.map(|()| pb::RemoveUserResponse {})
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.auth(&addr)?.remove_user(request).await };
-        serve_or_forward("remove_user", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "remove_user", request, here, forward).await
     }
 
     async fn list_users(&self, mut request: Request<pb::ListUsersRequest>) -> Result<Response<pb::ListUsersResponse>, Status> {
@@ -175,7 +175,7 @@ impl AuthService for AuthApi {
         let actor = &self.ctx.actor(&mut request).await?;
         let here = |message| async move { self.create_token_here(actor, message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.auth(&addr)?.create_token(request).await };
-        serve_or_forward("create_token", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "create_token", request, here, forward).await
     }
 
     async fn revoke_token(&self, mut request: Request<pb::RevokeTokenRequest>) -> Result<Response<pb::RevokeTokenResponse>, Status> {
@@ -184,7 +184,7 @@ impl AuthService for AuthApi {
             self.propose(actor, Command::RevokeToken { id: message.id }).await.map(|()| pb::RevokeTokenResponse {})
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.auth(&addr)?.revoke_token(request).await };
-        serve_or_forward("revoke_token", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "revoke_token", request, here, forward).await
     }
 
     async fn list_tokens(&self, mut request: Request<pb::ListTokensRequest>) -> Result<Response<pb::ListTokensResponse>, Status> {

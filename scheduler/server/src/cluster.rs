@@ -472,7 +472,7 @@ impl ClusterService for ClusterApi {
             result
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.add_member(request).await };
-        serve_or_forward("add_member", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "add_member", request, here, forward).await
     }
 
     async fn campaign(&self, mut request: Request<pb::CampaignRequest>) -> Result<Response<pb::CampaignResponse>, Status> {
@@ -500,14 +500,14 @@ impl ClusterService for ClusterApi {
             self.propose_config(self.ctx.as_actor(actor, command)).await.map(|()| message)
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_queue(request).await };
-        serve_or_forward("set_queue", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "set_queue", request, here, forward).await
     }
 
     async fn list_queues(&self, mut request: Request<pb::ListQueuesRequest>) -> Result<Response<pb::ListQueuesResponse>, Status> {
         self.reader(&mut request).await?;
         let here = |_| async move { self.queues_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_queues(request).await };
-        serve_or_forward("list_queues", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "list_queues", request, here, forward).await
     }
 
     async fn drain_node(&self, mut request: Request<pb::DrainNodeRequest>) -> Result<Response<pb::Node>, Status> {
@@ -517,7 +517,7 @@ impl ClusterService for ClusterApi {
             self.node_command(actor, &message.node, command).await
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.drain_node(request).await };
-        serve_or_forward("drain_node", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "drain_node", request, here, forward).await
     }
 
     async fn readmit_node(&self, mut request: Request<pb::ReadmitNodeRequest>) -> Result<Response<pb::Node>, Status> {
@@ -527,7 +527,7 @@ impl ClusterService for ClusterApi {
             self.node_command(actor, &message.node, command).await
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.readmit_node(request).await };
-        serve_or_forward("readmit_node", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "readmit_node", request, here, forward).await
     }
 
     async fn fence_node(&self, mut request: Request<pb::FenceNodeRequest>) -> Result<Response<pb::Node>, Status> {
@@ -537,7 +537,7 @@ impl ClusterService for ClusterApi {
             self.node_command(actor, &message.node, command).await
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.fence_node(request).await };
-        serve_or_forward("fence_node", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "fence_node", request, here, forward).await
     }
 
     async fn set_quota(&self, mut request: Request<pb::Quota>) -> Result<Response<pb::Quota>, Status> {
@@ -546,42 +546,42 @@ impl ClusterService for ClusterApi {
             self.propose_config(self.ctx.as_actor(actor, Command::SetQuota(quota_from_pb(message.clone())))).await.map(|()| message)
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_quota(request).await };
-        serve_or_forward("set_quota", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "set_quota", request, here, forward).await
     }
 
     async fn list_quotas(&self, mut request: Request<pb::ListQuotasRequest>) -> Result<Response<pb::ListQuotasResponse>, Status> {
         self.reader(&mut request).await?;
         let here = |_| async move { self.quotas_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_quotas(request).await };
-        serve_or_forward("list_quotas", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "list_quotas", request, here, forward).await
     }
 
     async fn get_usage(&self, mut request: Request<pb::GetUsageRequest>) -> Result<Response<pb::GetUsageResponse>, Status> {
         self.reader(&mut request).await?;
         let here = |_| async move { self.usage_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.get_usage(request).await };
-        serve_or_forward("get_usage", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "get_usage", request, here, forward).await
     }
 
     async fn list_alarms(&self, mut request: Request<pb::ListAlarmsRequest>) -> Result<Response<pb::ListAlarmsResponse>, Status> {
         self.reader(&mut request).await?;
         let here = |_| async move { self.alarms_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_alarms(request).await };
-        serve_or_forward("list_alarms", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "list_alarms", request, here, forward).await
     }
 
     async fn set_alarm(&self, mut request: Request<pb::SetAlarmRequest>) -> Result<Response<pb::ListAlarmsResponse>, Status> {
         let actor = &self.ctx.actor(&mut request).await?;
         let here = |message: pb::SetAlarmRequest| async move { self.set_alarm_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_alarm(request).await };
-        serve_or_forward("set_alarm", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "set_alarm", request, here, forward).await
     }
 
     async fn set_budget(&self, mut request: Request<pb::SetBudgetRequest>) -> Result<Response<pb::BudgetStatus>, Status> {
         let actor = &self.ctx.actor(&mut request).await?;
         let here = |message: pb::SetBudgetRequest| async move { self.set_budget_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_budget(request).await };
-        serve_or_forward("set_budget", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "set_budget", request, here, forward).await
     }
 
     async fn require_approval(
@@ -594,14 +594,14 @@ impl ClusterService for ClusterApi {
             self.change_command(actor, command).await
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.require_approval(request).await };
-        serve_or_forward("require_approval", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "require_approval", request, here, forward).await
     }
 
     async fn list_changes(&self, mut request: Request<pb::ListChangesRequest>) -> Result<Response<pb::ListChangesResponse>, Status> {
         self.reader(&mut request).await?;
         let here = |_| async move { self.changes_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_changes(request).await };
-        serve_or_forward("list_changes", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "list_changes", request, here, forward).await
     }
 
     async fn approve_change(&self, mut request: Request<pb::ApproveChangeRequest>) -> Result<Response<pb::ListChangesResponse>, Status> {
@@ -611,7 +611,7 @@ impl ClusterService for ClusterApi {
             self.change_command(actor, Command::ApproveChange { id }).await
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.approve_change(request).await };
-        serve_or_forward("approve_change", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "approve_change", request, here, forward).await
     }
 
     async fn withdraw_change(&self, mut request: Request<pb::WithdrawChangeRequest>) -> Result<Response<pb::ListChangesResponse>, Status> {
@@ -621,7 +621,7 @@ impl ClusterService for ClusterApi {
             self.change_command(actor, Command::WithdrawChange { id }).await
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.withdraw_change(request).await };
-        serve_or_forward("withdraw_change", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "withdraw_change", request, here, forward).await
     }
 
     async fn list_policy_versions(
@@ -631,7 +631,7 @@ impl ClusterService for ClusterApi {
         self.reader(&mut request).await?;
         let here = |_| async move { self.policy_here().await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_policy_versions(request).await };
-        serve_or_forward("list_policy_versions", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "list_policy_versions", request, here, forward).await
     }
 
     async fn apply_policy(&self, mut request: Request<pb::ApplyPolicyRequest>) -> Result<Response<pb::PolicyHistory>, Status> {
@@ -641,14 +641,14 @@ impl ClusterService for ClusterApi {
             self.policy_command(actor, command).await
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.apply_policy(request).await };
-        serve_or_forward("apply_policy", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "apply_policy", request, here, forward).await
     }
 
     async fn promote_policy(&self, mut request: Request<pb::PromotePolicyRequest>) -> Result<Response<pb::PolicyHistory>, Status> {
         let actor = &self.ctx.actor(&mut request).await?;
         let here = |_| async move { self.policy_command(actor, Command::PromotePolicy).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.promote_policy(request).await };
-        serve_or_forward("promote_policy", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "promote_policy", request, here, forward).await
     }
 
     async fn rollback_policy(&self, mut request: Request<pb::RollbackPolicyRequest>) -> Result<Response<pb::PolicyHistory>, Status> {
@@ -657,14 +657,14 @@ impl ClusterService for ClusterApi {
             self.policy_command(actor, Command::RollbackPolicy { to: message.to }).await
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.rollback_policy(request).await };
-        serve_or_forward("rollback_policy", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "rollback_policy", request, here, forward).await
     }
 
     async fn list_budgets(&self, mut request: Request<pb::ListBudgetsRequest>) -> Result<Response<pb::ListBudgetsResponse>, Status> {
         self.reader(&mut request).await?;
         let here = |message: pb::ListBudgetsRequest| async move { self.budgets_here(&message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.list_budgets(request).await };
-        serve_or_forward("list_budgets", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "list_budgets", request, here, forward).await
     }
 
     async fn remove_member(&self, mut request: Request<pb::RemoveMemberRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
@@ -678,7 +678,7 @@ impl ClusterService for ClusterApi {
             result
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.remove_member(request).await };
-        serve_or_forward("remove_member", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "remove_member", request, here, forward).await
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rota_proto::v1::agent_service_client::AgentServiceClient;
@@ -22,18 +22,49 @@ use crate::status::{write_error, FORWARDED_METADATA};
 
 /// Deadline of one forwarded call; longer than an election, shorter than a client's patience.
 const FORWARD_TIMEOUT_MS: u64 = 10_000;
+/// How often a forwarded call looks whether the leader has fallen silent.
+const SILENCE_POLL_MS: u64 = 20;
 const CONNECT_TIMEOUT_MS: u64 = 1_000;
 const MAX_CACHED_CHANNELS: usize = 16;
+
+/// Whether the leader this replica knows has gone unheard for longer than
+/// an election timeout.
+pub type LeaderSilent = Arc<dyn Fn() -> bool + Send + Sync>;
 
 pub struct Forwarder {
     security: Security,
     channels: Mutex<HashMap<String, Channel>>,
+    leader_silent: LeaderSilent,
 }
 
 impl Forwarder {
-    /// Forwards under this replica's own certificate.
-    pub fn new(security: Security) -> Self {
-        Self { security, channels: Mutex::new(HashMap::new()) }
+    /// Forwards under this replica's own certificate; a forwarded call is
+    /// abandoned once `leader_silent` says the leader fell silent.
+    pub fn new(security: Security, leader_silent: LeaderSilent) -> Self {
+        Self { security, channels: Mutex::new(HashMap::new()), leader_silent }
+    }
+
+    /// Wait for a forwarded call, or until the leader falls silent. A leader
+    /// paused or cut off just after the call was forwarded says nothing, and
+    /// the call would hang for its whole deadline while a new leader is
+    /// elected; the caller (the same request id on every attempt) does
+    /// better to hear "try another replica" and go to it.
+    pub async fn unless_leader_falls_silent<T>(&self, call: impl Future<Output = Result<T, Status>>) -> Result<T, Status> {
+        let silence = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(SILENCE_POLL_MS)).await;
+                if (self.leader_silent)() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            outcome = call => outcome,
+            () = silence => {
+                metrics::counter!("rota_forwards_abandoned_total").increment(1);
+                Err(Status::unavailable("the leader fell silent while this request was forwarded to it; try another replica"))
+            }
+        }
     }
 
     fn channel(&self, addr: &str) -> Result<Channel, Status> {
@@ -153,8 +184,10 @@ fn forward_target(was_forwarded: bool, failure: Failure) -> Result<String, Statu
 /// method's latency lands in `rota_request_duration_seconds{method}`.
 ///
 /// `here` gets a copy of the message (the original is what is forwarded);
-/// `forward` gets the leader's address and the request marked as forwarded.
+/// `forward` gets the leader's address and the request marked as forwarded;
+/// its call is abandoned if the leader falls silent meanwhile.
 pub async fn serve_or_forward<Req, Resp, HereFut, FwdFut>(
+    forwarder: &Forwarder,
     method: &'static str,
     request: Request<Req>,
     here: impl FnOnce(Req) -> HereFut,
@@ -174,11 +207,51 @@ where
         Err(failure) => match forward_target(was_forwarded, failure) {
             Ok(addr) => {
                 tracing::debug!(method, leader = %addr, "forwarded to the leader");
-                forward(addr, forwarded(message, actor.as_ref())).await
+                forwarder.unless_leader_falls_silent(forward(addr, forwarded(message, actor.as_ref()))).await
             }
             Err(status) => Err(status),
         },
     };
     metrics::histogram!("rota_request_duration_seconds", "method" => method).record(started.elapsed().as_secs_f64());
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn forwarder(silent: Arc<AtomicBool>) -> Forwarder {
+        Forwarder::new(Security::Plaintext, Arc::new(move || silent.load(Ordering::Relaxed)))
+    }
+
+    #[tokio::test]
+    async fn a_call_forwarded_to_a_leader_that_falls_silent_ends_with_try_another() {
+        let silent = Arc::new(AtomicBool::new(false));
+        let forwarder = forwarder(silent.clone());
+        let falls_silent = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            silent.store(true, Ordering::Relaxed);
+            std::future::pending::<()>().await
+        };
+        let started = Instant::now();
+        let hung_leader = std::future::pending::<Result<u32, Status>>();
+        let outcome = tokio::select! {
+            outcome = forwarder.unless_leader_falls_silent(hung_leader) => outcome,
+            () = falls_silent => unreachable!(),
+        };
+        let status = outcome.expect_err("a hung leader's call cannot succeed");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
+        assert!(started.elapsed() < Duration::from_secs(2), "ended {:?} after the call, not at its deadline", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_leader_that_answers_is_waited_for() {
+        let forwarder = forwarder(Arc::new(AtomicBool::new(false)));
+        let slow_answer = async {
+            tokio::time::sleep(Duration::from_millis(3 * SILENCE_POLL_MS)).await;
+            Ok::<u32, Status>(7)
+        };
+        assert_eq!(forwarder.unless_leader_falls_silent(slow_answer).await.unwrap(), 7);
+    }
 }

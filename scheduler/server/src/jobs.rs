@@ -360,7 +360,7 @@ impl JobService for JobApi {
         let actor = &actor;
         let here = |message| async move { self.submit_here(actor, message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.submit_job(request).await };
-        serve_or_forward("submit_job", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "submit_job", request, here, forward).await
     }
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::GetJobResponse>, Status> {
@@ -369,7 +369,7 @@ impl JobService for JobApi {
         let actor = &actor;
         let here = |message| async move { self.get_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.get_job(request).await };
-        serve_or_forward("get_job", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "get_job", request, here, forward).await
     }
 
     async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
@@ -378,7 +378,7 @@ impl JobService for JobApi {
         let actor = &actor;
         let here = |message| async move { self.list_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.list_jobs(request).await };
-        serve_or_forward("list_jobs", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "list_jobs", request, here, forward).await
     }
 
     async fn search_history(&self, request: Request<pb::SearchHistoryRequest>) -> Result<Response<pb::SearchHistoryResponse>, Status> {
@@ -387,7 +387,7 @@ impl JobService for JobApi {
         let actor = &actor;
         let here = |message| async move { self.history_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.search_history(request).await };
-        serve_or_forward("search_history", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "search_history", request, here, forward).await
     }
 
     async fn get_report(&self, request: Request<pb::GetReportRequest>) -> Result<Response<pb::GetReportResponse>, Status> {
@@ -396,7 +396,7 @@ impl JobService for JobApi {
         let actor = &actor;
         let here = |message| async move { self.report_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.get_report(request).await };
-        serve_or_forward("get_report", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "get_report", request, here, forward).await
     }
 
     async fn set_job_priority(&self, request: Request<pb::SetJobPriorityRequest>) -> Result<Response<pb::Job>, Status> {
@@ -405,7 +405,7 @@ impl JobService for JobApi {
         let actor = &actor;
         let here = |message| async move { self.set_priority_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.set_job_priority(request).await };
-        serve_or_forward("set_job_priority", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "set_job_priority", request, here, forward).await
     }
 
     async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::CancelJobResponse>, Status> {
@@ -414,7 +414,7 @@ impl JobService for JobApi {
         let actor = &actor;
         let here = |message| async move { self.cancel_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.cancel_job(request).await };
-        serve_or_forward("cancel_job", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "cancel_job", request, here, forward).await
     }
 
     async fn save_template(&self, request: Request<pb::SaveTemplateRequest>) -> Result<Response<pb::Template>, Status> {
@@ -428,7 +428,7 @@ impl JobService for JobApi {
             self.template_command(actor, &message.name, command).await
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.save_template(request).await };
-        serve_or_forward("save_template", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "save_template", request, here, forward).await
     }
 
     async fn list_templates(&self, request: Request<pb::ListTemplatesRequest>) -> Result<Response<pb::ListTemplatesResponse>, Status> {
@@ -437,7 +437,7 @@ impl JobService for JobApi {
         let actor = &actor;
         let here = |message| async move { self.list_templates_here(actor, &message).await };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.list_templates(request).await };
-        serve_or_forward("list_templates", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "list_templates", request, here, forward).await
     }
 
     async fn delete_template(&self, request: Request<pb::DeleteTemplateRequest>) -> Result<Response<pb::DeleteTemplateResponse>, Status> {
@@ -449,7 +449,7 @@ impl JobService for JobApi {
             self.template_command(actor, &message.name, command).await.map(|_| pb::DeleteTemplateResponse {})
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.delete_template(request).await };
-        serve_or_forward("delete_template", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "delete_template", request, here, forward).await
     }
 
     async fn grant_template(&self, request: Request<pb::GrantTemplateRequest>) -> Result<Response<pb::Template>, Status> {
@@ -461,7 +461,7 @@ impl JobService for JobApi {
             self.template_command(actor, &message.name, command).await
         };
         let forward = |addr: String, request| async move { self.ctx.forwarder.jobs(&addr)?.grant_template(request).await };
-        serve_or_forward("grant_template", request, here, forward).await
+        serve_or_forward(&self.ctx.forwarder, "grant_template", request, here, forward).await
     }
 
     type ReadLogsStream = LogStream;

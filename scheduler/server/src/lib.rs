@@ -253,7 +253,10 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     let ctx = Arc::new(Context {
         proposer: Proposer::start(replica.clone()),
         replica: replica.clone(),
-        forwarder: forward::Forwarder::new(config.security.clone()),
+        forwarder: forward::Forwarder::new(config.security.clone(), {
+            let replica = replica.clone();
+            Arc::new(move || replica.leader_silent())
+        }),
         lease_ms: config.election_timeout_max_ms,
         unsafe_ack_before_commit: std::env::var("ROTA_TEST_ACK_BEFORE_COMMIT").is_ok_and(|v| v == "1"),
         leader: leader::Leadership::new(config.node_ttl_ms, config.max_clock_skew_ms).with_start_timeout_ms(config.start_timeout_ms),

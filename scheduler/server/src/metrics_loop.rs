@@ -113,6 +113,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ("rota_data_dir_free_bytes", "Free space in the data directory"),
     ("rota_alarms_raised", "Alarms raised in the cluster (no new work while any is)"),
     ("rota_request_duration_seconds", "Time to serve a request, by method"),
+    ("rota_forwards_abandoned_total", "Requests forwarded to a leader that then fell silent, answered with try another replica"),
     ("rota_submits_total", "Job submits, by result"),
     ("rota_limited_total", "Requests refused by the caller limits, by reason"),
     ("rota_proposal_bytes", "Bytes of one proposed log entry"),

@@ -49,6 +49,15 @@ pub fn heard_record_every_ms(node_ttl_ms: u64) -> u64 {
     (node_ttl_ms / 2).max(100)
 }
 
+/// Shortest gap between a term's records while it has nodes to record for
+/// the first time in the term. A leader that waited a whole period before
+/// its first record would, if leaders change faster than that, leave the
+/// last record to age until a new leader finds live nodes quiet past the
+/// TTL at first sight and declares them down.
+pub fn first_record_gap_ms(node_ttl_ms: u64) -> u64 {
+    (heard_record_every_ms(node_ttl_ms) / 8).max(50)
+}
+
 /// How long a node has surely been quiet when a new leader first considers
 /// it. Its last heard record says it was heard before that record; it may
 /// also have been heard (and its lease renewed) after it, until the next
@@ -73,16 +82,39 @@ pub struct HeartbeatTable {
     last_seen_ms: HashMap<String, i64>,
     /// Nodes heard since the leader last recorded them in the log.
     heard_since_record: BTreeSet<String>,
+    /// Nodes recorded in this term (bounded, as the above, by the nodes
+    /// that send heartbeats).
+    recorded_this_term: BTreeSet<String>,
 }
 
 impl HeartbeatTable {
     pub fn new(term: u64, node_ttl_ms: u64) -> HeartbeatTable {
-        HeartbeatTable { term, node_ttl_ms, last_seen_ms: HashMap::new(), heard_since_record: BTreeSet::new() }
+        HeartbeatTable {
+            term,
+            node_ttl_ms,
+            last_seen_ms: HashMap::new(),
+            heard_since_record: BTreeSet::new(),
+            recorded_this_term: BTreeSet::new(),
+        }
     }
 
     /// The nodes heard since the previous call, for the next `NodesHeard`.
     pub fn take_heard(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.heard_since_record).into_iter().collect()
+        let heard: Vec<String> = std::mem::take(&mut self.heard_since_record).into_iter().collect();
+        self.recorded_this_term.extend(heard.iter().cloned());
+        heard
+    }
+
+    /// Whether the leader records the nodes it heard now, `since_record_ms`
+    /// after its previous record (or the start of its term): once a period,
+    /// and sooner (`first_record_gap_ms`) while a node heard in this term
+    /// has not been recorded in it yet.
+    pub fn record_due(&self, since_record_ms: u64) -> bool {
+        if since_record_ms >= heard_record_every_ms(self.node_ttl_ms) {
+            return true;
+        }
+        since_record_ms >= first_record_gap_ms(self.node_ttl_ms)
+            && self.heard_since_record.iter().any(|node| !self.recorded_this_term.contains(node))
     }
 
     pub fn term(&self) -> u64 {
@@ -281,6 +313,63 @@ mod tests {
         // (each looks every quarter TTL, for half a TTL).
         let due_ms = 2 * heard_record_every_ms(TTL_MS) + TTL_MS + MARGIN_MS;
         assert!(declared_at_ms > due_ms && declared_at_ms <= due_ms + TTL_MS / 2, "declared at {declared_at_ms} ms, due after {due_ms}");
+    }
+
+    #[test]
+    fn a_node_first_heard_in_a_term_is_recorded_soon_then_once_a_period() {
+        let gap_ms = first_record_gap_ms(TTL_MS);
+        let period_ms = heard_record_every_ms(TTL_MS);
+        assert!(gap_ms < period_ms);
+        let mut table = HeartbeatTable::new(1, TTL_MS);
+        assert!(!table.record_due(gap_ms), "nothing heard: nothing to record early");
+        table.record("a", 10);
+        assert!(!table.record_due(gap_ms - 1));
+        assert!(table.record_due(gap_ms), "a node heard for the first time this term");
+        assert_eq!(table.take_heard(), ["a"]);
+        table.record("a", 20);
+        assert!(!table.record_due(gap_ms), "already recorded this term: the period applies");
+        assert!(table.record_due(period_ms));
+        table.record("b", 30);
+        assert!(table.record_due(gap_ms), "b is news");
+    }
+
+    /// Leaders that each lead for less than a record period, with live
+    /// nodes heartbeating every quarter TTL: every new leader must find them
+    /// alive. Recording only once a period, no leader ever recorded, the
+    /// last record aged, and a new leader declared the live nodes down at
+    /// first sight.
+    #[test]
+    fn live_nodes_stay_up_when_leaders_change_faster_than_the_record_period() {
+        let mut state = state_with(&["a", "b"]);
+        state.node_heard_ms.insert("a".into(), 1);
+        state.node_heard_ms.insert("b".into(), 1);
+        let term_ms = heard_record_every_ms(TTL_MS) * 2 / 3;
+        let tick_ms = 25;
+        let beat_every_ms = TTL_MS / 4;
+        let mut now_ms = 0u64;
+        for term in 1..200u64 {
+            let mut table = HeartbeatTable::new(term, TTL_MS);
+            let mut recorded_at_ms = now_ms;
+            let term_end_ms = now_ms + term_ms;
+            while now_ms < term_end_ms {
+                if now_ms.is_multiple_of(beat_every_ms) {
+                    table.record("a", now_ms);
+                    table.record("b", now_ms);
+                }
+                state.now_ms = now_ms;
+                assert!(table.silent_nodes(&state, now_ms).is_empty(), "live nodes found silent in term {term} at {now_ms} ms");
+                if table.record_due(now_ms - recorded_at_ms) {
+                    recorded_at_ms = now_ms;
+                    let nodes = table.take_heard();
+                    if !nodes.is_empty() {
+                        let index = state.applied_index + 1;
+                        state.apply_proposal(index, &Proposal { now_ms, commands: vec![Command::NodesHeard { nodes }] });
+                    }
+                }
+                now_ms += tick_ms;
+            }
+        }
+        assert!(state.node_heard_ms["a"] > 1, "the records moved on");
     }
 
     #[test]

@@ -151,6 +151,12 @@ impl Leadership {
         self.table.lock().expect("heartbeat table lock").as_mut().map(HeartbeatTable::take_heard).unwrap_or_default()
     }
 
+    /// Whether the heard nodes are due to be recorded (see `HeartbeatTable::record_due`).
+    fn heard_record_due(&self, since_record: Duration) -> bool {
+        let since_ms = since_record.as_millis() as u64;
+        self.table.lock().expect("heartbeat table lock").as_ref().is_some_and(|table| table.record_due(since_ms))
+    }
+
     /// Nodes silent past the TTL now (none while not leading).
     fn silent_nodes(&self, state: &ClusterState) -> Vec<String> {
         let now_ms = self.now_ms();
@@ -246,7 +252,6 @@ async fn lead_term(ctx: &Context, term: u64) {
     let mut clock_checked_at: Option<Instant> = None;
     let mut starts = starts::StartWatch::new(ctx.leader.start_timeout_ms);
     let mut heard_recorded_at = Instant::now();
-    let heard_every = Duration::from_millis(heartbeats::heard_record_every_ms(ctx.leader.node_ttl_ms));
     while still_leader(ctx, term) {
         if clock_checked_at.is_none_or(|at| at.elapsed() >= Duration::from_millis(clock::CHECK_EVERY_MS)) {
             clock_checked_at = Some(Instant::now());
@@ -282,7 +287,7 @@ async fn lead_term(ctx: &Context, term: u64) {
         if !end_lost_past_their_bound(ctx).await {
             break;
         }
-        if heard_recorded_at.elapsed() >= heard_every {
+        if ctx.leader.heard_record_due(heard_recorded_at.elapsed()) {
             heard_recorded_at = Instant::now();
             if !record_heard(ctx).await {
                 break;
