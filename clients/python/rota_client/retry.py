@@ -27,7 +27,7 @@ FAILOVER_CODES = frozenset(
 FIRST_BACKOFF_MS = 25
 #: Short, as rota's own client: replicas answering "no leader" during an
 #: election answer at once, and a longer wait finds the new leader late.
-MAX_BACKOFF_MS = 250
+MAX_BACKOFF_MS = 100
 
 
 def is_failover(code: grpc.StatusCode) -> bool:

@@ -34,11 +34,12 @@ const HEDGE_AFTER_MS: u64 = 250;
 /// Longest wait between a hedged round's retries (its attempt cap follows
 /// from it and the round's timeout: `Hedging::within`).
 const HEDGED_BACKOFF_MAX_MS: u64 = 200;
-/// Longest wait between rounds. The replicas answering "no leader" while an
-/// election runs answer at once and cheaply; a client that had backed off
-/// to a second would find the new leader (elected a few hundred ms after
-/// the old one went) up to a second late.
-const MAX_BACKOFF_MS: u64 = 250;
+/// Longest wait between rounds (jittered down to half). The replicas
+/// answering "no leader" while an election runs answer at once and
+/// cheaply; a client that had backed off to a second would find the new
+/// leader (elected a few hundred ms after the old one went) up to a second
+/// late, and the wait is most of a failover as a client sees it.
+const MAX_BACKOFF_MS: u64 = 100;
 /// Most endpoints a client is given; a cluster has at most 7 replicas.
 const MAX_ENDPOINTS: usize = 16;
 
@@ -341,7 +342,7 @@ impl Client {
                 Some(leader) if leader != target => target = leader,
                 _ => {
                     target = (answered_by + 1) % self.endpoints.len();
-                    tokio::time::sleep(backoff.next_delay()).await;
+                    tokio::time::sleep(retry::jittered(backoff.next_delay())).await;
                 }
             }
         }
