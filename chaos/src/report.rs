@@ -66,11 +66,7 @@ pub fn summary(report: &Report) -> String {
     for note in &report.notes {
         out += &format!("  note: {note}\n");
     }
-    let d = &report.failover_submit;
-    out += &format!(
-        "failover to first acknowledged submit (ms): n={} min {} median {} p99 {} max {}\n",
-        d.count, d.min_ms, d.median_ms, d.p99_ms, d.max_ms
-    );
+    out += &line("failover to first acknowledged submit", &report.failover_submit);
     if report.cli_probes > 0 || report.cli_probes_failed > 0 {
         out += &format!(
             "CLI probes: {} acknowledged, {} failed, {} starts skipped\n",
@@ -87,11 +83,7 @@ pub fn summary(report: &Report) -> String {
             out += &line(&format!("  {} (CLI submit)", kind.kind), &kind.cli_submit);
         }
     }
-    let d = &report.failover_schedule;
-    out += &format!(
-        "failover to first scheduling decision (ms): n={} min {} median {} p99 {} max {}\n",
-        d.count, d.min_ms, d.median_ms, d.p99_ms, d.max_ms
-    );
+    out += &line("failover to first scheduling decision", &report.failover_schedule);
     for check in &report.checks {
         let mark = if check.skipped {
             "SKIP"

@@ -85,6 +85,8 @@ pub struct HeartbeatTable {
     /// Nodes recorded in this term (bounded, as the above, by the nodes
     /// that send heartbeats).
     recorded_this_term: BTreeSet<String>,
+    /// A node not yet recorded in this term was heard since the last record.
+    news: bool,
 }
 
 impl HeartbeatTable {
@@ -95,6 +97,7 @@ impl HeartbeatTable {
             last_seen_ms: HashMap::new(),
             heard_since_record: BTreeSet::new(),
             recorded_this_term: BTreeSet::new(),
+            news: false,
         }
     }
 
@@ -102,6 +105,7 @@ impl HeartbeatTable {
     pub fn take_heard(&mut self) -> Vec<String> {
         let heard: Vec<String> = std::mem::take(&mut self.heard_since_record).into_iter().collect();
         self.recorded_this_term.extend(heard.iter().cloned());
+        self.news = false;
         heard
     }
 
@@ -113,8 +117,7 @@ impl HeartbeatTable {
         if since_record_ms >= heard_record_every_ms(self.node_ttl_ms) {
             return true;
         }
-        since_record_ms >= first_record_gap_ms(self.node_ttl_ms)
-            && self.heard_since_record.iter().any(|node| !self.recorded_this_term.contains(node))
+        self.news && since_record_ms >= first_record_gap_ms(self.node_ttl_ms)
     }
 
     pub fn term(&self) -> u64 {
@@ -137,6 +140,7 @@ impl HeartbeatTable {
         }
         // Bounded by the nodes that send heartbeats; drained every record period.
         if !self.heard_since_record.contains(node) {
+            self.news |= !self.recorded_this_term.contains(node);
             self.heard_since_record.insert(node.to_string());
         }
     }
