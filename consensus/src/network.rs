@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::error::{InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest, VoteResponse,
 };
@@ -45,6 +45,8 @@ struct NetInner {
     peer_addrs: BTreeMap<NodeId, String>,
     rpc_timeout: Duration,
     snapshot_timeout: Duration,
+    /// Wait before trying an unreachable peer again (see `PeerClient::backoff`).
+    unreachable_retry: Duration,
     make_channel: Option<PeerChannels>,
     tags: Option<RequestTags>,
     channels: Mutex<HashMap<String, Channel>>,
@@ -83,12 +85,14 @@ impl NetworkFactory {
         peer_addrs: BTreeMap<NodeId, String>,
         rpc_timeout: Duration,
         snapshot_timeout: Duration,
+        unreachable_retry: Duration,
         make_channel: Option<PeerChannels>,
         tags: Option<RequestTags>,
     ) -> Self {
         let channels = Mutex::new(HashMap::new());
         let routes = test_routes();
-        let inner = NetInner { self_id, peer_addrs, rpc_timeout, snapshot_timeout, make_channel, tags, channels, routes };
+        let inner =
+            NetInner { self_id, peer_addrs, rpc_timeout, snapshot_timeout, unreachable_retry, make_channel, tags, channels, routes };
         Self { inner: Arc::new(inner) }
     }
 
@@ -265,6 +269,21 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         let payload = encode(&rpc)?;
         let timeout = self.timeout(&option);
         self.call(RPCTypes::Vote, "vote", payload, timeout).await
+    }
+
+    /// How long the leader's stream to a peer that could not be reached
+    /// waits before trying again. openraft's default, 500 ms, is longer than
+    /// a rejoining replica waits before it campaigns: a replica back from a
+    /// restart or a partition learns the new term from the first answer it
+    /// gets, then starts an election once leader lease plus its election
+    /// timeout (at least `election_timeout_max + election_timeout_min`) pass
+    /// without an AppendEntries. Unheard for that long, it raised the term
+    /// and unseated a healthy leader; and having lost that campaign for its
+    /// shorter log, it kept openraft's "greater log seen" mark, which adds
+    /// twice `election_timeout_max` to its next election, long after. A
+    /// retry every `election_timeout_min` reaches it first.
+    fn backoff(&self) -> Backoff {
+        Backoff::new(std::iter::repeat(self.net.unreachable_retry))
     }
 }
 

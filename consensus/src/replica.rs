@@ -192,6 +192,7 @@ impl<S: StateMachine> Replica<S> {
             cfg.peer_addrs.clone(),
             Duration::from_millis(cfg.rpc_timeout_ms),
             Duration::from_millis(cfg.install_snapshot_timeout_ms),
+            Duration::from_millis(cfg.election_timeout_min_ms),
             cfg.peer_channels.clone(),
             cfg.request_tags.clone(),
         );

@@ -101,3 +101,45 @@ async fn replicate_failover_and_rejoin() {
 
     c.shutdown().await;
 }
+
+/// A follower that was down comes back and must not unseat the leader: it
+/// learns the current term from its first exchange, and the leader has to
+/// reach it before its election timer (leader lease + election timeout)
+/// runs out, or it campaigns with a higher term and the leader steps down.
+/// Run at the production timings; several rounds, since without a prompt
+/// retry a round is lost only when the leader's retry falls late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_back_from_a_restart_leaves_the_leader_in_place() {
+    init_tracing();
+    let mut c = Cluster::start(3, |cfg| {
+        cfg.heartbeat_interval_ms = rota_consensus::DEFAULT_HEARTBEAT_INTERVAL_MS;
+        cfg.election_timeout_min_ms = rota_consensus::DEFAULT_ELECTION_TIMEOUT_MIN_MS;
+        cfg.election_timeout_max_ms = rota_consensus::DEFAULT_ELECTION_TIMEOUT_MAX_MS;
+    })
+    .await;
+    c.replica(1).initialize(c.addrs.clone()).await.expect("initialize");
+    let leader = c.wait_leader().await;
+    c.write("warm=up").await;
+    let term = c.replica(leader).status().term;
+
+    const ROUNDS: usize = 6;
+    for round in 0..ROUNDS {
+        let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+        c.stop_node(follower).await;
+        // A write committed without the follower: the leader's stream to it
+        // has failed at least once and waits before trying again.
+        c.write(&format!("while-down={round}")).await;
+        c.start_node(follower).await;
+        // Caught up means the leader reached it; had it campaigned before,
+        // the term would have moved.
+        let last = c.write(&format!("back={round}")).await.index;
+        c.wait_all_applied(last).await;
+        let now = c.replica(leader).status();
+        assert_eq!(
+            (now.role, now.term),
+            (rota_consensus::Role::Leader, term),
+            "round {round}: replica {follower} came back and the leader lost its place"
+        );
+    }
+    c.shutdown().await;
+}

@@ -823,12 +823,22 @@ enum LogFormat {
     Json,
 }
 
-/// Log to stderr, filtered by `ROTA_LOG` (default: info, openraft's warnings).
+/// Log to stderr, filtered by `ROTA_LOG` (default: info, openraft's
+/// warnings), with the lines a failing replication stream repeats thinned.
 fn init_logging(format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "info,openraft=warn".into());
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let thinned = rota_cli::log_thinning::replication_lines();
+    let registry = tracing_subscriber::registry().with(filter);
     match format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().with_current_span(true).with_span_list(false).init(),
+        LogFormat::Text => {
+            registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(thinned)).init();
+        }
+        LogFormat::Json => {
+            let layer = tracing_subscriber::fmt::layer().json().with_current_span(true).with_span_list(false);
+            registry.with(layer.with_writer(std::io::stderr).with_filter(thinned)).init();
+        }
     }
 }
