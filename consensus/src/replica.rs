@@ -18,6 +18,9 @@ use crate::state_machine::{SmData, StateMachineStore};
 use crate::types::{Payload, RaftHandle};
 use crate::{ConsensusConfig, ConsensusError, NodeId, StateMachine, WriteError};
 
+/// How often a replica waiting for a leader looks whether silence ended.
+const LEADER_POLL_MS: u64 = 20;
+
 /// Name of the RocksDB directory under `ConsensusConfig::data_dir`.
 pub const DB_DIR: &str = "raft";
 
@@ -333,6 +336,56 @@ impl<S: StateMachine> Replica<S> {
     /// fell silent.
     pub fn leader_silent(&self) -> bool {
         self.inner.leader_contact.silent_ms() > self.inner.cfg.election_timeout_max_ms
+    }
+
+    /// The leader this replica hears from now, with its address: itself
+    /// when it leads, else a leader heard within an election timeout.
+    pub fn live_leader(&self) -> Option<(NodeId, String)> {
+        let (id, node) = {
+            let metrics = self.inner.raft.metrics();
+            let m = metrics.borrow();
+            let leader = m.current_leader?;
+            let leads = m.state == ServerState::Leader && leader == m.id;
+            if !leads && self.leader_silent() {
+                return None;
+            }
+            (leader, m.membership_config.membership().get_node(&leader).cloned())
+        };
+        Some((id, self.leader_addr(Some(id), node.as_ref())?))
+    }
+
+    /// Wait for a live leader (see [`Replica::live_leader`]) other than
+    /// one at `unreachable` (a leader this replica just failed to reach),
+    /// for at most `silence_ms`, and only while the silence since it last
+    /// heard a leader is under `silence_ms`. A follower asked for a write
+    /// while an election runs does better to hold it until the winner is
+    /// known and pass it on than to answer "no leader" and leave the caller
+    /// polling: the caller would find the new leader only at its next
+    /// retry, up to its longest backoff late. A replica that has heard no
+    /// leader for longer (cut off, or elections failing) answers at once.
+    pub async fn await_leader(&self, silence_ms: u64, unreachable: Option<&str>) -> Option<(NodeId, String)> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(silence_ms);
+        let mut metrics = self.inner.raft.metrics();
+        // Bounded by the deadline; the count is a second guard.
+        for _ in 0..4 * (silence_ms / LEADER_POLL_MS + 1) {
+            match self.live_leader() {
+                Some((_, addr)) if Some(addr.as_str()) == unreachable => {}
+                Some(leader) => return Some(leader),
+                None => {}
+            }
+            if self.inner.leader_contact.silent_ms() >= silence_ms || tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            // A new leader shows in the metrics; a leader heard again after
+            // a pause, or one falling silent, does not: hence the poll.
+            let poll = tokio::time::sleep(Duration::from_millis(LEADER_POLL_MS));
+            tokio::select! {
+                changed = metrics.changed() => if changed.is_err() { return None },
+                () = poll => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+        None
     }
 
     /// Replicate `payload`; returns once it is committed and applied here

@@ -143,3 +143,46 @@ async fn a_replica_back_from_a_restart_leaves_the_leader_in_place() {
     }
     c.shutdown().await;
 }
+
+/// A follower asked to wait for a leader while an election runs is given
+/// the winner (a request it holds is then passed on, not refused), and one
+/// left without a quorum gives up once it has heard no leader for the
+/// silence it was given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_waits_out_an_election_and_gives_up_when_alone() {
+    init_tracing();
+    let mut c = Cluster::start(3, |cfg| {
+        cfg.heartbeat_interval_ms = rota_consensus::DEFAULT_HEARTBEAT_INTERVAL_MS;
+        cfg.election_timeout_min_ms = rota_consensus::DEFAULT_ELECTION_TIMEOUT_MIN_MS;
+        cfg.election_timeout_max_ms = rota_consensus::DEFAULT_ELECTION_TIMEOUT_MAX_MS;
+    })
+    .await;
+    c.replica(1).initialize(c.addrs.clone()).await.expect("initialize");
+    let old = c.wait_leader().await;
+    c.write("warm=up").await;
+    let silence_ms = 5 * rota_consensus::DEFAULT_ELECTION_TIMEOUT_MAX_MS;
+    let follower = (1..=3).find(|id| *id != old).expect("a follower");
+    assert_eq!(c.replica(follower).await_leader(silence_ms, None).await.map(|(id, _)| id), Some(old), "a live leader is named at once");
+
+    c.stop_node(old).await;
+    // Asked once the old leader is past its election timeout unheard (a
+    // request that came earlier is forwarded to it, and waits from there).
+    while !c.replica(follower).leader_silent() {
+        c.wait_metrics_change().await;
+    }
+    let waited = tokio::time::timeout(WAIT, c.replica(follower).await_leader(silence_ms, None)).await.expect("bounded");
+    let (leader, addr) = waited.expect("the election's winner, not 'no leader'");
+    assert_ne!(leader, old, "the stopped leader is not live");
+    assert_eq!(addr, c.addrs[&leader]);
+    assert_eq!(c.wait_leader().await, leader, "the one named is the one that leads");
+
+    let alone = (1..=3).find(|id| *id != old && *id != leader).expect("the other survivor");
+    c.stop_node(leader).await;
+    while !c.replica(alone).leader_silent() {
+        c.wait_metrics_change().await;
+    }
+    let waited = tokio::time::timeout(WAIT, c.replica(alone).await_leader(silence_ms, None)).await.expect("gives up, bounded");
+    assert_eq!(waited, None, "no quorum, no leader to name");
+    assert_eq!(c.replica(alone).await_leader(silence_ms, None).await, None, "past the silence: answered at once");
+    c.shutdown().await;
+}

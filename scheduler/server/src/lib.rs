@@ -65,6 +65,11 @@ pub mod defaults {
 }
 /// Streams a client may reset before being accepted, per connection.
 const MAX_PENDING_RESETS: usize = 1_024;
+/// A request that finds no live leader waits for one while this replica
+/// has heard no leader for less than this many election timeouts (an
+/// election in progress, two rounds included); past that it is answered
+/// "no leader" at once (this replica is cut off, or elections fail).
+const AWAIT_LEADER_ELECTION_TIMEOUTS: u64 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -253,10 +258,21 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     let ctx = Arc::new(Context {
         proposer: Proposer::start(replica.clone()),
         replica: replica.clone(),
-        forwarder: forward::Forwarder::new(config.security.clone(), {
-            let replica = replica.clone();
-            Arc::new(move || replica.leader_silent())
-        }),
+        forwarder: forward::Forwarder::new(
+            config.security.clone(),
+            {
+                let replica = replica.clone();
+                Arc::new(move || replica.leader_silent())
+            },
+            {
+                let replica = replica.clone();
+                let silence_ms = AWAIT_LEADER_ELECTION_TIMEOUTS * config.election_timeout_max_ms;
+                Arc::new(move |unreachable: Option<String>| {
+                    let replica = replica.clone();
+                    Box::pin(async move { replica.await_leader(silence_ms, unreachable.as_deref()).await.map(|(_, addr)| addr) })
+                })
+            },
+        ),
         lease_ms: config.election_timeout_max_ms,
         unsafe_ack_before_commit: std::env::var("ROTA_TEST_ACK_BEFORE_COMMIT").is_ok_and(|v| v == "1"),
         leader: leader::Leadership::new(config.node_ttl_ms, config.max_clock_skew_ms).with_start_timeout_ms(config.start_timeout_ms),

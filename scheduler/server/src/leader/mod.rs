@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rota_consensus::{Role, WriteError};
+use rota_proto::v1::cluster_service_client::ClusterServiceClient;
 
 use crate::clock::{self, wall_clock_ms};
 use crate::Context;
@@ -520,25 +521,37 @@ async fn bootstrap_admin(ctx: &Context) -> bool {
 
 /// The newest format a peer reads, if it answers in time.
 async fn probe_format(ctx: &Context, addr: String) -> Option<u16> {
-    let status = ask_status(ctx, &addr).await?;
+    let (_, status) = ask_status(ctx, &addr).await?;
     // A build from before the field existed reads the first format only.
     Some(u16::try_from(status.format_version).unwrap_or(u16::MAX).max(1))
 }
 
 /// One peer's clock offset from ours, if it answers in time.
 async fn probe_clock(ctx: &Context, peer_id: u64, addr: String) -> Option<(u64, i64)> {
-    let sent_ms = wall_clock_ms();
-    let status = ask_status(ctx, &addr).await?;
+    let (sent_ms, status) = ask_status(ctx, &addr).await?;
     Some((peer_id, clock::offset_ms(sent_ms, status.wall_clock_ms, wall_clock_ms())))
 }
 
-/// A peer's status over the forwarder's channel, if it answers within
-/// `CLOCK_PROBE_TIMEOUT_MS` (a paused or dead peer must not hold the leader up).
-async fn ask_status(ctx: &Context, addr: &str) -> Option<rota_proto::v1::ClusterStatus> {
-    let mut client = ctx.forwarder.cluster(addr).ok()?;
-    let call = client.get_cluster_status(rota_proto::v1::GetClusterStatusRequest {});
-    let reply = tokio::time::timeout(Duration::from_millis(CLOCK_PROBE_TIMEOUT_MS), call).await.ok()?.ok()?;
-    Some(reply.into_inner())
+/// A peer's status, and our clock when the answered request was sent, if
+/// it answers within `CLOCK_PROBE_TIMEOUT_MS` (a paused or dead peer must
+/// not hold the leader up).
+async fn ask_status(ctx: &Context, addr: &str) -> Option<(u64, rota_proto::v1::ClusterStatus)> {
+    let timeout = Duration::from_millis(CLOCK_PROBE_TIMEOUT_MS);
+    let asked = ctx
+        .forwarder
+        .ask_peer(addr, timeout, |channel| async move {
+            let sent_ms = wall_clock_ms();
+            let reply = ClusterServiceClient::new(channel).get_cluster_status(rota_proto::v1::GetClusterStatusRequest {}).await?;
+            Ok((sent_ms, reply.into_inner()))
+        })
+        .await;
+    match asked {
+        Ok(answer) => Some(answer),
+        Err(status) => {
+            tracing::debug!(peer = addr, %status, "a peer did not tell its status");
+            None
+        }
+    }
 }
 
 /// Ask the peer whose clock is closest to the others' to campaign.
@@ -550,14 +563,18 @@ async fn hand_off(ctx: &Context, offsets: &[(u64, i64)]) {
     peers.sort_by_key(|(_, offset)| std::cmp::Reverse(offset.unsigned_abs()));
     for (peer_id, _) in peers {
         let Some(peer) = status.members.iter().find(|m| m.id == *peer_id) else { continue };
-        let Ok(mut client) = ctx.forwarder.cluster(&peer.addr) else { continue };
         let request = rota_proto::v1::CampaignRequest { replica_id: *peer_id };
-        match tokio::time::timeout(Duration::from_millis(CLOCK_PROBE_TIMEOUT_MS), client.campaign(request)).await {
-            Ok(Ok(_)) => {
+        let timeout = Duration::from_millis(CLOCK_PROBE_TIMEOUT_MS);
+        let asked = ctx
+            .forwarder
+            .ask_peer(&peer.addr, timeout, |channel| async move { ClusterServiceClient::new(channel).campaign(request).await })
+            .await;
+        match asked {
+            Ok(_) => {
                 tracing::warn!(peer = peer_id, "asked a peer to take over leadership");
                 return;
             }
-            other => tracing::debug!(peer = peer_id, ?other, "peer did not take the campaign request"),
+            Err(status) => tracing::debug!(peer = peer_id, %status, "peer did not take the campaign request"),
         }
     }
 }
