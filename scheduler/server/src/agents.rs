@@ -105,7 +105,7 @@ impl AgentApi {
         // replicas that can still commit elect another leader, which would
         // hear nothing and declare every node down. Refusing sends the agent
         // on to the next replica, and so to the new leader.
-        self.ctx.leader_in_contact()?;
+        self.ctx.leader_in_contact().await?;
         if message.rank_idle.len() > MAX_RANK_IDLE {
             return Err(Status::invalid_argument(format!("rank_idle: at most {MAX_RANK_IDLE}")));
         }

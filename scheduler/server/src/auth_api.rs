@@ -33,7 +33,7 @@ impl AuthApi {
     }
 
     async fn propose(&self, actor: &Actor, command: Command) -> Result<(), Failure> {
-        self.ctx.leader_in_contact()?;
+        self.ctx.leader_in_contact().await?;
         let (_, result) = self.ctx.proposer.propose(self.ctx.as_actor(actor, command)).await?;
         match result {
             CommandResult::Done => Ok(()),

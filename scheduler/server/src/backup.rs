@@ -118,7 +118,7 @@ pub fn decode_backup(bytes: &[u8]) -> Result<(BackupHeader, &[u8]), ServerError>
 /// The leader's backup, once it has confirmed it leads (so the state holds
 /// every change acknowledged before the call).
 pub async fn save(ctx: &Context) -> Result<Vec<u8>, Status> {
-    ctx.leader_in_contact()?;
+    ctx.leader_in_contact().await?;
     ctx.replica.ensure_linearizable().await.map_err(|e| crate::status::write_error(&e))?;
     let exported = ctx.replica.export();
     let log_id = exported.last_applied.ok_or_else(|| Status::failed_precondition("nothing is applied yet"))?;

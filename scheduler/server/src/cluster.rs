@@ -146,7 +146,7 @@ impl ClusterApi {
     /// Queue, quota and usage reads are served by the leader once it has
     /// confirmed it still leads, so they see every acknowledged change.
     async fn linearizable(&self) -> Result<(), Failure> {
-        self.ctx.leader_in_contact()?;
+        self.ctx.leader_in_contact().await?;
         self.ctx.replica.ensure_linearizable().await?;
         Ok(())
     }
@@ -218,7 +218,7 @@ impl ClusterApi {
     }
 
     async fn propose_config(&self, command: Command) -> Result<(), Failure> {
-        self.ctx.leader_in_contact()?;
+        self.ctx.leader_in_contact().await?;
         let (_, result) = self.ctx.proposer.propose(command).await?;
         match result {
             CommandResult::Done => Ok(()),

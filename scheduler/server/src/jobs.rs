@@ -93,7 +93,7 @@ impl JobApi {
         let (spec, labels, template) = self.expand(&mut message)?;
         let request_id = Some(message.request_id).filter(|id| !id.is_empty());
         self.ctx.read(|state| validate_submit(state, request_id.as_deref(), &spec)).map_err(|r| rejection(&r))?;
-        self.ctx.leader_in_contact()?;
+        self.ctx.leader_in_contact().await?;
         let secret_env: BTreeSet<String> = message.secret_env.into_iter().collect();
         if secret_env.len() > spec.env.len() {
             return Err(Status::invalid_argument("secret_env: names more entries than the environment has").into());
@@ -147,7 +147,7 @@ impl JobApi {
 
     async fn get_here(&self, actor: &Actor, message: &pb::GetJobRequest) -> Result<pb::GetJobResponse, Failure> {
         self.ctx.permit(actor, Action::Read)?;
-        self.ctx.leader_in_contact()?;
+        self.ctx.leader_in_contact().await?;
         self.ctx.replica.ensure_linearizable().await?;
         let job = self.ctx.read(|state| state.jobs.get(&message.job_id).map(|job| job_for(state, actor, job)));
         let job = job.ok_or_else(|| Status::not_found(format!("job {} not found", message.job_id)))?;
@@ -164,7 +164,7 @@ impl JobApi {
             n if n > MAX_LIST_LIMIT => return Err(Status::invalid_argument(format!("limit: at most {MAX_LIST_LIMIT}")).into()),
             n => n,
         };
-        self.ctx.leader_in_contact()?;
+        self.ctx.leader_in_contact().await?;
         self.ctx.replica.ensure_linearizable().await?;
         let mut labels = Vec::new();
         for text in message.labels.iter().take(rota_core::state::tenancy::MAX_LABELS + 1) {
@@ -187,7 +187,7 @@ impl JobApi {
         if self.ctx.read(|state| state.cluster_version()) < TENANCY_FROM_VERSION {
             return Err(Status::failed_precondition(format!("templates need cluster version {TENANCY_FROM_VERSION}")).into());
         }
-        self.ctx.leader_in_contact()?;
+        self.ctx.leader_in_contact().await?;
         let (_, result) = self.ctx.proposer.propose(self.ctx.as_actor(actor, command)).await?;
         match result {
             CommandResult::Done | CommandResult::TemplateSaved { .. } => Ok(self
@@ -204,7 +204,7 @@ impl JobApi {
 
     async fn list_templates_here(&self, actor: &Actor, message: &pb::ListTemplatesRequest) -> Result<pb::ListTemplatesResponse, Failure> {
         self.ctx.permit(actor, Action::Read)?;
-        self.ctx.leader_in_contact()?;
+        self.ctx.leader_in_contact().await?;
         self.ctx.replica.ensure_linearizable().await?;
         let templates = self.ctx.read(|state| {
             state
@@ -221,7 +221,7 @@ impl JobApi {
     async fn history_here(&self, actor: &Actor, message: &pb::SearchHistoryRequest) -> Result<pb::SearchHistoryResponse, Failure> {
         self.ctx.permit(actor, Action::Read)?;
         let query = crate::history::parse_query(message).map_err(invalid_input)?;
-        self.ctx.leader_in_contact()?;
+        self.ctx.leader_in_contact().await?;
         self.ctx.replica.ensure_linearizable().await?;
         let part = self.ctx.read(|state| crate::history::search_state(state, &query));
         let dir = self.ctx.archive_dir.clone();
@@ -234,7 +234,7 @@ impl JobApi {
     async fn report_here(&self, actor: &Actor, message: &pb::GetReportRequest) -> Result<pb::GetReportResponse, Failure> {
         self.ctx.permit(actor, Action::Read)?;
         let (month, by) = crate::history::parse_report_request(message).map_err(invalid_input)?;
-        self.ctx.leader_in_contact()?;
+        self.ctx.leader_in_contact().await?;
         self.ctx.replica.ensure_linearizable().await?;
         let held = self.ctx.read(|state| crate::history::report_state_records(state, month));
         let dir = self.ctx.archive_dir.clone();
@@ -254,7 +254,7 @@ impl JobApi {
         if self.ctx.read(|state| state.cluster_version()) < rota_core::state::OUTCOMES_FROM_VERSION {
             return Err(Status::failed_precondition("priority changes need cluster version 10; upgrade every replica first").into());
         }
-        self.ctx.leader_in_contact()?;
+        self.ctx.leader_in_contact().await?;
         let job_id = message.job_id;
         let command = self.ctx.as_actor(actor, Command::SetJobPriority { job_id, priority });
         let (_, result) = self.ctx.proposer.propose(command).await?;
@@ -269,7 +269,7 @@ impl JobApi {
     }
 
     async fn cancel_here(&self, actor: &Actor, message: &pb::CancelJobRequest) -> Result<pb::CancelJobResponse, Failure> {
-        self.ctx.leader_in_contact()?;
+        self.ctx.leader_in_contact().await?;
         let command = self.ctx.as_actor(actor, Command::CancelJob { job_id: message.job_id });
         let (_, result) = self.ctx.proposer.propose(command).await?;
         match result {

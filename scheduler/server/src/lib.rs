@@ -191,14 +191,17 @@ impl Context {
     /// Refuse leader work while this leader has not heard from a quorum for
     /// a lease: it is probably cut off, and the client does better to try
     /// another replica at once than to wait for a commit that will not come.
-    pub fn leader_in_contact(&self) -> Result<(), tonic::Status> {
+    /// A leader takes work only once its clock agrees with its peers':
+    /// a request that comes first waits for the check (bounded).
+    pub async fn leader_in_contact(&self) -> Result<(), tonic::Status> {
         if let Some(age_ms) = self.replica.quorum_contact_age_ms().filter(|age_ms| *age_ms > self.lease_ms) {
             return Err(tonic::Status::unavailable(format!(
                 "this leader has not heard from a quorum for {age_ms} ms; try another replica"
             )));
         }
-        // A leader takes work only once its clock agrees with its peers'.
-        if self.replica.leading_term().is_some_and(|term| !self.leader.clock_verified(term)) {
+        let Some(term) = self.replica.leading_term() else { return Ok(()) };
+        let wait = Duration::from_millis(AWAIT_LEADER_ELECTION_TIMEOUTS * self.lease_ms);
+        if !self.leader.wait_clock_verified(term, wait).await {
             return Err(tonic::Status::unavailable("this leader has not yet checked its clock against its peers'; try again"));
         }
         Ok(())

@@ -67,6 +67,8 @@ pub struct Leadership {
     /// The term in which this leader last found its clock in agreement with
     /// a majority of its peers (0: not yet / not any more).
     clock_verified_term: AtomicU64,
+    /// The same term, for requests that wait for it (see `wait_clock_verified`).
+    clock_verified_watch: tokio::sync::watch::Sender<u64>,
     /// The latest GPU telemetry of each node heard in this term (never in
     /// the log; `rota nodes` shows it). One entry per known node at most.
     telemetry: Mutex<BTreeMap<String, Vec<GpuSample>>>,
@@ -86,6 +88,7 @@ impl Leadership {
             table: Mutex::new(None),
             telemetry: Mutex::new(BTreeMap::new()),
             clock_verified_term: AtomicU64::new(0),
+            clock_verified_watch: tokio::sync::watch::channel(0).0,
             clock_suspect: AtomicBool::new(false),
         }
     }
@@ -101,6 +104,26 @@ impl Leadership {
     /// Whether this leader's clock was found in agreement with its peers' in `term`.
     pub fn clock_verified(&self, term: u64) -> bool {
         term != 0 && self.clock_verified_term.load(Ordering::SeqCst) == term
+    }
+
+    fn set_clock_verified_term(&self, term: u64) {
+        self.clock_verified_term.store(term, Ordering::SeqCst);
+        self.clock_verified_watch.send_replace(term);
+    }
+
+    /// Wait at most `timeout` for this leader's clock check in `term` to
+    /// pass; whether it has. A new leader takes no work until it passes
+    /// (one round of questions to its peers, after it confirmed its
+    /// leadership); a request that comes meanwhile, often one a follower
+    /// held through the election, is served once it passes rather than
+    /// refused and sent back to its client's next retry.
+    pub async fn wait_clock_verified(&self, term: u64, timeout: Duration) -> bool {
+        if self.clock_verified(term) {
+            return true;
+        }
+        let mut verified = self.clock_verified_watch.subscribe();
+        let waited = tokio::time::timeout(timeout, verified.wait_for(|t| *t == term)).await;
+        matches!(waited, Ok(Ok(_)))
     }
 
     /// Whether a majority of peers last found this replica's clock wrong.
@@ -227,7 +250,7 @@ async fn lead(ctx: &Context, term: u64) {
         () = lead_term(ctx, term) => {}
         () = leadership_lost(ctx, term) => tracing::debug!(term, "leadership lost; the term's work is dropped where it waited"),
     }
-    ctx.leader.clock_verified_term.store(0, Ordering::SeqCst);
+    ctx.leader.set_clock_verified_term(0);
     ctx.leader.end_term();
     tracing::info!(term, "leader loop stopped");
 }
@@ -428,16 +451,16 @@ async fn check_clock(ctx: &Context, term: u64) -> bool {
     let (verdict, answered) = clock_verdict(ctx).await;
     match verdict {
         ClockVerdict::Agrees => {
-            ctx.leader.clock_verified_term.store(term, Ordering::SeqCst);
+            ctx.leader.set_clock_verified_term(term);
             true
         }
         ClockVerdict::Unknown => {
-            ctx.leader.clock_verified_term.store(0, Ordering::SeqCst);
+            ctx.leader.set_clock_verified_term(0);
             tracing::warn!(term, offsets = ?answered, "too few peers answered to check this leader's clock; asking again");
             false
         }
         ClockVerdict::Skewed => {
-            ctx.leader.clock_verified_term.store(0, Ordering::SeqCst);
+            ctx.leader.set_clock_verified_term(0);
             metrics::counter!("rota_clock_skew_refusals_total").increment(1);
             tracing::error!(
                 term,
@@ -688,6 +711,22 @@ fn proposal_failed(what: &str, error: &WriteError) -> bool {
 mod tests {
     use super::*;
     use rota_core::state::{GpuInfo, JobSpec, NodeRegistration, Proposal};
+
+    #[tokio::test]
+    async fn a_request_waits_for_the_new_leaders_clock_check_and_only_for_its_term() {
+        let leadership = Arc::new(Leadership::new(30_000, 500));
+        let waiting = tokio::spawn({
+            let leadership = leadership.clone();
+            async move { leadership.wait_clock_verified(7, Duration::from_secs(30)).await }
+        });
+        tokio::task::yield_now().await;
+        leadership.set_clock_verified_term(6);
+        leadership.set_clock_verified_term(7);
+        assert!(waiting.await.unwrap(), "served once the check of its term passed");
+        assert!(leadership.wait_clock_verified(7, Duration::ZERO).await, "no wait once passed");
+        leadership.set_clock_verified_term(0);
+        assert!(!leadership.wait_clock_verified(7, Duration::from_millis(20)).await, "a lost term is waited for only as long as allowed");
+    }
 
     fn node(name: &str, count: u32, model: &str) -> Command {
         let gpus = (0..count)
