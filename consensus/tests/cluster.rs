@@ -111,15 +111,7 @@ async fn replicate_failover_and_rejoin() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_back_from_a_restart_leaves_the_leader_in_place() {
     init_tracing();
-    let mut c = Cluster::start(3, |cfg| {
-        cfg.heartbeat_interval_ms = rota_consensus::DEFAULT_HEARTBEAT_INTERVAL_MS;
-        cfg.election_timeout_min_ms = rota_consensus::DEFAULT_ELECTION_TIMEOUT_MIN_MS;
-        cfg.election_timeout_max_ms = rota_consensus::DEFAULT_ELECTION_TIMEOUT_MAX_MS;
-    })
-    .await;
-    c.replica(1).initialize(c.addrs.clone()).await.expect("initialize");
-    let leader = c.wait_leader().await;
-    c.write("warm=up").await;
+    let (mut c, leader) = three_at_production_timings().await;
     let term = c.replica(leader).status().term;
 
     const ROUNDS: usize = 6;
@@ -151,15 +143,7 @@ async fn a_replica_back_from_a_restart_leaves_the_leader_in_place() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_waits_out_an_election_and_gives_up_when_alone() {
     init_tracing();
-    let mut c = Cluster::start(3, |cfg| {
-        cfg.heartbeat_interval_ms = rota_consensus::DEFAULT_HEARTBEAT_INTERVAL_MS;
-        cfg.election_timeout_min_ms = rota_consensus::DEFAULT_ELECTION_TIMEOUT_MIN_MS;
-        cfg.election_timeout_max_ms = rota_consensus::DEFAULT_ELECTION_TIMEOUT_MAX_MS;
-    })
-    .await;
-    c.replica(1).initialize(c.addrs.clone()).await.expect("initialize");
-    let old = c.wait_leader().await;
-    c.write("warm=up").await;
+    let (mut c, old) = three_at_production_timings().await;
     let silence_ms = 5 * rota_consensus::DEFAULT_ELECTION_TIMEOUT_MAX_MS;
     let follower = (1..=3).find(|id| *id != old).expect("a follower");
     assert_eq!(c.replica(follower).await_leader(silence_ms, None).await.map(|(id, _)| id), Some(old), "a live leader is named at once");
@@ -185,4 +169,19 @@ async fn a_follower_waits_out_an_election_and_gives_up_when_alone() {
     assert_eq!(waited, None, "no quorum, no leader to name");
     assert_eq!(c.replica(alone).await_leader(silence_ms, None).await, None, "past the silence: answered at once");
     c.shutdown().await;
+}
+
+/// Three replicas at the production timings, with a leader that committed
+/// a first write; returns the cluster and that leader.
+async fn three_at_production_timings() -> (Cluster, rota_consensus::NodeId) {
+    let c = Cluster::start(3, |cfg| {
+        cfg.heartbeat_interval_ms = rota_consensus::DEFAULT_HEARTBEAT_INTERVAL_MS;
+        cfg.election_timeout_min_ms = rota_consensus::DEFAULT_ELECTION_TIMEOUT_MIN_MS;
+        cfg.election_timeout_max_ms = rota_consensus::DEFAULT_ELECTION_TIMEOUT_MAX_MS;
+    })
+    .await;
+    c.replica(1).initialize(c.addrs.clone()).await.expect("initialize");
+    let leader = c.wait_leader().await;
+    c.write("warm=up").await;
+    (c, leader)
 }

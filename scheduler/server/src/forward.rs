@@ -380,6 +380,19 @@ mod tests {
         assert_eq!(forwarder.until_leader_falls_silent(slow_answer).await.map(|o| o.unwrap()), Some(7));
     }
 
+    /// A request served by a follower that names the leader at `leader`.
+    pub(super) async fn served_by_follower_of<FwdFut>(
+        forwarder: &Forwarder,
+        leader: &str,
+        forward: impl Fn(String, Request<u32>) -> FwdFut,
+    ) -> Result<Response<u32>, Status>
+    where
+        FwdFut: Future<Output = Result<Response<u32>, Status>>,
+    {
+        let named = Failure::NotLeader(WriteError::ForwardToLeader { leader_id: Some(2), leader_addr: Some(leader.to_string()) });
+        serve_or_forward(forwarder, "test", Request::new(1u32), |_| async { Err::<u32, _>(named) }, forward).await
+    }
+
     fn no_leader() -> Failure {
         Failure::NotLeader(WriteError::ForwardToLeader { leader_id: None, leader_addr: None })
     }
@@ -437,28 +450,17 @@ mod tests {
             }),
         );
         let sent = Mutex::new(Vec::new());
-        let outcome = serve_or_forward(
-            &forwarder,
-            "test",
-            Request::new(1u32),
-            |_| async {
-                Err::<u32, _>(Failure::NotLeader(WriteError::ForwardToLeader {
-                    leader_id: Some(2),
-                    leader_addr: Some("10.0.0.2:7000".into()),
-                }))
-            },
-            |addr, _| {
-                sent.lock().unwrap().push(addr.clone());
-                let silent = silent.clone();
-                async move {
-                    if addr == "10.0.0.2:7000" {
-                        silent.store(true, Ordering::Relaxed);
-                        std::future::pending::<()>().await;
-                    }
-                    Ok(Response::new(42))
+        let outcome = served_by_follower_of(&forwarder, "10.0.0.2:7000", |addr, _| {
+            sent.lock().unwrap().push(addr.clone());
+            let silent = silent.clone();
+            async move {
+                if addr == "10.0.0.2:7000" {
+                    silent.store(true, Ordering::Relaxed);
+                    std::future::pending::<()>().await;
                 }
-            },
-        )
+                Ok(Response::new(42))
+            }
+        })
         .await;
         assert_eq!(outcome.map(Response::into_inner).map_err(|s| s.to_string()), Ok(42));
         assert_eq!(*sent.lock().unwrap(), ["10.0.0.2:7000", "10.0.0.3:7000"]);
@@ -635,24 +637,16 @@ mod broken_link_tests {
             })
         });
         let sent = Mutex::new(Vec::new());
-        let outcome = serve_or_forward(
-            &forwarder,
-            "test",
-            Request::new(1u32),
-            |_| async {
-                Err::<u32, _>(Failure::NotLeader(WriteError::ForwardToLeader { leader_id: Some(2), leader_addr: Some(dead.clone()) }))
-            },
-            |addr, _| {
-                sent.lock().unwrap().push(addr.clone());
-                let channel = forwarder.channel(&addr);
-                async move {
-                    if addr == "10.0.0.3:7000" {
-                        return Ok(Response::new(42));
-                    }
-                    check(channel?).await.map(|()| Response::new(0))
+        let outcome = super::tests::served_by_follower_of(&forwarder, &dead, |addr, _| {
+            sent.lock().unwrap().push(addr.clone());
+            let channel = forwarder.channel(&addr);
+            async move {
+                if addr == "10.0.0.3:7000" {
+                    return Ok(Response::new(42));
                 }
-            },
-        )
+                check(channel?).await.map(|()| Response::new(0))
+            }
+        })
         .await;
         assert_eq!(outcome.map(Response::into_inner).map_err(|s| s.to_string()), Ok(42));
         assert_eq!(*sent.lock().unwrap(), [dead.clone(), dead, live]);
