@@ -22,7 +22,7 @@ mod planner;
 pub mod starts;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -65,10 +65,9 @@ pub struct Leadership {
     epoch: Instant,
     table: Mutex<Option<HeartbeatTable>>,
     /// The term in which this leader last found its clock in agreement with
-    /// a majority of its peers (0: not yet / not any more).
-    clock_verified_term: AtomicU64,
-    /// The same term, for requests that wait for it (see `wait_clock_verified`).
-    clock_verified_watch: tokio::sync::watch::Sender<u64>,
+    /// a majority of its peers (0: not yet / not any more); requests that
+    /// come before wait on it (see `wait_clock_verified`).
+    clock_verified_term: tokio::sync::watch::Sender<u64>,
     /// The latest GPU telemetry of each node heard in this term (never in
     /// the log; `rota nodes` shows it). One entry per known node at most.
     telemetry: Mutex<BTreeMap<String, Vec<GpuSample>>>,
@@ -87,8 +86,7 @@ impl Leadership {
             epoch: Instant::now(),
             table: Mutex::new(None),
             telemetry: Mutex::new(BTreeMap::new()),
-            clock_verified_term: AtomicU64::new(0),
-            clock_verified_watch: tokio::sync::watch::channel(0).0,
+            clock_verified_term: tokio::sync::watch::channel(0).0,
             clock_suspect: AtomicBool::new(false),
         }
     }
@@ -103,12 +101,11 @@ impl Leadership {
 
     /// Whether this leader's clock was found in agreement with its peers' in `term`.
     pub fn clock_verified(&self, term: u64) -> bool {
-        term != 0 && self.clock_verified_term.load(Ordering::SeqCst) == term
+        term != 0 && *self.clock_verified_term.borrow() == term
     }
 
     fn set_clock_verified_term(&self, term: u64) {
-        self.clock_verified_term.store(term, Ordering::SeqCst);
-        self.clock_verified_watch.send_replace(term);
+        self.clock_verified_term.send_replace(term);
     }
 
     /// Wait at most `timeout` for this leader's clock check in `term` to
@@ -121,7 +118,7 @@ impl Leadership {
         if self.clock_verified(term) {
             return true;
         }
-        let mut verified = self.clock_verified_watch.subscribe();
+        let mut verified = self.clock_verified_term.subscribe();
         let waited = tokio::time::timeout(timeout, verified.wait_for(|t| *t == term)).await;
         matches!(waited, Ok(Ok(_)))
     }
