@@ -211,7 +211,8 @@ pub async fn probe(long_lived: rota_client::Client, clients: Clients, history: A
         };
         let request = pb::SubmitJobRequest { spec: Some(spec), request_id: request_id.clone(), ..Default::default() };
         let sent_ms = now_ms();
-        if let Ok(response) = long_lived.submit_job(&request).await {
+        let span = tracing::debug_span!("probe", request_id = %request_id);
+        if let Ok(response) = tracing::Instrument::instrument(long_lived.submit_job(&request), span).await {
             // The library's attempts are its own; one call.
             history.record_probe(Ack { request_id, job_id: response.job_id, sent_ms, acked_ms: now_ms(), attempts: 1 });
             if !n.is_multiple_of(SCHEDULE_PROBE_EVERY) {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub mod background;
+mod campaign;
 mod error;
 mod log_store;
 mod network;

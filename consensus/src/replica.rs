@@ -2,7 +2,7 @@
 //! tonic transport), generic over the [`StateMachine`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -106,6 +106,9 @@ struct Inner<S> {
     quorum_contact: Arc<std::sync::Mutex<QuorumContact>>,
     /// When a leader was last heard here (see `crate::service::LeaderContact`).
     leader_contact: Arc<crate::service::LeaderContact>,
+    /// Off while this replica's clock is suspect (see `allow_elections`).
+    elections_allowed: Arc<AtomicBool>,
+    campaigner: Arc<crate::campaign::Campaigner>,
 }
 
 /// The leader's last known quorum acknowledgement: openraft reports its age
@@ -202,6 +205,14 @@ impl<S: StateMachine> Replica<S> {
         let raft = openraft::Raft::new(cfg.node_id, Arc::new(config), network.clone(), log, sm).await.map_err(fatal)?;
         let quorum_contact = Arc::new(std::sync::Mutex::new(QuorumContact { age_ms: None, read_at: std::time::Instant::now() }));
         tokio::spawn(track_quorum_contact(raft.clone(), quorum_contact.clone()));
+        let leader_contact = Arc::new(crate::service::LeaderContact::new());
+        let elections_allowed = Arc::new(AtomicBool::new(true));
+        let campaigner = Arc::new(crate::campaign::Campaigner::new(
+            raft.clone(),
+            leader_contact.clone(),
+            cfg.election_timeout_max_ms,
+            elections_allowed.clone(),
+        ));
         Ok(Self {
             inner: Arc::new(Inner {
                 cfg,
@@ -213,7 +224,9 @@ impl<S: StateMachine> Replica<S> {
                 installed,
                 db_closed: Mutex::new(Some(db_closed)),
                 quorum_contact,
-                leader_contact: Arc::new(crate::service::LeaderContact::new()),
+                leader_contact,
+                elections_allowed,
+                campaigner,
             }),
         })
     }
@@ -295,7 +308,7 @@ impl<S: StateMachine> Replica<S> {
     /// The tonic service peers call; add it to the public tonic server.
     /// Its decode/encode limits are set to [`crate::MAX_MESSAGE_BYTES`].
     pub fn raft_service(&self) -> RaftServer<RaftService> {
-        RaftService::new(self.inner.raft.clone(), self.inner.leader_contact.clone()).into_server()
+        RaftService::new(self.inner.raft.clone(), self.inner.leader_contact.clone(), self.inner.campaigner.clone()).into_server()
     }
 
     pub async fn is_initialized(&self) -> bool {
@@ -333,9 +346,11 @@ impl<S: StateMachine> Replica<S> {
     /// try another replica at once than to be forwarded into silence (a
     /// follower's own election timer clears its leader too, but a learner
     /// has none). Also ends a call already forwarded to a leader that then
-    /// fell silent.
+    /// fell silent. A replica that leads is never silent to itself: it
+    /// hears no other leader, and a request it holds through the election
+    /// it wins is forwarded to itself, which must not be taken for silence.
     pub fn leader_silent(&self) -> bool {
-        self.inner.leader_contact.silent_ms() > self.inner.cfg.election_timeout_max_ms
+        self.leading_term().is_none() && self.inner.leader_contact.silent_ms() > self.inner.cfg.election_timeout_max_ms
     }
 
     /// The leader this replica hears from now, with its address: itself
@@ -507,6 +522,7 @@ impl<S: StateMachine> Replica<S> {
     /// not: a replica that knows it must not lead stays a follower for as
     /// long as it is told to, and never wins an election it did not start.
     pub fn allow_elections(&self, allowed: bool) {
+        self.inner.elections_allowed.store(allowed, Ordering::Release);
         self.inner.raft.runtime_config().elect(allowed);
     }
 

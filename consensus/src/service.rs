@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
+use crate::campaign::Campaigner;
 use crate::network::MAX_MESSAGE_BYTES;
 use crate::types::{RaftHandle, TypeConfig};
 use crate::NodeId;
@@ -55,11 +56,12 @@ impl Default for LeaderContact {
 pub struct RaftService {
     raft: RaftHandle,
     contact: Arc<LeaderContact>,
+    campaigner: Arc<Campaigner>,
 }
 
 impl RaftService {
-    pub fn new(raft: RaftHandle, contact: Arc<LeaderContact>) -> Self {
-        Self { raft, contact }
+    pub(crate) fn new(raft: RaftHandle, contact: Arc<LeaderContact>, campaigner: Arc<Campaigner>) -> Self {
+        Self { raft, contact, campaigner }
     }
 
     /// Wrap into a tonic server with the message size limits set.
@@ -91,7 +93,10 @@ impl Raft for RaftService {
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let req: VoteRequest<NodeId> = decode(request, "vote")?;
-        let res = self.raft.vote(req).await;
+        let res = self.raft.vote(req.clone()).await;
+        if let Ok(answer) = &res {
+            self.campaigner.after_vote(&req, answer);
+        }
         reply(&res)
     }
 

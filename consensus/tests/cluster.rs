@@ -4,6 +4,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use common::{assert_same, init_tracing, Cluster, WAIT};
 use rota_consensus::{Role, WriteError};
@@ -149,6 +150,7 @@ async fn a_follower_waits_out_an_election_and_gives_up_when_alone() {
     assert_eq!(c.replica(follower).await_leader(silence_ms, None).await.map(|(id, _)| id), Some(old), "a live leader is named at once");
 
     c.stop_node(old).await;
+    let stopped = tokio::time::Instant::now();
     // Asked once the old leader is past its election timeout unheard (a
     // request that came earlier is forwarded to it, and waits from there).
     while !c.replica(follower).leader_silent() {
@@ -159,6 +161,13 @@ async fn a_follower_waits_out_an_election_and_gives_up_when_alone() {
     assert_ne!(leader, old, "the stopped leader is not live");
     assert_eq!(addr, c.addrs[&leader]);
     assert_eq!(c.wait_leader().await, leader, "the one named is the one that leads");
+    // The winner has heard no leader since the old one stopped, longer
+    // than an election timeout ago; a request it held through the
+    // election is forwarded to itself, and must not be abandoned there
+    // as forwarded into silence.
+    tokio::time::sleep_until(stopped + Duration::from_millis(rota_consensus::DEFAULT_ELECTION_TIMEOUT_MAX_MS + 1)).await;
+    assert!(!c.replica(leader).leader_silent(), "a replica that leads is its own live leader");
+    assert_eq!(c.replica(leader).await_leader(silence_ms, None).await.map(|(id, _)| id), Some(leader));
 
     let alone = (1..=3).find(|id| *id != old && *id != leader).expect("the other survivor");
     c.stop_node(leader).await;
@@ -184,4 +193,59 @@ async fn three_at_production_timings() -> (Cluster, rota_consensus::NodeId) {
     let leader = c.wait_leader().await;
     c.write("warm=up").await;
     (c, leader)
+}
+
+/// After the leader is lost, a replica refused for its shorter log cannot
+/// win; the up-to-date replica that refused it campaigns at once instead
+/// of when its own election timer runs out (here late on purpose: about
+/// 3 s after the last heartbeat).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_refuses_a_shorter_log_campaigns_at_once() {
+    use rota_consensus::openraft::error::RaftError;
+    use rota_consensus::openraft::raft::{VoteRequest, VoteResponse};
+    use rota_consensus::openraft::Vote;
+    use rota_proto::raft::{raft_client::RaftClient, RaftMessage};
+
+    init_tracing();
+    let mut c = Cluster::start(3, |cfg| {
+        cfg.heartbeat_interval_ms = rota_consensus::DEFAULT_HEARTBEAT_INTERVAL_MS;
+        let (min_ms, max_ms) = if cfg.node_id == 3 {
+            (1_400, 1_500)
+        } else {
+            (rota_consensus::DEFAULT_ELECTION_TIMEOUT_MIN_MS, rota_consensus::DEFAULT_ELECTION_TIMEOUT_MAX_MS)
+        };
+        cfg.election_timeout_min_ms = min_ms;
+        cfg.election_timeout_max_ms = max_ms;
+    })
+    .await;
+    c.replica(1).initialize(c.addrs.clone()).await.expect("initialize");
+    let old = c.wait_leader().await;
+    assert_ne!(old, 3, "replica 3's timer is the slow one");
+    c.write("warm=up").await;
+    // The other survivor asks for votes but never campaigns itself.
+    let other = if old == 1 { 2 } else { 1 };
+    c.replica(other).allow_elections(false);
+    c.stop_node(old).await;
+    while !c.replica(3).leader_silent() {
+        c.wait_metrics_change().await;
+    }
+
+    // A candidate of the next term with an empty log asks replica 3.
+    let term = c.replica(3).raft().metrics().borrow().current_term;
+    let request = VoteRequest::new(Vote::new(term + 1, other), None);
+    let mut client = RaftClient::connect(format!("http://{}", c.addrs[&3])).await.expect("connect");
+    let asked = tokio::time::Instant::now();
+    let reply = client.vote(RaftMessage { payload: bincode::serialize(&request).unwrap() }).await.expect("vote answered");
+    let answer: Result<VoteResponse<u64>, RaftError<u64>> = bincode::deserialize(&reply.into_inner().payload).unwrap();
+    assert!(!answer.expect("no error").vote_granted, "refused for its log");
+
+    while c.replica(3).status().role != Role::Leader {
+        assert!(
+            asked.elapsed() < Duration::from_millis(700),
+            "replica 3 waited for its own timer instead of campaigning when it refused a shorter log"
+        );
+        c.wait_metrics_change().await;
+    }
+    assert_eq!(c.wait_leader().await, 3);
+    c.shutdown().await;
 }

@@ -81,6 +81,7 @@ where
     let mut backoff = Backoff::new(FIRST_BACKOFF_MS, hedging.max_backoff_ms.max(FIRST_BACKOFF_MS));
     let mut sent = 1u32;
     let mut last = (target, Status::deadline_exceeded("attempt timed out"));
+    let round_started = std::time::Instant::now();
     loop {
         let (in_first, (from, outcome)) = tokio::select! {
             outcome = poll_slot(&mut first) => (true, outcome),
@@ -90,12 +91,24 @@ where
                 let next = next_endpoint(hedging.endpoints, target, first.as_ref().map(|(at, _)| *at));
                 second = Some((next, Box::pin(call(next))));
                 sent += 1;
+                tracing::debug!(endpoint = next, "hedged to a second replica");
                 continue;
             }
-            () = &mut give_up => return (last.0, Err(last.1)),
+            () = &mut give_up => {
+                tracing::debug!(sent, "round timed out");
+                return (last.0, Err(last.1));
+            }
         };
         let (done, other) = if in_first { (&mut first, &second) } else { (&mut second, &first) };
         *done = None;
+        // Which replica answered what, and when: how a slow failover is traced.
+        tracing::debug!(
+            endpoint = from,
+            sent,
+            elapsed_ms = round_started.elapsed().as_millis() as u64,
+            code = ?outcome.as_ref().err().map(Status::code),
+            "attempt answered"
+        );
         let busy = other.as_ref().map(|(at, _)| *at);
         let status = match outcome {
             Ok(value) => return (from, Ok(value)),

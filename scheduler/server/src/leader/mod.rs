@@ -449,6 +449,7 @@ async fn check_clock(ctx: &Context, term: u64) -> bool {
     match verdict {
         ClockVerdict::Agrees => {
             ctx.leader.set_clock_verified_term(term);
+            tracing::debug!(term, offsets = ?answered, "clock agrees with a majority; taking work");
             true
         }
         ClockVerdict::Unknown => {
