@@ -14,11 +14,14 @@
 //!
 //! Raft lets a replica start an election whenever it likes: safety never
 //! rests on timing. So the refusing replica campaigns now, and once more if
-//! its first campaign ended in a vote for someone else with no leader
-//! elected. Only while it has heard no leader for a lease: a candidate may
-//! be a replica back from a partition while the leader is fine, and a
-//! replica whose elections were turned off (its clock is suspect) never
-//! campaigns.
+//! its first campaign ended in a vote for the refused candidate with no
+//! leader elected. Only while it has heard no leader for a lease: a
+//! candidate may be a replica back from a partition while the leader is
+//! fine, and a replica whose elections were turned off (its clock is
+//! suspect) never campaigns. With five replicas several may refuse the same
+//! candidate: each waits a random part of half the shortest election
+//! timeout first, and one that has voted for another of them meanwhile
+//! leaves the election to it, so they do not split the vote.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -45,11 +48,17 @@ pub(crate) fn refused_for_shorter_log(request: &VoteRequest<NodeId>, response: &
     !response.vote_granted && request.last_log_id < response.last_log_id && request.vote.leader_id.term > response.vote.leader_id.term
 }
 
-/// Should a campaign start now, for a refused candidate of
-/// `candidate_term`? Not on a leader, and not once a leader of that term
-/// or a later one is known.
-fn no_leader_since(m: &Metrics, candidate_term: u64) -> bool {
-    m.state != ServerState::Leader && m.state != ServerState::Learner && (m.current_leader.is_none() || m.current_term < candidate_term)
+/// Should a campaign start now, for a refused `candidate` (its term and
+/// id)? Not on a leader or a learner, not once a leader of that term or a
+/// later one is known, and not after voting for a third replica in it.
+fn still_worth_campaigning(m: &Metrics, candidate: (u64, NodeId)) -> bool {
+    let (candidate_term, candidate_id) = candidate;
+    let voted = &m.vote.leader_id;
+    let voted_for_another = voted.term >= candidate_term && voted.node_id != candidate_id && voted.node_id != m.id;
+    m.state != ServerState::Leader
+        && m.state != ServerState::Learner
+        && (m.current_leader.is_none() || m.current_term < candidate_term)
+        && !voted_for_another
 }
 
 /// Starts the campaigns; one at a time per replica.
@@ -58,13 +67,23 @@ pub(crate) struct Campaigner {
     contact: Arc<LeaderContact>,
     /// A leader heard within this long is alive: no campaign.
     lease_ms: u64,
+    /// Longest random wait before a campaign.
+    jitter_max_ms: u64,
     elections_allowed: Arc<AtomicBool>,
     running: AtomicBool,
 }
 
 impl Campaigner {
-    pub(crate) fn new(raft: RaftHandle, contact: Arc<LeaderContact>, lease_ms: u64, elections_allowed: Arc<AtomicBool>) -> Campaigner {
-        Campaigner { raft, contact, lease_ms, elections_allowed, running: AtomicBool::new(false) }
+    /// `lease_ms`: the longest election timeout (openraft's leader lease);
+    /// `jitter_max_ms`: half the shortest.
+    pub(crate) fn new(
+        raft: RaftHandle,
+        contact: Arc<LeaderContact>,
+        lease_ms: u64,
+        jitter_max_ms: u64,
+        elections_allowed: Arc<AtomicBool>,
+    ) -> Campaigner {
+        Campaigner { raft, contact, lease_ms, jitter_max_ms, elections_allowed, running: AtomicBool::new(false) }
     }
 
     /// This replica answered `request` with `response`: campaign now if it
@@ -77,9 +96,9 @@ impl Campaigner {
             return;
         }
         let campaigner = self.clone();
-        let candidate_term = request.vote.leader_id.term;
+        let candidate = (request.vote.leader_id.term, request.vote.leader_id.node_id);
         tokio::spawn(async move {
-            campaigner.campaign(candidate_term).await;
+            campaigner.campaign(candidate).await;
             campaigner.running.store(false, Ordering::Release);
         });
     }
@@ -88,17 +107,23 @@ impl Campaigner {
         self.elections_allowed.load(Ordering::Acquire) && self.contact.silent_ms() >= self.lease_ms
     }
 
-    async fn campaign(&self, candidate_term: u64) {
+    async fn campaign(&self, candidate: (u64, NodeId)) {
         let mut watch = self.raft.metrics();
         for round in 1..=CAMPAIGN_ROUNDS {
+            let jitter_ms = rand::Rng::gen_range(&mut rand::thread_rng(), 0..=self.jitter_max_ms);
+            tokio::time::sleep(Duration::from_millis(jitter_ms)).await;
             let term_before = {
                 let m = watch.borrow_and_update();
-                if !self.may_campaign() || !no_leader_since(&m, candidate_term) {
+                if !self.may_campaign() || !still_worth_campaigning(&m, candidate) {
                     return;
                 }
                 m.current_term
             };
-            tracing::info!(round, candidate_term, "refused a candidate with a shorter log and no leader is heard: campaigning now");
+            tracing::info!(
+                round,
+                candidate_term = candidate.0,
+                "refused a candidate with a shorter log and no leader is heard: campaigning now"
+            );
             metrics::counter!("rota_raft_campaigns_started_total").increment(1);
             if self.raft.trigger().elect().await.is_err() {
                 return;
@@ -144,6 +169,29 @@ mod tests {
 
     fn refusal(term: u64, last: Option<LogId<NodeId>>) -> VoteResponse<NodeId> {
         VoteResponse::new(Vote::new_committed(term, 1), last, false)
+    }
+
+    /// Replica 2's view: the old leader was 1, the refused candidate 3 asked in term 8.
+    fn seen_by_2(state: ServerState, vote: Vote<NodeId>, leader: Option<NodeId>) -> Metrics {
+        let mut m = Metrics::new_initial(2);
+        m.state = state;
+        m.current_term = vote.leader_id.term;
+        m.vote = vote;
+        m.current_leader = leader;
+        m
+    }
+
+    #[test]
+    fn a_campaign_stops_at_a_leader_of_the_term_or_a_vote_for_a_third_replica() {
+        let candidate = (8, 3);
+        let worth = |m: &Metrics| still_worth_campaigning(m, candidate);
+        assert!(worth(&seen_by_2(ServerState::Follower, Vote::new_committed(7, 1), Some(1))), "the old leader's term");
+        assert!(worth(&seen_by_2(ServerState::Follower, Vote::new(8, 3), None)), "lost to the refused candidate's own vote");
+        assert!(!worth(&seen_by_2(ServerState::Follower, Vote::new(8, 4), None)), "voted for a third replica");
+        assert!(!worth(&seen_by_2(ServerState::Follower, Vote::new(9, 5), None)), "voted for a third replica, later term");
+        assert!(!worth(&seen_by_2(ServerState::Follower, Vote::new_committed(8, 4), Some(4))), "a leader of the term");
+        assert!(!worth(&seen_by_2(ServerState::Leader, Vote::new_committed(8, 2), Some(2))), "leads");
+        assert!(!worth(&seen_by_2(ServerState::Learner, Vote::new_committed(7, 1), Some(1))), "a learner");
     }
 
     #[test]

@@ -104,7 +104,22 @@ impl NetworkFactory {
     }
 }
 
+/// Tries of one call: the second on a new connection (see
+/// `PeerClient::send_on_a_live_connection`).
+const SEND_ATTEMPTS: u32 = 2;
+
+/// Did the call fail in the connection rather than in the peer's answer?
+fn failed_in_transport(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some_and(|source| source.downcast_ref::<tonic::transport::Error>().is_some())
+}
+
 impl NetInner {
+    fn forget_channel(&self, addr: &str) {
+        if let Ok(mut channels) = self.channels.lock() {
+            channels.remove(addr);
+        }
+    }
+
     fn channel(&self, addr: &str) -> Result<Channel, String> {
         let mut channels = self.channels.lock().map_err(|_| "channel cache poisoned".to_string())?;
         if let Some(ch) = channels.get(addr) {
@@ -175,20 +190,8 @@ impl PeerClient {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let mut client = self.client().map_err(unreachable)?;
-        let mut msg = tonic::Request::new(RaftMessage { payload });
-        if let Some(RequestTags(tag)) = &self.net.tags {
-            tag(msg.metadata_mut());
-        }
-        let fut = async move {
-            match kind {
-                RPCTypes::AppendEntries => client.append_entries(msg).await,
-                RPCTypes::Vote => client.vote(msg).await,
-                RPCTypes::InstallSnapshot => client.install_snapshot(msg).await,
-            }
-        };
         let started = std::time::Instant::now();
-        let answered = tokio::time::timeout(timeout, fut).await;
+        let answered = tokio::time::timeout(timeout, self.send_on_a_live_connection(kind, &payload)).await;
         if matches!(answered, Ok(Ok(_))) {
             // The round trip of an answered call: the network both ways
             // and, for AppendEntries, the follower's own sync.
@@ -215,6 +218,36 @@ impl PeerClient {
             // The peer's Raft is stopped or failed: back off like for a dead peer.
             Err(RaftError::Fatal(f)) => Err(RPCError::Unreachable(Unreachable::new(&f))),
             Err(e) => Err(RPCError::RemoteError(RemoteError::new_with_node(self.target, self.node.clone(), e))),
+        }
+    }
+
+    /// Send once, and once more on a new connection if the first failed in
+    /// the transport. A connection a cut link left broken is found out only
+    /// by the next call on it, however much later: a vote sent on it is
+    /// lost for the whole election (openraft does not send a vote again
+    /// within a term), and the candidate waits out its election timeout.
+    async fn send_on_a_live_connection(&mut self, kind: RPCTypes, payload: &[u8]) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+        let mut attempt = 1;
+        loop {
+            let mut client = self.client().map_err(tonic::Status::unavailable)?;
+            let mut msg = tonic::Request::new(RaftMessage { payload: payload.to_vec() });
+            if let Some(RequestTags(tag)) = &self.net.tags {
+                tag(msg.metadata_mut());
+            }
+            let outcome = match kind {
+                RPCTypes::AppendEntries => client.append_entries(msg).await,
+                RPCTypes::Vote => client.vote(msg).await,
+                RPCTypes::InstallSnapshot => client.install_snapshot(msg).await,
+            };
+            match outcome {
+                Err(status) if attempt < SEND_ATTEMPTS && failed_in_transport(&status) => {
+                    tracing::debug!(target = self.target, addr = %self.addr, %status, "{kind} failed in the transport; once more on a new connection");
+                    self.net.forget_channel(&self.addr);
+                    self.client = None;
+                    attempt += 1;
+                }
+                outcome => return outcome,
+            }
         }
     }
 
@@ -290,6 +323,76 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer that answers every vote with a grant.
+    struct GrantingPeer;
+
+    #[tonic::async_trait]
+    impl rota_proto::raft::raft_server::Raft for GrantingPeer {
+        async fn append_entries(&self, _: tonic::Request<RaftMessage>) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("votes only"))
+        }
+
+        async fn vote(&self, request: tonic::Request<RaftMessage>) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+            let asked: VoteRequest<NodeId> = bincode::deserialize(&request.into_inner().payload).unwrap();
+            let answer: Result<VoteResponse<NodeId>, RaftError<NodeId>> = Ok(VoteResponse::new(asked.vote, asked.last_log_id, true));
+            Ok(tonic::Response::new(RaftMessage { payload: bincode::serialize(&answer).unwrap() }))
+        }
+
+        async fn install_snapshot(&self, _: tonic::Request<RaftMessage>) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("votes only"))
+        }
+    }
+
+    async fn granting_peer() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let service = rota_proto::raft::raft_server::RaftServer::new(GrantingPeer);
+        tokio::spawn(tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming));
+        addr
+    }
+
+    /// Where a connection that was cut ends: accepted, then closed.
+    async fn cut_link() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                drop(stream);
+            }
+        });
+        addr
+    }
+
+    /// A vote is sent once per election: one that fails on a broken
+    /// connection goes again on a new one, or the candidate waits out its
+    /// election timeout for nothing.
+    #[tokio::test]
+    async fn a_vote_that_fails_in_the_transport_is_sent_again_on_a_new_connection() {
+        let (broken, live) = (cut_link().await, granting_peer().await);
+        let made = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = made.clone();
+        // The first connection to the peer is the broken one.
+        let make: Arc<crate::MakeChannel> = Arc::new(move |_addr: &str, timeout: Duration| {
+            let to = if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 { &broken } else { &live };
+            Ok(Endpoint::from_shared(format!("http://{to}")).map_err(|e| e.to_string())?.connect_timeout(timeout).connect_lazy())
+        });
+        let mut factory = NetworkFactory::new(
+            1,
+            BTreeMap::from([(2, "peer-2".to_string())]),
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+            Duration::from_millis(100),
+            Some(PeerChannels(make)),
+            None,
+        );
+        let mut peer = factory.new_client(2, &BasicNode { addr: "peer-2".into() }).await;
+        let asked = VoteRequest::new(openraft::Vote::new(8, 1), None);
+        let answer = peer.vote(asked, RPCOption::new(Duration::from_secs(5))).await.expect("answered on the second connection");
+        assert!(answer.vote_granted);
+        assert_eq!(made.load(std::sync::atomic::Ordering::SeqCst), 2, "a new connection for the second try");
+    }
 
     #[test]
     fn routes_parse_pairs_and_skip_malformed_ones() {

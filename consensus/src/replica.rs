@@ -211,6 +211,7 @@ impl<S: StateMachine> Replica<S> {
             raft.clone(),
             leader_contact.clone(),
             cfg.election_timeout_max_ms,
+            cfg.election_timeout_min_ms / 2,
             elections_allowed.clone(),
         ));
         Ok(Self {
