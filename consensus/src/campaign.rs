@@ -30,7 +30,7 @@ use std::time::Duration;
 use openraft::raft::{VoteRequest, VoteResponse};
 use openraft::ServerState;
 
-use crate::service::LeaderContact;
+use crate::leader_contact::LeaderContact;
 use crate::types::RaftHandle;
 use crate::NodeId;
 

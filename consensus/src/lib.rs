@@ -16,6 +16,7 @@ use std::time::Duration;
 pub mod background;
 mod campaign;
 mod error;
+mod leader_contact;
 mod log_store;
 mod network;
 mod recovery;

@@ -104,8 +104,8 @@ struct Inner<S> {
     installed: Arc<AtomicU64>,
     db_closed: Mutex<Option<DbClosed>>,
     quorum_contact: Arc<std::sync::Mutex<QuorumContact>>,
-    /// When a leader was last heard here (see `crate::service::LeaderContact`).
-    leader_contact: Arc<crate::service::LeaderContact>,
+    /// When a leader was last heard here (see `crate::leader_contact::LeaderContact`).
+    leader_contact: Arc<crate::leader_contact::LeaderContact>,
     /// Off while this replica's clock is suspect (see `allow_elections`).
     elections_allowed: Arc<AtomicBool>,
     campaigner: Arc<crate::campaign::Campaigner>,
@@ -205,7 +205,7 @@ impl<S: StateMachine> Replica<S> {
         let raft = openraft::Raft::new(cfg.node_id, Arc::new(config), network.clone(), log, sm).await.map_err(fatal)?;
         let quorum_contact = Arc::new(std::sync::Mutex::new(QuorumContact { age_ms: None, read_at: std::time::Instant::now() }));
         tokio::spawn(track_quorum_contact(raft.clone(), quorum_contact.clone()));
-        let leader_contact = Arc::new(crate::service::LeaderContact::new());
+        let leader_contact = Arc::new(crate::leader_contact::LeaderContact::new());
         let elections_allowed = Arc::new(AtomicBool::new(true));
         let campaigner = Arc::new(crate::campaign::Campaigner::new(
             raft.clone(),
