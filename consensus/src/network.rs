@@ -191,7 +191,7 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
     {
         let started = std::time::Instant::now();
-        let answered = tokio::time::timeout(timeout, self.send_on_a_live_connection(kind, &payload)).await;
+        let answered = tokio::time::timeout(timeout, self.send_on_a_live_connection(kind, payload.into())).await;
         if matches!(answered, Ok(Ok(_))) {
             // The round trip of an answered call: the network both ways
             // and, for AppendEntries, the follower's own sync.
@@ -226,11 +226,15 @@ impl PeerClient {
     /// by the next call on it, however much later: a vote sent on it is
     /// lost for the whole election (openraft does not send a vote again
     /// within a term), and the candidate waits out its election timeout.
-    async fn send_on_a_live_connection(&mut self, kind: RPCTypes, payload: &[u8]) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+    async fn send_on_a_live_connection(
+        &mut self,
+        kind: RPCTypes,
+        payload: tonic::codegen::Bytes,
+    ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
         let mut attempt = 1;
         loop {
             let mut client = self.client().map_err(tonic::Status::unavailable)?;
-            let mut msg = tonic::Request::new(RaftMessage { payload: payload.to_vec() });
+            let mut msg = tonic::Request::new(RaftMessage { payload: payload.clone() });
             if let Some(RequestTags(tag)) = &self.net.tags {
                 tag(msg.metadata_mut());
             }
@@ -336,7 +340,7 @@ mod tests {
         async fn vote(&self, request: tonic::Request<RaftMessage>) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
             let asked: VoteRequest<NodeId> = bincode::deserialize(&request.into_inner().payload).unwrap();
             let answer: Result<VoteResponse<NodeId>, RaftError<NodeId>> = Ok(VoteResponse::new(asked.vote, asked.last_log_id, true));
-            Ok(tonic::Response::new(RaftMessage { payload: bincode::serialize(&answer).unwrap() }))
+            Ok(tonic::Response::new(RaftMessage { payload: bincode::serialize(&answer).unwrap().into() }))
         }
 
         async fn install_snapshot(&self, _: tonic::Request<RaftMessage>) -> Result<tonic::Response<RaftMessage>, tonic::Status> {

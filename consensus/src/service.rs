@@ -41,7 +41,7 @@ fn decode<T: DeserializeOwned>(req: Request<RaftMessage>, what: &str) -> Result<
 
 fn reply<T: Serialize>(res: &T) -> Result<Response<RaftMessage>, Status> {
     let payload = bincode::serialize(res).map_err(|e| Status::internal(format!("encode raft reply: {e}")))?;
-    Ok(Response::new(RaftMessage { payload }))
+    Ok(Response::new(RaftMessage { payload: payload.into() }))
 }
 
 #[tonic::async_trait]

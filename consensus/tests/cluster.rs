@@ -235,7 +235,7 @@ async fn a_replica_that_refuses_a_shorter_log_campaigns_at_once() {
     let request = VoteRequest::new(Vote::new(term + 1, other), None);
     let mut client = RaftClient::connect(format!("http://{}", c.addrs[&3])).await.expect("connect");
     let asked = tokio::time::Instant::now();
-    let reply = client.vote(RaftMessage { payload: bincode::serialize(&request).unwrap() }).await.expect("vote answered");
+    let reply = client.vote(RaftMessage { payload: bincode::serialize(&request).unwrap().into() }).await.expect("vote answered");
     let answer: Result<VoteResponse<u64>, RaftError<u64>> = bincode::deserialize(&reply.into_inner().payload).unwrap();
     assert!(!answer.expect("no error").vote_granted, "refused for its log");
 

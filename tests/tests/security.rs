@@ -90,7 +90,7 @@ async fn a_client_without_a_certificate_is_refused() -> Result<()> {
 async fn a_peer_without_a_replica_certificate_cannot_send_raft_rpcs() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (cluster, addr) = one_replica(dir.path()).await?;
-    let garbage = || RaftMessage { payload: vec![0xff; 16] };
+    let garbage = || RaftMessage { payload: vec![0xff; 16].into() };
     for (kind, name) in [(IdentityKind::User, "mallory"), (IdentityKind::Agent, "node-a")] {
         let mut raft = RaftClient::new(channel(&addr, &cluster.security_of(kind, name)?)?);
         for (rpc, answer) in [
