@@ -119,6 +119,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ("rota_proposal_bytes", "Bytes of one proposed log entry"),
     ("rota_proposal_batch_size", "Commands batched into one log entry"),
     ("rota_plan_pass_seconds", "Time of one scheduling pass on the leader"),
+    ("rota_planner_rest_seconds", "On the leader: the wait before the next scheduling pass, longer after a costly pass"),
     ("rota_planner_restarts_total", "Planner threads restarted"),
     ("rota_planner_panics_total", "Scheduling passes that panicked"),
     ("rota_job_wait_seconds", "On the leader: time from submit to placement, by queue"),

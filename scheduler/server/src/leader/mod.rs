@@ -4,7 +4,8 @@
 //! - `heartbeats`: a heartbeat table in memory (never in the log). On becoming leader it
 //!   starts empty and every known node gets a fresh grace period of one TTL,
 //!   so a failover alone never marks a node down.
-//! - `planner`: plans on every change of the applied index (debounced, bounded rate) and
+//! - `planner`: plans on every change of the applied index (debounced; a costly pass
+//!   is followed by a rest twice its length, see `pacing`) and
 //!   proposes the plan as one `ApplyPlan` naming the index it was computed at.
 //!   The pass reads a frozen copy of the state (taken in O(1) under the lock,
 //!   see `rota_core::state::shared`), not the state under its lock, on a
@@ -18,6 +19,7 @@
 //! The decisions themselves come from `rota_core::policy::plan`.
 
 mod heartbeats;
+mod pacing;
 mod planner;
 pub mod starts;
 
@@ -33,11 +35,13 @@ use rota_proto::v1::cluster_service_client::ClusterServiceClient;
 use crate::clock::{self, wall_clock_ms};
 use crate::Context;
 use heartbeats::HeartbeatTable;
+use pacing::PlanPacing;
 use planner::PlannerThread;
 use rota_core::state::outcomes::OUTCOMES_FROM_VERSION;
 use rota_core::state::{ClusterState, Command, CommandResult, Plan, Stop, StopReason};
 
-/// Shortest time between two plans; applied-index changes in between are coalesced.
+/// Shortest time between two plans; applied-index changes in between are
+/// coalesced. A long queue's passes rest longer (see `pacing`).
 const PLAN_MIN_INTERVAL_MS: u64 = 50;
 /// How often the loop wakes without an applied change (TTL checks, leadership).
 const TICK_MS: u64 = 200;
@@ -263,6 +267,7 @@ async fn leadership_lost(ctx: &Context, term: u64) {
 async fn lead_term(ctx: &Context, term: u64) {
     let mut applied = ctx.replica.applied_watch();
     let mut planned_at: Option<u64> = None;
+    let mut pacing = PlanPacing::new(Duration::from_millis(PLAN_MIN_INTERVAL_MS));
     let mut planner = match PlannerThread::start() {
         Ok(planner) => planner,
         Err(error) => {
@@ -293,9 +298,9 @@ async fn lead_term(ctx: &Context, term: u64) {
             break;
         }
         let index = ctx.read(|state| state.applied_index);
-        if planned_at != Some(index) {
+        if planned_at != Some(index) && pacing.due(Instant::now()) {
             planned_at = Some(index);
-            if !propose_plan(ctx, &mut planner).await {
+            if !propose_plan(ctx, &mut planner, &mut pacing).await {
                 break;
             }
         }
@@ -314,21 +319,28 @@ async fn lead_term(ctx: &Context, term: u64) {
                 break;
             }
         }
-        let _ = tokio::time::timeout(Duration::from_millis(TICK_MS), applied.changed()).await;
-        tokio::time::sleep(Duration::from_millis(PLAN_MIN_INTERVAL_MS)).await;
+        let tick = Duration::from_millis(TICK_MS);
+        // A pass put off by its pacing is owed already: no change to wait for.
+        if planned_at == Some(index) {
+            let _ = tokio::time::timeout(tick, applied.changed()).await;
+        }
+        // Coalesce the changes of the next moments into one pass, and let a
+        // costly pass's rest run out (the other checks still run each tick).
+        let pause = pacing.until_due(Instant::now()).clamp(Duration::from_millis(PLAN_MIN_INTERVAL_MS), tick);
+        tokio::time::sleep(pause).await;
     }
 }
 
 /// Propose the plan for the current state; false when leadership is lost.
 /// The pass runs on a frozen copy of the state, on the planner thread:
 /// neither apply nor the async runtime waits for it.
-async fn propose_plan(ctx: &Context, planner: &mut PlannerThread) -> bool {
+async fn propose_plan(ctx: &Context, planner: &mut PlannerThread, pacing: &mut PlanPacing) -> bool {
     let started = Instant::now();
     let state = ctx.read(|state| state.clone());
     // Decisions that depend on time read the committed time, never this
     // replica's clock (see `clock`).
     let committed_ms = state.now_ms;
-    let Some((state, plan)) = planner.pass(state, committed_ms).await else {
+    let Some((state, plan, busy)) = planner.pass(state, committed_ms).await else {
         // The copy is gone with the thread; the next pass runs on a new one.
         tracing::error!("planner thread stopped; starting a new one");
         metrics::counter!("rota_planner_restarts_total").increment(1);
@@ -338,6 +350,8 @@ async fn propose_plan(ctx: &Context, planner: &mut PlannerThread) -> bool {
         }
         return true;
     };
+    let rest = pacing.passed(Instant::now(), busy);
+    metrics::gauge!("rota_planner_rest_seconds").set(rest.as_secs_f64());
     let plan = match plan {
         Ok(plan) => plan,
         Err(panic) => {

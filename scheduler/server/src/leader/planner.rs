@@ -9,12 +9,14 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use rota_consensus::background::panic_text;
 use rota_core::state::{ClusterState, Plan};
 
-/// The state back, and the plan or why the pass failed.
-pub type PassOutcome = (ClusterState, Result<Plan, String>);
+/// The state back, the plan or why the pass failed, and how long the pass
+/// took on the planner thread (its wall time: waits for the CPU included).
+pub type PassOutcome = (ClusterState, Result<Plan, String>, Duration);
 type PassRequest = (ClusterState, u64, tokio::sync::oneshot::Sender<PassOutcome>);
 
 /// A thread of its own for scheduling passes, at a lower CPU priority than
@@ -32,9 +34,10 @@ impl PlannerThread {
                 tracing::debug!(error = %e, "planner thread keeps the default priority");
             }
             for (state, now_ms, reply) in inbox {
+                let started = Instant::now();
                 let plan =
                     std::panic::catch_unwind(AssertUnwindSafe(|| plan_once(&state, now_ms))).map_err(|payload| panic_text(&*payload));
-                let _ = reply.send((state, plan));
+                let _ = reply.send((state, plan, started.elapsed()));
             }
         })?;
         Ok(PlannerThread { requests })
@@ -65,11 +68,11 @@ mod tests {
     #[tokio::test]
     async fn a_panicking_pass_is_reported_and_the_thread_lives_on() {
         let planner = PlannerThread::start().expect("a thread");
-        let (state, outcome) = planner.pass(ClusterState::default(), 1).await.expect("the thread answers");
+        let (state, outcome, _) = planner.pass(ClusterState::default(), 1).await.expect("the thread answers");
         assert!(outcome.is_ok(), "{outcome:?}");
         let text = std::panic::catch_unwind(|| panic!("boom {}", 7)).map_err(|p| panic_text(&*p)).unwrap_err();
         assert_eq!(text, "boom 7");
-        let (_, again) = planner.pass(state, 2).await.expect("still answering");
+        let (_, again, _) = planner.pass(state, 2).await.expect("still answering");
         assert!(again.is_ok());
     }
 }
