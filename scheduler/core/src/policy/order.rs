@@ -99,39 +99,38 @@ pub fn pending<'a>(
     for (name, q) in &state.queues {
         queues.insert(name.as_str(), (q.weight, q.default_runtime_s));
     }
-    let mut cands: Vec<Cand<'a>> = state
-        .jobs
-        .values()
-        .filter(|j| j.state == JobState::Pending)
-        .map(|job| {
-            let (queue_weight, default_s) = queues.get(job.spec.queue.as_str()).copied().unwrap_or((1, 24 * 3600));
-            let priority = effective_priority(job, now_ms);
-            let wait_ms = now_ms.saturating_sub(job.submitted_at_ms);
-            let limit_s = if job.spec.runtime_limit_s > 0 { job.spec.runtime_limit_s } else { default_s };
-            let limit_ms = limit_s.saturating_mul(1000);
-            let (job_config, in_canary) = match canary {
-                Some((canary_config, scope)) if scope.covers(job) => (canary_config, true),
-                _ => (config, false),
-            };
-            Cand {
-                job,
-                replicas: job.spec.replicas,
-                per: job.spec.gpus_per_replica,
-                model: job.spec.gpu_model.as_deref(),
-                min_memory_mib: job.spec.min_gpu_memory_mib,
-                reason: &job.reason,
-                estimate: job.estimated_start_ms,
-                group: quota.intern(job.spec.group.as_str()),
-                in_quota: false,
-                standing: standing(job_config, queue_weight, priority, wait_ms, limit_ms),
-                priority,
-                queue_weight,
-                limit_ms,
-                wait_ms,
-                canary: in_canary,
-            }
-        })
-        .collect();
+    // Sized once, for every job that is not final: grown by doubling, a long
+    // queue's vector was copied several times a pass, each copy into fresh
+    // pages the kernel had to fault in and zero.
+    let mut cands: Vec<Cand<'a>> = Vec::with_capacity(state.live_jobs.min(state.jobs.len()));
+    cands.extend(state.jobs.values().filter(|j| j.state == JobState::Pending).map(|job| {
+        let (queue_weight, default_s) = queues.get(job.spec.queue.as_str()).copied().unwrap_or((1, 24 * 3600));
+        let priority = effective_priority(job, now_ms);
+        let wait_ms = now_ms.saturating_sub(job.submitted_at_ms);
+        let limit_s = if job.spec.runtime_limit_s > 0 { job.spec.runtime_limit_s } else { default_s };
+        let limit_ms = limit_s.saturating_mul(1000);
+        let (job_config, in_canary) = match canary {
+            Some((canary_config, scope)) if scope.covers(job) => (canary_config, true),
+            _ => (config, false),
+        };
+        Cand {
+            job,
+            replicas: job.spec.replicas,
+            per: job.spec.gpus_per_replica,
+            model: job.spec.gpu_model.as_deref(),
+            min_memory_mib: job.spec.min_gpu_memory_mib,
+            reason: &job.reason,
+            estimate: job.estimated_start_ms,
+            group: quota.intern(job.spec.group.as_str()),
+            in_quota: false,
+            standing: standing(job_config, queue_weight, priority, wait_ms, limit_ms),
+            priority,
+            queue_weight,
+            limit_ms,
+            wait_ms,
+            canary: in_canary,
+        }
+    }));
     if config.mode != Mode::Rota {
         cands.sort_unstable_by_key(|c| (c.job.submitted_at_ms, c.job.id));
         return cands;
