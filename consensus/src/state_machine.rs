@@ -157,11 +157,6 @@ impl<S: StateMachine> StateMachineStore<S> {
     pub(crate) fn installed_handle(&self) -> Arc<AtomicU64> {
         self.installed.clone()
     }
-
-    /// Meta of the persisted current snapshot, if any.
-    pub fn current_snapshot_meta(&self) -> Result<Option<SnapshotMeta>, ConsensusError> {
-        read_stored(&self.db).map(|s| s.map(|s| s.meta)).map_err(|e| ConsensusError::Storage(e.to_string()))
-    }
 }
 
 fn snapshot_id(last: &Option<LogId>) -> String {
