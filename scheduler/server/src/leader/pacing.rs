@@ -35,7 +35,7 @@ impl PlanPacing {
 
     /// Whether a pass may start at `now`.
     pub fn due(&self, now: Instant) -> bool {
-        self.not_before.is_none_or(|at| now >= at)
+        self.until_due(now).is_zero()
     }
 
     /// How long from `now` until a pass may start (zero when it may now).
