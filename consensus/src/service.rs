@@ -47,8 +47,13 @@ fn reply<T: Serialize>(res: &T) -> Result<Response<RaftMessage>, Status> {
 #[tonic::async_trait]
 impl Raft for RaftService {
     async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let started = std::time::Instant::now();
         let req: AppendEntriesRequest<TypeConfig> = decode(request, "append_entries")?;
+        // Labelled as the leader labels its round trip, so the two split
+        // the round trip into this replica's share and the network's.
+        let label = if req.entries.is_empty() { "heartbeat" } else { "append_entries" };
         let res = self.raft.append_entries(req).await;
+        metrics::histogram!("rota_raft_serve_seconds", "kind" => label).record(started.elapsed().as_secs_f64());
         // A stale leader's append is refused (HigherVote): not a leader heard.
         if matches!(&res, Ok(answer) if !matches!(answer, AppendEntriesResponse::HigherVote(_))) {
             self.contact.heard();

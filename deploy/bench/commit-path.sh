@@ -49,4 +49,5 @@ for i in 1 2 3; do
   echo "replica $i log sync (write + fsync): $(mean_ms "$i" rota_log_sync_seconds "")"
 done
 echo "leader AppendEntries round trip: $(mean_ms "$leader" rota_raft_rpc_seconds 'kind="append_entries"')"
+for i in 1 2 3; do [ "$i" = "$leader" ] || echo "replica $i serving AppendEntries: $(mean_ms "$i" rota_raft_serve_seconds 'kind="append_entries"')"; done
 echo "leader serving a submit: $(mean_ms "$leader" rota_request_duration_seconds 'method="submit_job"')"

@@ -237,6 +237,8 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
             .map_err(|e| ServerError::Metrics(e.to_string()))?
             .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full("rota_raft_rpc_seconds".into()), FAST_IO_BUCKETS_S)
             .map_err(|e| ServerError::Metrics(e.to_string()))?
+            .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full("rota_raft_serve_seconds".into()), FAST_IO_BUCKETS_S)
+            .map_err(|e| ServerError::Metrics(e.to_string()))?
             .set_buckets_for_metric(
                 metrics_exporter_prometheus::Matcher::Full("rota_snapshot_build_seconds".into()),
                 &[0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0],

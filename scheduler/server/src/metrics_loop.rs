@@ -108,6 +108,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "rota_log_sync_seconds",
         "Time to write and fsync appended Raft log entries (every commit waits for it on the leader and on a follower)",
     ),
+    ("rota_raft_serve_seconds", "Time this replica took to answer a leader's AppendEntries, decode to answer, by kind: append_entries (with entries: includes its log sync), heartbeat"),
     ("rota_raft_rpc_seconds", "Round trip of an answered Raft call to a peer, by kind: append_entries (with entries: includes the peer's log sync), heartbeat, vote, install_snapshot"),
     ("rota_heartbeats_total", "Node heartbeats received"),
     ("rota_data_dir_free_bytes", "Free space in the data directory"),
