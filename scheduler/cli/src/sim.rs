@@ -182,6 +182,10 @@ pub struct BenchPlanArgs {
     pub pending: u32,
     #[arg(long, default_value_t = 8_000)]
     pub running: u32,
+    /// Jobs submitted and cancelled before the timed passes, kept as
+    /// finished records in the job table (a long-lived cluster's history).
+    #[arg(long, default_value_t = 0)]
+    pub finished: u32,
     #[arg(long, default_value_t = 40)]
     pub groups: u32,
     /// Timed passes (after one untimed warm-up).
@@ -229,9 +233,17 @@ pub fn run_bench_plan(args: &BenchPlanArgs) -> anyhow::Result<Value> {
     };
     let built = Instant::now();
     let (mut state, now) = bench::build(&shape);
+    if args.finished > 0 {
+        let finished = u64::from(args.finished);
+        state.limits.max_finished_jobs = args.finished as usize;
+        state.limits.max_live_jobs = state.limits.max_live_jobs.max(state.jobs.len() + args.finished as usize);
+        state.limits.max_spec_bytes = 1 << 40;
+        let mut index = state.applied_index + 1;
+        bench::finish_history(&mut state, &mut index, finished);
+    }
     let build_s = built.elapsed().as_secs_f64();
     let running = state.allocs.len();
-    let pending = state.jobs.values().filter(|j| j.state == rota_core::state::JobState::Pending).count();
+    let pending = state.pending_jobs.len();
     let (cold, plan) = time_passes(&state, now, args.iterations);
     bench::settle_notes(&mut state, &plan, now);
     let (steady, plan2) = time_passes(&state, now, args.iterations);
@@ -241,6 +253,7 @@ pub fn run_bench_plan(args: &BenchPlanArgs) -> anyhow::Result<Value> {
         "free_gpus": state.free_gpus(),
         "running": running,
         "pending": pending,
+        "finished": state.finished.len(),
         "iterations": args.iterations,
         "build_s": (build_s * 100.0).round() / 100.0,
         "first_pass": pass_figures(&cold, &plan),

@@ -326,7 +326,14 @@ impl ListFilter<'_> {
 
 fn list_jobs(state: &ClusterState, actor: &Actor, filter: &ListFilter<'_>, before_id: u64, limit: usize) -> pb::ListJobsResponse {
     let below = if before_id == 0 { u64::MAX } else { before_id };
-    let matching = state.jobs.range(..below).map(|(_, job)| job).rev().filter(|job| filter.matches(state, job));
+    // The queue alone is read through the pending index, so listing it
+    // costs the queue's length, not the finished jobs held beside it.
+    let newest_first: Box<dyn Iterator<Item = &Job>> = if filter.state == Some(JobState::Pending) {
+        Box::new(state.pending_jobs.range(..below).rev().map(|(id, ())| &state.jobs[id]))
+    } else {
+        Box::new(state.jobs.range(..below).rev().map(|(_, job)| job))
+    };
+    let matching = newest_first.filter(|job| filter.matches(state, job));
     let mut jobs = Vec::new();
     let mut bytes = 0usize;
     let mut total = 0u64;
@@ -560,5 +567,46 @@ async fn watch_loop(ctx: Arc<Context>, actor: Actor, mut after_index: u64, sende
         if applied.changed().await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rota_core::state::{Proposal, StateLimits};
+
+    fn filter(state: Option<JobState>) -> ListFilter<'static> {
+        ListFilter { state, unknown_only: false, group: "", queue: "", user: "", labels: &[], idle: false }
+    }
+
+    fn ids(page: &pb::ListJobsResponse) -> Vec<u64> {
+        page.jobs.iter().map(|j| j.id).collect()
+    }
+
+    /// The pending listing reads the pending index: the same jobs, newest
+    /// first, the same total and pages as a filter over the whole table.
+    #[test]
+    fn pending_jobs_are_listed_from_the_queue_alone() {
+        let mut state = ClusterState::new(StateLimits::default());
+        let submits = (0..8).map(|_| Command::SubmitJob { request_id: None, spec: JobSpec::simple(&["true"]) }).collect();
+        state.apply_proposal(1, &Proposal { now_ms: 1_000, commands: submits });
+        let cancels = [2, 5, 6].into_iter().map(|job_id| Command::CancelJob { job_id }).collect();
+        state.apply_proposal(2, &Proposal { now_ms: 2_000, commands: cancels });
+        state.check_invariants().unwrap();
+        let actor = Actor::unchecked("127.0.0.1:1");
+
+        let pending = list_jobs(&state, &actor, &filter(Some(JobState::Pending)), 0, 10);
+        assert_eq!(ids(&pending), [8, 7, 4, 3, 1]);
+        assert_eq!((pending.total, pending.truncated), (5, false));
+        let cancelled = list_jobs(&state, &actor, &filter(Some(JobState::Cancelled)), 0, 10);
+        assert_eq!(ids(&cancelled), [6, 5, 2]);
+
+        let first = list_jobs(&state, &actor, &filter(Some(JobState::Pending)), 0, 2);
+        assert_eq!((ids(&first), first.total, first.truncated), (vec![8, 7], 5, true));
+        let next = list_jobs(&state, &actor, &filter(Some(JobState::Pending)), 7, 2);
+        assert_eq!((ids(&next), next.total, next.truncated), (vec![4, 3], 3, true));
+        let everything = list_jobs(&state, &actor, &filter(None), 0, 10);
+        let by_walk: Vec<u64> = everything.jobs.iter().filter(|j| j.state == pb::JobState::Pending as i32).map(|j| j.id).collect();
+        assert_eq!(by_walk, ids(&pending));
     }
 }

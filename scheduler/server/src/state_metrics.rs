@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rota_core::state::tenancy::{month_of, month_text, BUDGET_WARN_RATIO};
-use rota_core::state::{ClusterState, JobState, NodeState};
+use rota_core::state::{ClusterState, NodeState};
 
 use crate::Context;
 
@@ -59,7 +59,7 @@ const NODE_STATES: [NodeState; 3] = [NodeState::Ready, NodeState::Draining, Node
 pub fn state_gauges(state: &ClusterState, now_ms: u64) -> StateGauges {
     let mut gauges = StateGauges::default();
     let mut oldest_submit_ms: BTreeMap<&str, u64> = BTreeMap::new();
-    for job in state.jobs.values().filter(|job| job.state == JobState::Pending) {
+    for job in state.pending() {
         let entry = gauges.pending.entry((job.spec.queue.clone(), job.spec.group.clone())).or_default();
         entry.0 += 1;
         entry.1 += job.spec.total_gpus();
@@ -250,7 +250,7 @@ pub async fn run(ctx: Arc<Context>) {
 mod tests {
     use super::*;
     use rota_core::state::faults::{Fence, FenceKind};
-    use rota_core::state::{Allocation, GpuInfo, Job, JobSpec, Node, Priority, Rank, RankState};
+    use rota_core::state::{Allocation, GpuInfo, Job, JobSpec, JobState, Node, Priority, Rank, RankState};
 
     fn node(name: &str, state: NodeState, gpus: u32) -> Node {
         Node {
@@ -341,6 +341,7 @@ mod tests {
         let mut running = job(3, "short", "nlp", 1, JobState::Running, 0);
         running.alloc = Some(7);
         state.jobs.insert(3, running);
+        state.index_jobs();
         let rank = |r: u32, gpu: u32| Rank { rank: r, node: "a".into(), gpus: vec![gpu], state: RankState::Running, exit_code: None };
         let alloc =
             Allocation { id: 7, job_id: 3, attempt: 1, ranks: vec![rank(0, 0), rank(1, 1)], master_port: 0, created_at_ms: 0, stop: None };

@@ -26,7 +26,7 @@
 //! Baselines: `(submitted_at, id)`.
 
 use crate::state::policy_doc::CanaryScope;
-use crate::state::{ClusterState, Job, JobReason, JobState, Priority};
+use crate::state::{ClusterState, Job, JobReason, Priority};
 
 use super::config::{Mode, PolicyConfig};
 use super::fasthash::FastMap;
@@ -99,11 +99,13 @@ pub fn pending<'a>(
     for (name, q) in &state.queues {
         queues.insert(name.as_str(), (q.weight, q.default_runtime_s));
     }
-    // Sized once, for every job that is not final: grown by doubling, a long
-    // queue's vector was copied several times a pass, each copy into fresh
-    // pages the kernel had to fault in and zero.
-    let mut cands: Vec<Cand<'a>> = Vec::with_capacity(state.live_jobs.min(state.jobs.len()));
-    cands.extend(state.jobs.values().filter(|j| j.state == JobState::Pending).map(|job| {
+    // Sized once: grown by doubling, a long queue's vector was copied several
+    // times a pass, each copy into fresh pages the kernel had to fault in and
+    // zero. Read from the pending index: walking the whole job table spent
+    // more of a pass on finished jobs than on the queue once a million of
+    // them were held.
+    let mut cands: Vec<Cand<'a>> = Vec::with_capacity(state.pending_jobs.len());
+    cands.extend(state.pending().map(|job| {
         let (queue_weight, default_s) = queues.get(job.spec.queue.as_str()).copied().unwrap_or((1, 24 * 3600));
         let priority = effective_priority(job, now_ms);
         let wait_ms = now_ms.saturating_sub(job.submitted_at_ms);

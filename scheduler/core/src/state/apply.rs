@@ -456,6 +456,8 @@ impl ClusterState {
         };
         self.jobs.insert(job_id, job);
         self.job_changes.insert((index, job_id), ());
+        let queued = self.pending_jobs.insert(job_id, ());
+        assert!(queued.is_none(), "job {job_id} was queued before it was submitted");
         self.live_jobs += 1;
         self.spec_bytes += bytes;
         if let Some(id) = request_id {
@@ -686,7 +688,7 @@ impl ClusterState {
         self.next_alloc_id += 1;
         let master_port = self.free_master_port(&placement.ranks[0].node);
         let job = self.jobs.get_mut(&placement.job_id).expect("checked");
-        job.state = JobState::Running;
+        move_job(&mut self.pending_jobs, job, JobState::Running);
         job.attempts += 1;
         job.alloc = Some(alloc_id);
         job.started_at_ms = Some(self.now_ms);
@@ -739,7 +741,7 @@ impl ClusterState {
             alloc.stop = Some(reason);
         }
         let job = self.jobs.get_mut(&alloc.job_id).expect("allocation has a job");
-        job.state = JobState::Stopping;
+        move_job(&mut self.pending_jobs, job, JobState::Stopping);
         job.stop_reason = alloc.stop;
         note_change(&mut self.job_changes, job, index);
         let all_exited = alloc.ranks.iter().all(|r| r.state == RankState::Exited);
@@ -911,7 +913,7 @@ impl ClusterState {
         job.reason = next.1;
         note_change(&mut self.job_changes, job, index);
         if next.0 == JobState::Pending {
-            job.state = JobState::Pending;
+            move_job(&mut self.pending_jobs, job, JobState::Pending);
             job.estimated_start_ms = None;
         } else {
             self.finish_job(index, alloc.job_id, next.0);
@@ -924,7 +926,7 @@ impl ClusterState {
         let job = self.jobs.get_mut(&job_id).expect("finishing a known job");
         assert!(!job.state.is_final(), "job {job_id} finished twice");
         assert!(job.alloc.is_none(), "job {job_id} finished while holding GPUs");
-        job.state = state;
+        move_job(&mut self.pending_jobs, job, state);
         job.finished_at_ms = Some(self.now_ms);
         note_change(&mut self.job_changes, job, index);
         self.live_jobs -= 1;
@@ -934,6 +936,7 @@ impl ClusterState {
             let oldest = self.finished.pop_front().expect("non-empty");
             let removed = self.jobs.remove(&oldest).expect("a finished job is held until dropped here");
             assert!(removed.state.is_final());
+            assert!(!self.pending_jobs.contains_key(&oldest), "dropped job {oldest} is still queued");
             let unindexed = self.job_changes.remove(&(removed.changed_at_index, oldest));
             assert!(unindexed.is_some(), "a held job is in the change index");
             let bytes = removed.spec.payload_bytes() as u64;
@@ -1123,6 +1126,22 @@ impl ClusterState {
 pub fn gpu_matches(spec: &JobSpec, gpu: &GpuInfo, aliases: bool) -> bool {
     let model_ok = spec.gpu_model.as_ref().is_none_or(|m| super::gpu_model::model_matches(m, &gpu.model, aliases));
     model_ok && gpu.memory_mib >= spec.min_gpu_memory_mib
+}
+
+/// Set `job`'s state, keeping the pending index (`ClusterState::pending_jobs`)
+/// in step: every change of state goes through here.
+fn move_job(pending: &mut SharedMap<JobId, ()>, job: &mut Job, next: JobState) {
+    let was_pending = job.state == JobState::Pending;
+    let now_pending = next == JobState::Pending;
+    if was_pending && !now_pending {
+        let removed = pending.remove(&job.id);
+        assert!(removed.is_some(), "pending job {} was not in the pending index", job.id);
+    }
+    if now_pending && !was_pending {
+        let held = pending.insert(job.id, ());
+        assert!(held.is_none(), "job {} was in the pending index while {:?}", job.id, job.state);
+    }
+    job.state = next;
 }
 
 /// Move `job` to `index` in the change index (`ClusterState::job_changes`),

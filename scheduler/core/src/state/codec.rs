@@ -243,7 +243,7 @@ pub fn decode_snapshot_up_to(bytes: &[u8], supported: u16) -> Result<ClusterStat
     if !reader.is_empty() {
         return Err(CodecError::Corrupt { what, detail: format!("{} bytes after the state", reader.len()) });
     }
-    state.index_job_changes();
+    state.index_jobs();
     Ok(state)
 }
 
