@@ -273,6 +273,16 @@ impl<S: StateMachine> Replica<S> {
         f(&g.app)
     }
 
+    /// Run `f` on what `copy` takes of the applied state under the read
+    /// lock, after the lock is released: for reads that walk whole tables.
+    /// Under the lock such a walk holds up apply, and every acknowledgement
+    /// waiting for it, for as long as it takes; `copy` must be cheap (a
+    /// structurally shared state clones in O(1)).
+    pub fn read_detached<C, R>(&self, copy: impl FnOnce(&S) -> C, f: impl FnOnce(C) -> R) -> R {
+        let copied = self.read(copy);
+        f(copied)
+    }
+
     /// Copy the applied state with its log id, under one read lock (so the
     /// copy is exactly the state at that index).
     pub fn export(&self) -> Exported {

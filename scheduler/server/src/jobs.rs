@@ -179,7 +179,7 @@ impl JobApi {
             labels: &labels,
             idle: message.idle,
         };
-        Ok(self.ctx.read(|state| list_jobs(state, actor, &filter, message.before_id, limit as usize)))
+        Ok(self.ctx.read_detached(|state| list_jobs(state, actor, &filter, message.before_id, limit as usize)))
     }
 
     /// Commit a template command; answer the template as it is then.
@@ -223,7 +223,7 @@ impl JobApi {
         let query = crate::history::parse_query(message).map_err(invalid_input)?;
         self.ctx.leader_in_contact().await?;
         self.ctx.replica.ensure_linearizable().await?;
-        let part = self.ctx.read(|state| crate::history::search_state(state, &query));
+        let part = self.ctx.read_detached(|state| crate::history::search_state(state, &query));
         let dir = self.ctx.archive_dir.clone();
         let answer = tokio::task::spawn_blocking(move || crate::history::search_archive(&dir, &query, part))
             .await
@@ -236,7 +236,7 @@ impl JobApi {
         let (month, by) = crate::history::parse_report_request(message).map_err(invalid_input)?;
         self.ctx.leader_in_contact().await?;
         self.ctx.replica.ensure_linearizable().await?;
-        let held = self.ctx.read(|state| crate::history::report_state_records(state, month));
+        let held = self.ctx.read_detached(|state| crate::history::report_state_records(state, month));
         let dir = self.ctx.archive_dir.clone();
         let (archived, truncated) = tokio::task::spawn_blocking(move || crate::history::report_archive_records(&dir, month))
             .await
