@@ -29,14 +29,9 @@ trap cleanup EXIT
 
 t=$(now); "$rota" bench backup "$dir/backup.rota" --finished "$finished" --pending "$pending" >/dev/null || exit 1
 echo "backup of $((finished + pending)) jobs: $(stat -c %s "$dir/backup.rota") bytes in $(since "$t") s"
-peers="1=127.0.0.1:$base,2=127.0.0.1:$((base + 1)),3=127.0.0.1:$((base + 2))"
-cluster_id=""
-for i in 1 2 3; do
-  mkdir -p "$dir/replica-$i"
-  out=$("$rota" --output json snapshot restore "$dir/backup.rota" --data-dir "$dir/replica-$i/db" --id "$i" \
-    --peers "$peers" ${cluster_id:+--cluster-id "$cluster_id"}) || exit 1
-  [ -n "$cluster_id" ] || cluster_id=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["cluster_id"])')
-done
+# shellcheck source=deploy/bench/restore-members.sh
+. "$(dirname "$0")/restore-members.sh"
+restore_members "$rota" "$dir" "$base" || exit 1
 export ROTA_SERVER_ARGS="--user-requests-per-s 0 --user-max-in-flight 100000 --snapshot-every ${SNAPSHOT_EVERY:-20000} --keep-finished-jobs $((finished + 100000))"
 t=$(now); ROTA_BIN="$server" bash "$here/cluster.sh" start "$dir" 3 "$base" >"$dir/start.log" 2>&1 || { echo "no leader; see $dir" >&2; exit 1; }
 echo "three restored members: a leader serving after $(since "$t") s; rss $(rss 1), $(rss 2), $(rss 3)"
