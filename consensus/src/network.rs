@@ -150,6 +150,18 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     }
 }
 
+/// The `kind` label of an AppendEntries carrying `entries` entries, the
+/// same on the leader's round trip and the follower's answer. One without
+/// entries only carries the leader's term and commit index (a heartbeat):
+/// told apart, the time of one with entries shows the follower's sync.
+pub(crate) fn append_entries_kind(entries: u64) -> &'static str {
+    if entries == 0 {
+        "heartbeat"
+    } else {
+        "append_entries"
+    }
+}
+
 /// The connection to one peer.
 pub struct PeerClient {
     net: Arc<NetInner>,
@@ -281,11 +293,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(n / 2)));
         }
         let timeout = self.timeout(&option);
-        // An AppendEntries without entries only carries the leader's term
-        // and commit index (a heartbeat): told apart, the round trip of one
-        // with entries shows the follower's sync.
-        let label = if n == 0 { "heartbeat" } else { "append_entries" };
-        self.call(RPCTypes::AppendEntries, label, payload, timeout).await
+        self.call(RPCTypes::AppendEntries, append_entries_kind(n), payload, timeout).await
     }
 
     async fn install_snapshot(

@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 
 use crate::campaign::Campaigner;
 use crate::leader_contact::LeaderContact;
-use crate::network::MAX_MESSAGE_BYTES;
+use crate::network::{append_entries_kind, MAX_MESSAGE_BYTES};
 use crate::types::{RaftHandle, TypeConfig};
 use crate::NodeId;
 
@@ -51,7 +51,7 @@ impl Raft for RaftService {
         let req: AppendEntriesRequest<TypeConfig> = decode(request, "append_entries")?;
         // Labelled as the leader labels its round trip, so the two split
         // the round trip into this replica's share and the network's.
-        let label = if req.entries.is_empty() { "heartbeat" } else { "append_entries" };
+        let label = append_entries_kind(req.entries.len() as u64);
         let res = self.raft.append_entries(req).await;
         metrics::histogram!("rota_raft_serve_seconds", "kind" => label).record(started.elapsed().as_secs_f64());
         // A stale leader's append is refused (HigherVote): not a leader heard.

@@ -358,9 +358,9 @@ impl ClusterState {
         if self.derived_job_changes() != self.job_changes {
             return Err(format!("the change index holds {} jobs, the state {}", self.job_changes.len(), self.jobs.len()));
         }
-        if self.derived_pending_jobs() != self.pending_jobs {
-            let pending = self.jobs.values().filter(|j| j.state == JobState::Pending).count();
-            return Err(format!("the pending index holds {} jobs, the state {pending} pending", self.pending_jobs.len()));
+        let pending = self.derived_pending_jobs();
+        if pending != self.pending_jobs {
+            return Err(format!("the pending index holds {} jobs, the state {} pending", self.pending_jobs.len(), pending.len()));
         }
         let live = self.jobs.values().filter(|j| !j.state.is_final()).count();
         if live != self.live_jobs {
