@@ -28,7 +28,7 @@ mod types;
 
 pub use error::{ConsensusError, WriteError};
 pub use log_store::LogStore;
-pub use network::{NetworkFactory, PeerClient, MAX_MESSAGE_BYTES};
+pub use network::{failed_in_transport, NetworkFactory, PeerClient, MAX_MESSAGE_BYTES};
 pub use recovery::{force_new_cluster, judge_force, restore_snapshot, ForcedCluster, Restored};
 pub use replica::{raft_config, ClusterStatus, Exported, MemberStatus, Replica, Role, Written, DB_DIR};
 pub use service::RaftService;

@@ -108,8 +108,10 @@ impl NetworkFactory {
 /// `PeerClient::send_on_a_live_connection`).
 const SEND_ATTEMPTS: u32 = 2;
 
-/// Did the call fail in the connection rather than in the peer's answer?
-fn failed_in_transport(status: &tonic::Status) -> bool {
+/// Did the call fail in the connection (none could be made, or it broke)
+/// rather than in the peer's answer? Such a call may be tried again on a
+/// new connection; an answer, even an error, may not.
+pub fn failed_in_transport(status: &tonic::Status) -> bool {
     std::error::Error::source(status).is_some_and(|source| source.downcast_ref::<tonic::transport::Error>().is_some())
 }
 

@@ -21,7 +21,7 @@ use rota_tls::Security;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use rota_consensus::{ConsensusError, WriteError};
+use rota_consensus::{failed_in_transport, ConsensusError, WriteError};
 
 use crate::status::{write_error, FORWARDED_METADATA};
 
@@ -165,12 +165,6 @@ impl Forwarder {
     pub fn cluster(&self, addr: &str) -> Result<ClusterServiceClient<Channel>, Status> {
         Ok(ClusterServiceClient::new(self.channel(addr)?))
     }
-}
-
-/// Whether a call failed in the transport (no connection, or it broke)
-/// rather than being answered by the peer.
-fn failed_in_transport(status: &Status) -> bool {
-    std::error::Error::source(status).is_some_and(|source| source.downcast_ref::<tonic::transport::Error>().is_some())
 }
 
 fn is_forwarded<T>(request: &Request<T>) -> bool {
