@@ -30,7 +30,7 @@ pub use error::{ConsensusError, WriteError};
 pub use log_store::LogStore;
 pub use network::{failed_in_transport, NetworkFactory, PeerClient, MAX_MESSAGE_BYTES};
 pub use recovery::{force_new_cluster, judge_force, restore_snapshot, ForcedCluster, Restored};
-pub use replica::{raft_config, ClusterStatus, Exported, MemberStatus, Replica, Role, Written, DB_DIR};
+pub use replica::{raft_config, ClusterStatus, Exported, MemberStatus, Replica, Role, Written, DB_DIR, MAX_CONCURRENT_WALKS};
 pub use service::RaftService;
 pub use state_machine::{open_storage, SmData, StateMachineStore};
 pub use types::{Entry, LogId, Payload, RaftHandle, SnapshotMeta, StoredMembership, TypeConfig};

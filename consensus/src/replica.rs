@@ -109,7 +109,14 @@ struct Inner<S> {
     /// Off while this replica's clock is suspect (see `allow_elections`).
     elections_allowed: Arc<AtomicBool>,
     campaigner: Arc<crate::campaign::Campaigner>,
+    /// Turns of [`Replica::read_detached`].
+    walks: tokio::sync::Semaphore,
 }
+
+/// Walks over whole tables ([`Replica::read_detached`]) running at once at
+/// most: each takes a background thread and, held beside the state, the
+/// versions of the tables that apply replaces meanwhile.
+pub const MAX_CONCURRENT_WALKS: usize = 2;
 
 /// The leader's last known quorum acknowledgement: openraft reports its age
 /// only when it publishes metrics, so the age is kept with the time it was read.
@@ -228,6 +235,7 @@ impl<S: StateMachine> Replica<S> {
                 leader_contact,
                 elections_allowed,
                 campaigner,
+                walks: tokio::sync::Semaphore::new(MAX_CONCURRENT_WALKS),
             }),
         })
     }
@@ -274,13 +282,27 @@ impl<S: StateMachine> Replica<S> {
     }
 
     /// Run `f` on what `copy` takes of the applied state under the read
-    /// lock, after the lock is released: for reads that walk whole tables.
-    /// Under the lock such a walk holds up apply, and every acknowledgement
-    /// waiting for it, for as long as it takes; `copy` must be cheap (a
-    /// structurally shared state clones in O(1)).
-    pub fn read_detached<C, R>(&self, copy: impl FnOnce(&S) -> C, f: impl FnOnce(C) -> R) -> R {
+    /// lock, after the lock is released and on a background thread: for
+    /// reads that walk whole tables. Under the lock such a walk holds up
+    /// apply, and every acknowledgement waiting for it, for as long as it
+    /// takes; on an async worker it holds up the tasks queued behind it
+    /// (the Raft core's among them), and at normal priority it takes the
+    /// CPU the commit path needs. `copy` must be cheap (a structurally
+    /// shared state clones in O(1)). At most [`MAX_CONCURRENT_WALKS`] run
+    /// at once; the others wait their turn, and their copy is taken when it
+    /// comes, so it is never older than the call.
+    pub async fn read_detached<C, R>(
+        &self,
+        copy: impl FnOnce(&S) -> C,
+        f: impl FnOnce(C) -> R + Send + 'static,
+    ) -> Result<R, ConsensusError>
+    where
+        C: Send + 'static,
+        R: Send + 'static,
+    {
+        let _turn = self.inner.walks.acquire().await.map_err(|_| ConsensusError::Unavailable("the replica is stopping".into()))?;
         let copied = self.read(copy);
-        f(copied)
+        crate::background::run("rota-walk", move || f(copied)).await.map_err(ConsensusError::Unavailable)
     }
 
     /// Copy the applied state with its log id, under one read lock (so the

@@ -6,7 +6,7 @@
 # leader, one after another, for a listing of a user's jobs (`rota jobs
 # --user`), the newest finished jobs (`rota history`) and a month's report
 # (`rota report`): each walks the job table. Prints both rounds' submit
-# latency and the leader's longest hold of its state lock by a read.
+# latency and how long the leader held its state lock for reads.
 # Loopback only, TLS on; stops every process it started.
 #
 #   deploy/bench/walk-reads.sh DIR [FINISHED] [PENDING] [SECONDS]
@@ -37,8 +37,8 @@ ROTA_BIN="$server" bash "$here/cluster.sh" start "$dir" 3 "$base" >"$dir/start.l
 . "$dir/env"
 leader=$("$rota" cluster --output json | python3 -c 'import json,sys; print(json.load(sys.stdin)["leader_id"])')
 metrics="http://127.0.0.1:$((base + 100 + leader - 1))/metrics"
-# The leader's read-lock holds: summary lines (quantiles over the exporter's
-# last minute or so, count and sum since start).
+# The leader's read-lock holds: histogram lines (cumulative buckets, count
+# and sum since start), so two readings bracket a round.
 read_holds() { curl -sf "$metrics" | grep '^rota_state_lock_hold_seconds.*kind="read"'; }
 holds_between() { # BEFORE AFTER
   python3 - "$1" "$2" <<'PY'
@@ -47,14 +47,20 @@ def parse(text):
     out = {}
     for line in text.splitlines():
         name, value = line.rsplit(" ", 1)
-        q = re.search(r'quantile="([^"]+)"', name)
-        key = "q" + q.group(1) if q else ("sum" if "_sum" in name else "count" if "_count" in name else name)
+        le = re.search(r'le="([^"]+)"', name)
+        key = "le" + le.group(1) if le else ("sum" if "_sum" in name else "count" if "_count" in name else name)
         out[key] = float(value)
     return out
 a, b = parse(sys.argv[1]), parse(sys.argv[2])
-n = b.get("count", 0) - a.get("count", 0)
-mean = (b.get("sum", 0) - a.get("sum", 0)) / n * 1000 if n else 0
-print(f"{int(n)} read-lock holds, mean {mean:.3f} ms, longest in the last minute {b.get('q1', 0) * 1000:.1f} ms")
+def delta(key):
+    return b.get(key, 0) - a.get(key, 0)
+n = delta("count")
+mean = delta("sum") / n * 1000 if n else 0
+def over(bound):
+    return int(n - delta("le" + bound))
+bounds = sorted((float(k[2:]), k[2:]) for k in b if k.startswith("le") and k != "le+Inf")
+longest = next((f"<= {v * 1000:g} ms" for v, k in bounds if delta("le" + k) == n), "over the largest bucket") if n else "none"
+print(f"{int(n)} read-lock holds, mean {mean:.3f} ms, {over('0.01')} over 10 ms, {over('0.05')} over 50 ms, longest {longest}")
 PY
 }
 round() { # NAME
@@ -71,14 +77,18 @@ PY
   echo "  leader: $(holds_between "$before" "$after")"
 }
 round alone
+# The reader appends a line per answered read, so the round's reads are
+# counted too: a build that spares the submits by starving the reads is no
+# better.
 (
   month=$(date -u +%Y-%m)
   while true; do
-    "$rota" jobs --user nobody --limit 20 >/dev/null 2>&1
-    "$rota" history --limit 20 >/dev/null 2>&1
-    "$rota" report --month "$month" >/dev/null 2>&1
+    "$rota" jobs --user nobody --limit 20 >/dev/null 2>&1 && echo jobs
+    "$rota" history --limit 20 >/dev/null 2>&1 && echo history
+    "$rota" report --month "$month" >/dev/null 2>&1 && echo report
   done
-) &
+) >"$dir/reads.txt" &
 reader_pid=$!
 round with-readers
 kill "$reader_pid" 2>/dev/null; wait "$reader_pid" 2>/dev/null; reader_pid=""
+echo "  reader: $(sort "$dir/reads.txt" | uniq -c | awk '{printf "%s%s %s", sep, $1, $2; sep=", "}') answered"

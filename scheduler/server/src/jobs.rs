@@ -170,16 +170,20 @@ impl JobApi {
         for text in message.labels.iter().take(rota_core::state::tenancy::MAX_LABELS + 1) {
             labels.push(parse_label(text).map_err(invalid_input)?);
         }
-        let filter = ListFilter {
-            state: wanted,
-            unknown_only,
-            group: &message.group,
-            queue: &message.queue,
-            user: &message.user,
-            labels: &labels,
-            idle: message.idle,
-        };
-        Ok(self.ctx.read_detached(|state| list_jobs(state, actor, &filter, message.before_id, limit as usize)))
+        let (actor, message) = (actor.clone(), message.clone());
+        let listed = self.ctx.read_detached("list jobs", move |state| {
+            let filter = ListFilter {
+                state: wanted,
+                unknown_only,
+                group: &message.group,
+                queue: &message.queue,
+                user: &message.user,
+                labels: &labels,
+                idle: message.idle,
+            };
+            list_jobs(state, &actor, &filter, message.before_id, limit as usize)
+        });
+        Ok(listed.await?)
     }
 
     /// Commit a template command; answer the template as it is then.
@@ -223,12 +227,13 @@ impl JobApi {
         let query = crate::history::parse_query(message).map_err(invalid_input)?;
         self.ctx.leader_in_contact().await?;
         self.ctx.replica.ensure_linearizable().await?;
-        let part = self.ctx.read_detached(|state| crate::history::search_state(state, &query));
         let dir = self.ctx.archive_dir.clone();
-        let answer = tokio::task::spawn_blocking(move || crate::history::search_archive(&dir, &query, part))
-            .await
-            .map_err(|e| internal("history", e.to_string()))?;
-        Ok(answer.map_err(|e| internal("history", e.to_string()))?)
+        // The state's records, then the archive's on disk: one walk.
+        let answer = self.ctx.read_detached("history", move |state| {
+            let part = crate::history::search_state(state, &query);
+            crate::history::search_archive(&dir, &query, part)
+        });
+        Ok(answer.await?.map_err(|e| internal("history", e.to_string()))?)
     }
 
     async fn report_here(&self, actor: &Actor, message: &pb::GetReportRequest) -> Result<pb::GetReportResponse, Failure> {
@@ -236,13 +241,14 @@ impl JobApi {
         let (month, by) = crate::history::parse_report_request(message).map_err(invalid_input)?;
         self.ctx.leader_in_contact().await?;
         self.ctx.replica.ensure_linearizable().await?;
-        let held = self.ctx.read_detached(|state| crate::history::report_state_records(state, month));
         let dir = self.ctx.archive_dir.clone();
-        let (archived, truncated) = tokio::task::spawn_blocking(move || crate::history::report_archive_records(&dir, month))
-            .await
-            .map_err(|e| internal("report", e.to_string()))?
-            .map_err(|e| internal("report", e.to_string()))?;
-        let report = crate::history::report(held, archived, month, &by);
+        // The state's records, then the archive's on disk: one walk.
+        let answer = self.ctx.read_detached("report", move |state| {
+            let held = crate::history::report_state_records(state, month);
+            let (archived, truncated) = crate::history::report_archive_records(&dir, month)?;
+            Ok::<_, crate::archive::ArchiveError>((crate::history::report(held, archived, month, &by), truncated))
+        });
+        let (report, truncated) = answer.await?.map_err(|e| internal("report", e.to_string()))?;
         Ok(rota_client::records::report_to_pb(&report, truncated))
     }
 

@@ -213,11 +213,19 @@ impl Context {
     }
 
     /// Read a copy of the applied state, taken in O(1) under its lock and
-    /// read after it is released: for walks over the job table (listings,
-    /// history, reports), which with a million jobs held take longer than
-    /// apply may wait.
-    pub fn read_detached<R>(&self, f: impl FnOnce(&ClusterState) -> R) -> R {
-        self.replica.read_detached(|replicated| replicated.state.clone(), |state| f(&state))
+    /// read after it is released, on a background thread: for walks over
+    /// the job table (listings, history, reports), which with a million
+    /// jobs held take longer than apply may wait (see
+    /// `Replica::read_detached`). `what` names the read in its error.
+    pub async fn read_detached<R: Send + 'static>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&ClusterState) -> R + Send + 'static,
+    ) -> Result<R, tonic::Status> {
+        self.replica
+            .read_detached(|replicated| replicated.state.clone(), move |state| f(&state))
+            .await
+            .map_err(|e| tonic::Status::unavailable(format!("{what}: {e}")))
     }
 }
 
