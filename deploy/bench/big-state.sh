@@ -45,6 +45,8 @@ d = json.load(open(sys.argv[1]))
 l = d["latency_ms"]
 kinds = ", ".join(f"{k} {n}" for k, n in d.get("errors_by_kind", {}).items())
 print(f"open loop round {sys.argv[2]}: {d['acked']} acked, {d['errors']} errors{' (' + kinds + ')' if kinds else ''}, p50 {l['p50']} ms, p99 {l['p99']} ms")
+for kind, example in d.get("error_examples", {}).items():
+    print(f"  first {kind}: {example}")
 PY
 done
 # When the slow submits started, next to when each replica froze and wrote

@@ -73,6 +73,8 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 l = d["latency_ms"]
 print(f"{sys.argv[2]}: {d['acked']} acked, {d['errors']} errors, p50 {l['p50']} ms, p99 {l['p99']} ms, max {l['max']} ms")
+for kind, count in d.get("errors_by_kind", {}).items():
+    print(f"  {count} x {kind}: {d.get('error_examples', {}).get(kind, '')}")
 PY
   echo "  leader: $(holds_between "$before" "$after")"
 }

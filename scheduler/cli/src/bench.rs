@@ -37,14 +37,53 @@ pub struct BenchSubmitArgs {
 /// open loop's latency target).
 const SLOW_US: u64 = 50_000;
 
+/// Bytes kept of a failure's message as its kind's example.
+const EXAMPLE_BYTES: usize = 300;
+
+/// Why one call failed: the kind it is counted by (a gRPC status code, or
+/// what else stopped the call) and what the server or the transport said.
+pub(crate) struct CallFailure {
+    pub kind: String,
+    pub message: String,
+}
+
+impl CallFailure {
+    pub(crate) fn new(kind: impl Into<String>, message: impl Into<String>) -> Self {
+        CallFailure { kind: kind.into(), message: message.into() }
+    }
+}
+
+impl From<tonic::Status> for CallFailure {
+    fn from(status: tonic::Status) -> Self {
+        CallFailure::new(format!("{:?}", status.code()), status.message())
+    }
+}
+
+impl std::fmt::Display for CallFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+/// `text` cut to at most `max_bytes`, on a character boundary.
+fn cut(text: &str, max_bytes: usize) -> &str {
+    let mut end = text.len().min(max_bytes);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// Latencies of the acknowledged calls and the failed ones counted by why
-/// they failed (a gRPC status code, or what else stopped the call), and per
-/// second of the run (by when each call started) the slowest and the slow
-/// calls, so a tail can be set beside what the replicas logged at that time.
+/// they failed, with the first message of each kind (one per kind, cut to
+/// `EXAMPLE_BYTES`, so a run's failures can be told apart), and per second
+/// of the run (by when each call started) the slowest and the slow calls,
+/// so a tail can be set beside what the replicas logged at that time.
 #[derive(Default)]
 pub(crate) struct Sample {
     pub latencies_us: Vec<u64>,
     pub errors: BTreeMap<String, u64>,
+    pub error_examples: BTreeMap<String, String>,
     by_second: BTreeMap<u64, SecondStats>,
 }
 
@@ -59,12 +98,12 @@ struct SecondStats {
 }
 
 impl Sample {
-    fn record(&mut self, outcome: Result<(), String>, latency_us: u64) {
+    fn record(&mut self, outcome: Result<(), CallFailure>, latency_us: u64) {
         self.record_at(outcome, latency_us, 0);
     }
 
     /// Record a call that started `at_ms` into the run.
-    fn record_at(&mut self, outcome: Result<(), String>, latency_us: u64, at_ms: u64) {
+    fn record_at(&mut self, outcome: Result<(), CallFailure>, latency_us: u64, at_ms: u64) {
         let stats = self.by_second.entry(at_ms / 1000).or_default();
         match outcome {
             Ok(()) => {
@@ -76,8 +115,9 @@ impl Sample {
                 }
                 stats.max_us = stats.max_us.max(latency_us);
             }
-            Err(kind) => {
-                *self.errors.entry(kind).or_default() += 1;
+            Err(failure) => {
+                self.error_examples.entry(failure.kind.clone()).or_insert_with(|| cut(&failure.message, EXAMPLE_BYTES).to_string());
+                *self.errors.entry(failure.kind).or_default() += 1;
                 stats.failed += 1;
             }
         }
@@ -87,6 +127,9 @@ impl Sample {
         self.latencies_us.extend(other.latencies_us);
         for (kind, count) in other.errors {
             *self.errors.entry(kind).or_default() += count;
+        }
+        for (kind, example) in other.error_examples {
+            self.error_examples.entry(kind).or_insert(example);
         }
         for (second, theirs) in other.by_second {
             let ours = self.by_second.entry(second).or_default();
@@ -161,8 +204,8 @@ fn request(run_id: &str, n: u64) -> pb::SubmitJobRequest {
     pb::SubmitJobRequest { spec: Some(spec), request_id: format!("{run_id}-{n}"), ..Default::default() }
 }
 
-async fn submit_once(mut jobs: JobServiceClient<Channel>, request: pb::SubmitJobRequest) -> Result<(), String> {
-    jobs.submit_job(request).await.map(|_| ()).map_err(|status| format!("{:?}", status.code()))
+async fn submit_once(mut jobs: JobServiceClient<Channel>, request: pb::SubmitJobRequest) -> Result<(), CallFailure> {
+    jobs.submit_job(request).await.map(|_| ()).map_err(CallFailure::from)
 }
 
 async fn closed_loop(channels: &[Channel], run_id: &str, args: &BenchSubmitArgs) -> Sample {
@@ -180,7 +223,7 @@ async fn closed_loop(channels: &[Channel], run_id: &str, args: &BenchSubmitArgs)
 pub(crate) async fn closed_loop_of<F, Fut>(clients: usize, duration_s: u64, once: F) -> Sample
 where
     F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Result<(), String>> + Send,
+    Fut: std::future::Future<Output = Result<(), CallFailure>> + Send,
 {
     let start = Instant::now();
     let deadline = start + Duration::from_secs(duration_s);
@@ -231,7 +274,7 @@ async fn merge(tasks: Vec<tokio::task::JoinHandle<Sample>>) -> Sample {
     for task in tasks {
         match task.await {
             Ok(sample) => all.absorb(sample),
-            Err(_) => all.record(Err("benchmark task failed".to_string()), 0),
+            Err(e) => all.record(Err(CallFailure::new("benchmark task failed", e.to_string())), 0),
         }
     }
     all
@@ -258,6 +301,7 @@ fn report(mut sample: Sample, elapsed_s: f64, args: &BenchSubmitArgs, leader: &s
         "acked": acked,
         "errors": sample.error_count(),
         "errors_by_kind": sample.errors,
+        "error_examples": sample.error_examples,
         "jobs_per_s": acked as f64 / elapsed_s,
         "latency_ms": {
             "p50": percentile_ms(&sample.latencies_us, 50.0),
@@ -267,4 +311,27 @@ fn report(mut sample: Sample, elapsed_s: f64, args: &BenchSubmitArgs, leader: &s
         },
         "troubled_seconds": troubled_seconds,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_counted_by_kind_with_the_first_message_of_each() {
+        let mut sample = Sample::default();
+        sample.record(Err(CallFailure::new("Unavailable", "no quorum for 300 ms")), 10);
+        sample.record(Err(CallFailure::new("Unavailable", "a later message")), 10);
+        sample.record(Ok(()), 10);
+        let mut other = Sample::default();
+        other.record(Err(CallFailure::new("DeadlineExceeded", "é".repeat(EXAMPLE_BYTES))), 10);
+        other.record(Err(CallFailure::new("Unavailable", "from another task")), 10);
+        sample.absorb(other);
+        assert_eq!(sample.errors["Unavailable"], 3);
+        assert_eq!(sample.errors["DeadlineExceeded"], 1);
+        assert_eq!(sample.error_examples["Unavailable"], "no quorum for 300 ms");
+        let cut_example = &sample.error_examples["DeadlineExceeded"];
+        assert!(cut_example.len() <= EXAMPLE_BYTES && cut_example.len() > EXAMPLE_BYTES - 2, "cut on a character boundary");
+        assert_eq!(sample.latencies_us.len(), 1);
+    }
 }

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::bench::{closed_loop_of, percentile_ms};
+use crate::bench::{closed_loop_of, percentile_ms, CallFailure};
 
 /// HTTP/2 connections shared by the loops (as `rota bench submit`).
 const CONNECTIONS: usize = 8;
@@ -44,13 +44,13 @@ struct PutRequest {
 #[derive(Clone, PartialEq, prost::Message)]
 struct PutResponse {}
 
-async fn put_once(channel: Channel, key: Vec<u8>) -> Result<(), String> {
+async fn put_once(channel: Channel, key: Vec<u8>) -> Result<(), CallFailure> {
     let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.map_err(|e| format!("not ready: {e}"))?;
+    grpc.ready().await.map_err(|e| CallFailure::new("not ready", e.to_string()))?;
     let codec = tonic_prost::ProstCodec::<PutRequest, PutResponse>::default();
     let path = tonic::codegen::http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Put");
     let request = tonic::Request::new(PutRequest { key, value: vec![b'v'; VALUE_BYTES] });
-    grpc.unary(request, path, codec).await.map(|_| ()).map_err(|status| format!("{:?}", status.code()))
+    grpc.unary(request, path, codec).await.map(|_| ()).map_err(CallFailure::from)
 }
 
 pub async fn run(args: &BenchEtcdArgs) -> Result<serde_json::Value> {
@@ -72,7 +72,7 @@ pub async fn run(args: &BenchEtcdArgs) -> Result<serde_json::Value> {
     })
     .await;
     let elapsed_s = started.elapsed().as_secs_f64();
-    let (errors, errors_by_kind) = (sample.error_count(), sample.errors);
+    let (errors, errors_by_kind, error_examples) = (sample.error_count(), sample.errors, sample.error_examples);
     let mut latencies = sample.latencies_us;
     latencies.sort_unstable();
     Ok(json!({
@@ -82,6 +82,7 @@ pub async fn run(args: &BenchEtcdArgs) -> Result<serde_json::Value> {
         "acked": latencies.len(),
         "errors": errors,
         "errors_by_kind": errors_by_kind,
+        "error_examples": error_examples,
         "puts_per_s": latencies.len() as f64 / elapsed_s,
         "latency_ms": {
             "p50": percentile_ms(&latencies, 50.0),
