@@ -84,9 +84,14 @@ fn read_stored(db: &Db) -> Result<Option<StoredSnapshot>, StorageError> {
     }
 }
 
-/// Store `data` as the replica's current snapshot (a restored backup).
+/// Store `data` as the replica's current snapshot (a restored backup),
+/// with a spare of its size beside it for the replica's first snapshot
+/// (see `SnapshotFile::lay_spare`).
 pub(crate) fn write_snapshot(db: &Db, meta: SnapshotMeta, data: Vec<u8>) -> Result<(), StorageError> {
-    persist(db, &Mutex::new(None), &StoredSnapshot { meta, data })
+    let snap = StoredSnapshot { meta, data };
+    persist(db, &Mutex::new(None), &snap)?;
+    let subject = ErrorSubject::Snapshot(Some(snap.meta.signature()));
+    db.snapshot_file().lay_spare(&snap.meta, &snap.data).map_err(|e| sto_err(subject, ErrorVerb::Write, &e))
 }
 
 /// The persisted snapshot's meta, if any (read offline, before the replica runs).
