@@ -2,9 +2,13 @@
 //! carried by tonic. Generic over the replicated state machine: the log holds
 //! opaque byte payloads and a [`StateMachine`] gives them meaning.
 //!
-//! Durability contract: a vote is on disk before `save_vote` returns, and log
-//! entries are fsynced before openraft is told they are flushed, so an
-//! acknowledged write survives a crash of every replica.
+//! Durability contract: a vote is on disk before `save_vote` returns, a
+//! follower's log entries are fsynced before openraft is told they are
+//! flushed, and a leader applies (and so acknowledges) an entry only once it
+//! is fsynced on its own disk too, so an acknowledged write survives a crash
+//! of every replica. A leader's own appends are reported flushed once
+//! queued, so it replicates them while its disk syncs them; followers hear
+//! of a commit only once the leader applied it (see `log_writer`).
 //!
 //! THIS FILE IS THE PUBLIC CONTRACT. Implementation lives in the modules.
 
@@ -18,6 +22,7 @@ mod campaign;
 mod error;
 mod leader_contact;
 mod log_store;
+mod log_writer;
 mod network;
 mod recovery;
 mod replica;

@@ -29,6 +29,7 @@ use rota_proto::raft::RaftMessage;
 use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::state_machine::AppliedId;
 use crate::types::TypeConfig;
 use crate::{NodeId, PeerChannels, RequestTags};
 
@@ -52,6 +53,9 @@ struct NetInner {
     channels: Mutex<HashMap<String, Channel>>,
     /// Resolved address -> address dialled instead (see the module doc).
     routes: BTreeMap<String, String>,
+    /// The last log id this replica applied: the highest commit it tells a
+    /// follower of (see `PeerClient::append_entries`).
+    applied: AppliedId,
 }
 
 const PEER_ROUTES_ENV: &str = "ROTA_TEST_PEER_ROUTES";
@@ -91,9 +95,27 @@ impl NetworkFactory {
     ) -> Self {
         let channels = Mutex::new(HashMap::new());
         let routes = test_routes();
-        let inner =
-            NetInner { self_id, peer_addrs, rpc_timeout, snapshot_timeout, unreachable_retry, make_channel, tags, channels, routes };
+        let applied = Arc::new(Mutex::new(None));
+        let inner = NetInner {
+            self_id,
+            peer_addrs,
+            rpc_timeout,
+            snapshot_timeout,
+            unreachable_retry,
+            make_channel,
+            tags,
+            channels,
+            routes,
+            applied,
+        };
         Self { inner: Arc::new(inner) }
+    }
+
+    /// Tell followers of commits only up to the log id `applied` holds
+    /// (this replica's last applied one; see `PeerClient::append_entries`).
+    pub(crate) fn bounding_commits_by(mut self, applied: AppliedId) -> Self {
+        Arc::get_mut(&mut self.inner).expect("bound before the factory is shared").applied = applied;
+        self
     }
 
     /// The address to reach `target` at: configured peer address first,
@@ -286,6 +308,15 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcErr<openraft::error::Infallible>> {
+        let mut rpc = rpc;
+        // openraft's leader counts its own entries towards a commit as soon
+        // as it appended them, and the log store acknowledges those appends
+        // before they are on disk (`LogStore::append`). The leader applies
+        // an entry only once it is durable here, so an entry it applied is
+        // durable on a quorum: a follower told of a higher commit could
+        // apply an entry that a crash of this leader then loses.
+        let applied = *self.net.applied.lock().expect("applied id lock");
+        rpc.leader_commit = std::cmp::min(rpc.leader_commit, applied);
         let n = rpc.entries.len() as u64;
         let payload = encode(&rpc)?;
         // One AppendEntries must reach a follower well within its timeout,

@@ -11,7 +11,7 @@ use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use rota_proto::raft::raft_server::RaftServer;
 use tokio::sync::watch;
 
-use crate::log_store::{open_db, DbClosed, LogStore};
+use crate::log_store::{open_db, DbClosed, LogStore, LogWatch};
 use crate::network::NetworkFactory;
 use crate::service::RaftService;
 use crate::state_machine::{SmData, StateMachineStore};
@@ -111,6 +111,9 @@ struct Inner<S> {
     campaigner: Arc<crate::campaign::Campaigner>,
     /// Turns of [`Replica::read_detached`].
     walks: tokio::sync::Semaphore,
+    /// How far the log is on disk, and its writer's stall (not the log
+    /// store itself: holding it would keep the database open after shutdown).
+    log: LogWatch,
 }
 
 /// Walks over whole tables ([`Replica::read_detached`]) running at once at
@@ -194,12 +197,13 @@ impl<S: StateMachine> Replica<S> {
     pub async fn open(cfg: ConsensusConfig, initial: S) -> Result<Self, ConsensusError> {
         let config = raft_config(&cfg)?;
         let (db, db_closed) = open_db(&cfg.data_dir.join(DB_DIR))?;
-        let log = LogStore::new(db.clone())?;
-        let sm = StateMachineStore::new(db, initial)?;
+        let log = LogStore::new(db.clone(), cfg.node_id)?;
+        let sm = StateMachineStore::new(db, initial, log.watch())?;
         let state = sm.state();
         let applied_rx = sm.applied_watch();
         let committed = log.committed_handle();
         let installed = sm.installed_handle();
+        let log_handle = log.watch();
         let network = NetworkFactory::new(
             cfg.node_id,
             cfg.peer_addrs.clone(),
@@ -208,7 +212,8 @@ impl<S: StateMachine> Replica<S> {
             Duration::from_millis(cfg.election_timeout_min_ms),
             cfg.peer_channels.clone(),
             cfg.request_tags.clone(),
-        );
+        )
+        .bounding_commits_by(sm.applied_id());
         let raft = openraft::Raft::new(cfg.node_id, Arc::new(config), network.clone(), log, sm).await.map_err(fatal)?;
         let quorum_contact = Arc::new(std::sync::Mutex::new(QuorumContact { age_ms: None, read_at: std::time::Instant::now() }));
         tokio::spawn(track_quorum_contact(raft.clone(), quorum_contact.clone()));
@@ -236,6 +241,7 @@ impl<S: StateMachine> Replica<S> {
                 elections_allowed,
                 campaigner,
                 walks: tokio::sync::Semaphore::new(MAX_CONCURRENT_WALKS),
+                log: log_handle,
             }),
         })
     }
@@ -466,6 +472,20 @@ impl<S: StateMachine> Replica<S> {
     pub fn quorum_contact_age_ms(&self) -> Option<u64> {
         let contact = *self.inner.quorum_contact.lock().expect("quorum contact lock");
         contact.age_ms.map(|age| age + contact.read_at.elapsed().as_millis() as u64)
+    }
+
+    /// The last log index on this replica's disk, if any. A leader's own
+    /// entries may be ahead of it for the time of one sync (they go to the
+    /// followers meanwhile); nothing is applied past it.
+    pub fn durable_index(&self) -> Option<u64> {
+        self.inner.log.durable.borrow().next_index.checked_sub(1)
+    }
+
+    /// TEST ONLY: hold this replica's log writes (`true`) until released
+    /// (`false`), as a stalled disk would.
+    #[doc(hidden)]
+    pub fn stall_log_writes(&self, held: bool) {
+        self.inner.log.shared.stall.set(held);
     }
 
     /// The current term if this replica leads it, else None. Cheap (no copy

@@ -22,9 +22,11 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::background;
+use crate::log_store::LogWatch;
 use crate::log_store::{blocking, cf, decode, open_db, sto_err, sto_msg, Db, CF_SM};
+use crate::log_writer::until_durable;
 use crate::types::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
-use crate::{ConsensusError, StateMachine};
+use crate::{ConsensusError, NodeId, StateMachine};
 
 const KEY_SNAPSHOT: &[u8] = b"snapshot";
 
@@ -51,7 +53,17 @@ pub struct StateMachineStore<S> {
     installed: Arc<AtomicU64>,
     /// Log id of the persisted snapshot; its lock serializes persisting.
     persist_lock: Arc<Mutex<Option<LogId>>>,
+    /// How far this replica's log is on disk: an entry is applied only once
+    /// it is (a leader acknowledges its own appends before they are; see
+    /// `LogStore::append`).
+    log: LogWatch,
+    /// The last applied log id: the highest commit the leader tells its
+    /// followers of (see `network`).
+    applied_id: AppliedId,
 }
+
+/// The last applied log id, shared with the network.
+pub(crate) type AppliedId = Arc<Mutex<Option<LogId>>>;
 
 impl<S> Clone for StateMachineStore<S> {
     fn clone(&self) -> Self {
@@ -61,6 +73,8 @@ impl<S> Clone for StateMachineStore<S> {
             applied_tx: self.applied_tx.clone(),
             installed: self.installed.clone(),
             persist_lock: self.persist_lock.clone(),
+            log: self.log.clone(),
+            applied_id: self.applied_id.clone(),
         }
     }
 }
@@ -122,8 +136,9 @@ fn persist(db: &Db, persisted: &Mutex<Option<LogId>>, snap: &StoredSnapshot) -> 
 }
 
 impl<S: StateMachine> StateMachineStore<S> {
-    /// Load the persisted snapshot (if any) into `initial`.
-    pub(crate) fn new(db: Arc<Db>, mut initial: S) -> Result<Self, ConsensusError> {
+    /// Load the persisted snapshot (if any) into `initial`. `log`: how far
+    /// the replica's log is on disk (`LogStore::watch`).
+    pub(crate) fn new(db: Arc<Db>, mut initial: S, log: LogWatch) -> Result<Self, ConsensusError> {
         let stored = read_stored(&db).map_err(|e| ConsensusError::Storage(e.to_string()))?;
         let persisted = stored.as_ref().and_then(|s| s.meta.last_log_id);
         let (last_applied, last_membership) = match stored {
@@ -140,7 +155,17 @@ impl<S: StateMachine> StateMachineStore<S> {
             applied_tx: Arc::new(applied_tx),
             installed: Arc::new(AtomicU64::new(0)),
             persist_lock: Arc::new(Mutex::new(persisted)),
+            log,
+            applied_id: Arc::new(Mutex::new(last_applied)),
         })
+    }
+
+    pub(crate) fn applied_id(&self) -> AppliedId {
+        self.applied_id.clone()
+    }
+
+    fn set_applied_id(&self, id: Option<LogId>) {
+        *self.applied_id.lock().expect("applied id lock") = id;
     }
 
     /// The shared in-memory state.
@@ -243,7 +268,10 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
         I: IntoIterator<Item = Entry> + openraft::OptionalSend,
         I::IntoIter: openraft::OptionalSend,
     {
-        let mut responses = Vec::new();
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let Some(last_id) = entries.last().map(|e| e.log_id) else { return Ok(Vec::new()) };
+        until_durable(&self.log.shared, &mut self.log.durable, last_id.index).await?;
+        let mut responses = Vec::with_capacity(entries.len());
         let mut last = None;
         for entry in entries {
             let mut guard = self.state.write().map_err(|_| poisoned())?;
@@ -264,6 +292,7 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
             responses.push(resp);
         }
         metrics::counter!("rota_applied_entries_total").increment(responses.len() as u64);
+        self.set_applied_id(Some(last_id));
         if let Some(index) = last {
             self.applied_tx.send_replace(index);
         }
@@ -306,6 +335,7 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
         .await;
         written.map_err(|e| sto_msg(subject(), ErrorVerb::Write, e))??;
         self.installed.fetch_add(1, Ordering::AcqRel);
+        self.set_applied_id(meta.last_log_id);
         if let Some(l) = &meta.last_log_id {
             self.applied_tx.send_replace(l.index);
         }
@@ -320,15 +350,17 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for StateMachineStore<S> {
     }
 }
 
-/// Open both openraft stores of one replica over one RocksDB instance at
-/// `path`. `initial` is the state used when no snapshot is persisted.
+/// Open both openraft stores of replica `node_id` over one RocksDB
+/// instance at `path`. `initial` is the state used when no snapshot is
+/// persisted.
 pub fn open_storage<S: StateMachine>(
     path: &std::path::Path,
+    node_id: NodeId,
     initial: S,
 ) -> Result<(crate::LogStore, StateMachineStore<S>), ConsensusError> {
     let (db, _closed) = open_db(path)?;
-    let log = crate::LogStore::new(db.clone())?;
-    let sm = StateMachineStore::new(db, initial)?;
+    let log = crate::LogStore::new(db.clone(), node_id)?;
+    let sm = StateMachineStore::new(db, initial, log.watch())?;
     Ok((log, sm))
 }
 

@@ -4,10 +4,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{assert_same, init_tracing, Cluster, WAIT};
-use rota_consensus::{Role, WriteError};
+use rota_consensus::{NodeId, Role, WriteError};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicate_failover_and_rejoin() {
@@ -278,4 +278,65 @@ async fn a_detached_read_does_not_hold_up_apply() {
         .expect("the read ran");
     assert_eq!(seen, (true, false), "the copy is the state as it was when the read began");
     assert!(c.replica(leader).read(|state| state.map.contains_key("during")));
+}
+
+/// A leader sends its own entries to the followers before they are on its
+/// disk, but nothing counts them as committed until they are: with the
+/// leader's disk stalled and the entry durable on both followers, the write
+/// is not acknowledged and no follower applies it; released, both happen.
+/// (A follower told of the commit could apply an entry that a crash of the
+/// leader before its sync then loses: the leader and one follower without
+/// it are a quorum that elects the other.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_counts_its_own_entry_only_once_its_disk_has_it() {
+    init_tracing();
+    let c = Cluster::start(3, |_| {}).await;
+    c.replica(1).initialize(c.addrs.clone()).await.expect("initialize");
+    let leader = c.wait_leader().await;
+    let before = c.write("before=1").await.index;
+    let followers: Vec<NodeId> = c.nodes.keys().copied().filter(|id| *id != leader).collect();
+    for id in &followers {
+        c.replica(*id).wait_applied(before, WAIT).await.expect("followers caught up");
+    }
+
+    c.replica(leader).stall_log_writes(true);
+    // Released however the test ends: the cluster's shutdown waits for
+    // every log writer.
+    let _release = ReleaseOnDrop(c.replica(leader).clone());
+    let writer = c.replica(leader).clone();
+    let write = tokio::spawn(async move { writer.write(b"during=1".to_vec()).await });
+    let entry = before + 1;
+    let deadline = Instant::now() + WAIT;
+    while !followers.iter().all(|id| c.replica(*id).durable_index() >= Some(entry)) {
+        assert!(Instant::now() < deadline, "the followers never synced the entry");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(c.replica(leader).durable_index() < Some(entry), "the leader's disk is stalled");
+
+    // Several heartbeats' time: long enough for a commit to reach the
+    // followers, were the leader to count its unsynced entry.
+    let window = Instant::now() + Duration::from_millis(600);
+    while Instant::now() < window {
+        assert!(!write.is_finished(), "acknowledged before the leader's disk had it: {:?}", write.await);
+        for id in &followers {
+            let applied = c.replica(*id).status().applied_index;
+            assert!(applied < Some(entry), "follower {id} applied {applied:?} before the leader's disk had entry {entry}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    c.replica(leader).stall_log_writes(false);
+    let written = tokio::time::timeout(WAIT, write).await.expect("acknowledged once synced").expect("task").expect("written");
+    assert_eq!(written.index, entry);
+    let states = c.wait_all_applied(entry).await;
+    assert!(states.iter().all(|(_, s)| s.map.get("during").map(String::as_str) == Some("1")));
+}
+
+/// Releases a replica's stalled log writes when dropped.
+struct ReleaseOnDrop(rota_consensus::Replica<common::KvMachine>);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        self.0.stall_log_writes(false);
+    }
 }

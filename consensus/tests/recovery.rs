@@ -65,7 +65,7 @@ async fn force_new_cluster_refuses_a_log_shorter_than_the_known_commit() {
 
     // The disk lost the tail of the log, but not the commit record.
     {
-        let (mut log, _sm) = open_storage(&dir.path().join(DB_DIR), KvMachine::default()).unwrap();
+        let (mut log, _sm) = open_storage(&dir.path().join(DB_DIR), 1, KvMachine::default()).unwrap();
         log.truncate(LogId::new(CommittedLeaderId::new(0, 1), last - 3)).await.unwrap();
     }
     let refused = force_new_cluster(dir.path(), 1, "127.0.0.1:1", false).unwrap_err().to_string();

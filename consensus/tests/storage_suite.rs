@@ -14,7 +14,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore<KvMachine>, TempDir> f
     async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore<KvMachine>), StorageError<u64>> {
         let dir =
             tempfile::tempdir().map_err(|e| StorageError::from_io_error(openraft::ErrorSubject::Store, openraft::ErrorVerb::Write, e))?;
-        let (log, sm) = open_storage(dir.path(), KvMachine::default()).map_err(|e| {
+        let (log, sm) = open_storage(dir.path(), 1, KvMachine::default()).map_err(|e| {
             StorageError::from_io_error(openraft::ErrorSubject::Store, openraft::ErrorVerb::Read, std::io::Error::other(e.to_string()))
         })?;
         Ok((dir, log, sm))
