@@ -309,12 +309,13 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcErr<openraft::error::Infallible>> {
         let mut rpc = rpc;
-        // openraft's leader counts its own entries towards a commit as soon
-        // as it appended them, and the log store acknowledges those appends
-        // before they are on disk (`LogStore::append`). The leader applies
-        // an entry only once it is durable here, so an entry it applied is
-        // durable on a quorum: a follower told of a higher commit could
-        // apply an entry that a crash of this leader then loses.
+        // A follower hears of commits only up to what this leader applied.
+        // openraft counts the leader's own entries towards a commit once
+        // appended, and the log store acknowledges those appends before they
+        // are on disk (`LogStore::append`); the leader applies an entry only
+        // once its disk has it, so a commit it applied is on a quorum's
+        // disks. Told of a higher one, a follower could apply an entry that
+        // a crash of this leader before its sync then loses.
         let applied = *self.net.applied.lock().expect("applied id lock");
         rpc.leader_commit = std::cmp::min(rpc.leader_commit, applied);
         let n = rpc.entries.len() as u64;
