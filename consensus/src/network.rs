@@ -27,6 +27,7 @@ use openraft::{AnyError, BasicNode, RPCTypes};
 use rota_proto::raft::raft_client::RaftClient;
 use rota_proto::raft::RaftMessage;
 use serde::de::DeserializeOwned;
+use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::state_machine::AppliedId;
@@ -56,7 +57,13 @@ struct NetInner {
     /// The last log id this replica applied: the highest commit it tells a
     /// follower of (see `PeerClient::append_entries`).
     applied: AppliedId,
+    /// The last index this replica applied, to wait on (see `commit_notice`).
+    applied_index: Option<watch::Receiver<u64>>,
 }
+
+/// How long a commit notice waits for the leader to apply the commit it
+/// carries: about one sync, well under any election timeout.
+const COMMIT_NOTICE_WAIT: Duration = Duration::from_millis(10);
 
 const PEER_ROUTES_ENV: &str = "ROTA_TEST_PEER_ROUTES";
 
@@ -107,14 +114,18 @@ impl NetworkFactory {
             channels,
             routes,
             applied,
+            applied_index: None,
         };
         Self { inner: Arc::new(inner) }
     }
 
     /// Tell followers of commits only up to the log id `applied` holds
-    /// (this replica's last applied one; see `PeerClient::append_entries`).
-    pub(crate) fn bounding_commits_by(mut self, applied: AppliedId) -> Self {
-        Arc::get_mut(&mut self.inner).expect("bound before the factory is shared").applied = applied;
+    /// (this replica's last applied one, whose index `applied_index`
+    /// publishes; see `PeerClient::append_entries`).
+    pub(crate) fn bounding_commits_by(mut self, applied: AppliedId, applied_index: watch::Receiver<u64>) -> Self {
+        let inner = Arc::get_mut(&mut self.inner).expect("bound before the factory is shared");
+        inner.applied = applied;
+        inner.applied_index = Some(applied_index);
         self
     }
 
@@ -291,6 +302,19 @@ impl PeerClient {
         }
     }
 
+    /// An AppendEntries without entries is openraft's notice of a new
+    /// commit (or a heartbeat): it is sent as soon as the commit is counted,
+    /// before this leader applied it, and would carry only the commit
+    /// applied before. It waits (at most `COMMIT_NOTICE_WAIT`) for the
+    /// commit to be applied, so followers learn of it now and not at the
+    /// next entry or heartbeat: a client that wrote through the leader and
+    /// reads on a follower finds its write there as before.
+    async fn commit_notice(&self, commit: Option<crate::LogId>) {
+        let (Some(commit), Some(applied)) = (commit, &self.net.applied_index) else { return };
+        let mut applied = applied.clone();
+        let _ = tokio::time::timeout(COMMIT_NOTICE_WAIT, applied.wait_for(|a| *a >= commit.index)).await;
+    }
+
     fn timeout(&self, option: &RPCOption) -> Duration {
         self.net.rpc_timeout.min(option.hard_ttl())
     }
@@ -316,6 +340,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         // once its disk has it, so a commit it applied is on a quorum's
         // disks. Told of a higher one, a follower could apply an entry that
         // a crash of this leader before its sync then loses.
+        if rpc.entries.is_empty() {
+            self.commit_notice(rpc.leader_commit).await;
+        }
         let applied = *self.net.applied.lock().expect("applied id lock");
         rpc.leader_commit = std::cmp::min(rpc.leader_commit, applied);
         let n = rpc.entries.len() as u64;

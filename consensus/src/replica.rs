@@ -213,7 +213,7 @@ impl<S: StateMachine> Replica<S> {
             cfg.peer_channels.clone(),
             cfg.request_tags.clone(),
         )
-        .bounding_commits_by(sm.applied_id());
+        .bounding_commits_by(sm.applied_id(), sm.applied_watch());
         let raft = openraft::Raft::new(cfg.node_id, Arc::new(config), network.clone(), log, sm).await.map_err(fatal)?;
         let quorum_contact = Arc::new(std::sync::Mutex::new(QuorumContact { age_ms: None, read_at: std::time::Instant::now() }));
         tokio::spawn(track_quorum_contact(raft.clone(), quorum_contact.clone()));
