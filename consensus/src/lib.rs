@@ -19,6 +19,7 @@ use std::time::Duration;
 
 pub mod background;
 mod campaign;
+mod db;
 mod error;
 mod leader_contact;
 mod log_store;

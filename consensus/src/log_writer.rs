@@ -31,7 +31,7 @@ use openraft::{ErrorSubject, ErrorVerb};
 use rocksdb::WriteBatch;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::log_store::{cf, index_key, sto_msg, synced, Db, CF_LOG, CF_META, KEY_LAST_PURGED};
+use crate::db::{cf, index_key, sto_msg, synced, Db, CF_LOG, CF_META, KEY_LAST_PURGED};
 use crate::types::{Entry, LogId, StorageError, TypeConfig};
 
 /// Operations waiting for the writer at most; a full queue holds openraft

@@ -12,7 +12,7 @@ use std::path::Path;
 use openraft::{BasicNode, CommittedLeaderId, EntryPayload, ErrorSubject, Membership, Vote};
 use rocksdb::{Direction, IteratorMode, WriteBatch};
 
-use crate::log_store::{cf, decode, encode, index_key, open_db, synced, CF_LOG, CF_META, KEY_COMMITTED, KEY_LAST_PURGED, KEY_VOTE};
+use crate::db::{cf, decode, encode, index_key, open_db, synced, CF_LOG, CF_META, KEY_COMMITTED, KEY_LAST_PURGED, KEY_VOTE};
 use crate::replica::DB_DIR;
 use crate::state_machine::{stored_snapshot_meta, write_snapshot};
 use crate::types::{Entry, LogId, SnapshotMeta, StoredMembership};

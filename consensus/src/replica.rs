@@ -11,7 +11,8 @@ use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use rota_proto::raft::raft_server::RaftServer;
 use tokio::sync::watch;
 
-use crate::log_store::{open_db, DbClosed, LogStore, LogWatch};
+use crate::db::{open_db, DbClosed};
+use crate::log_store::{LogStore, LogWatch};
 use crate::network::NetworkFactory;
 use crate::service::RaftService;
 use crate::state_machine::{SmData, StateMachineStore};

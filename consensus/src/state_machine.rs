@@ -22,8 +22,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::background;
+use crate::db::{blocking, cf, decode, open_db, sto_err, sto_msg, Db, CF_SM};
 use crate::log_store::LogWatch;
-use crate::log_store::{blocking, cf, decode, open_db, sto_err, sto_msg, Db, CF_SM};
 use crate::log_writer::until_durable;
 use crate::types::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 use crate::{ConsensusError, NodeId, StateMachine};
@@ -392,7 +392,7 @@ impl Drop for LockHold {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log_store::encode;
+    use crate::db::encode;
     use openraft::CommittedLeaderId;
 
     fn meta(index: u64) -> SnapshotMeta {
