@@ -61,9 +61,9 @@ pub(crate) struct Durable {
 pub(crate) enum Done {
     /// openraft's callback for an append it waits on (a follower's).
     Flushed(LogFlushed<TypeConfig>),
-    /// A caller awaiting the write (the vote, a truncation, a purge).
+    /// A caller awaiting the write (the vote, a truncation, a barrier).
     Reply(oneshot::Sender<Result<(), String>>),
-    /// Nobody waits (an append acknowledged already, the committed id).
+    /// Nobody waits (an append acknowledged already, a purge, the committed id).
     Nothing,
 }
 
