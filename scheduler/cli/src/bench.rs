@@ -15,6 +15,7 @@ use tokio::sync::Semaphore;
 use tonic::transport::Channel;
 
 use rota_client::Client;
+use rota_core::state::validate::prefix_within;
 
 /// HTTP/2 connections to the leader the clients share.
 const CONNECTIONS: usize = 8;
@@ -65,15 +66,6 @@ impl std::fmt::Display for CallFailure {
     }
 }
 
-/// `text` cut to at most `max_bytes`, on a character boundary.
-fn cut(text: &str, max_bytes: usize) -> &str {
-    let mut end = text.len().min(max_bytes);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
 /// Latencies of the acknowledged calls and the failed ones counted by why
 /// they failed, with the first message of each kind (one per kind, cut to
 /// `EXAMPLE_BYTES`, so a run's failures can be told apart), and per second
@@ -116,7 +108,9 @@ impl Sample {
                 stats.max_us = stats.max_us.max(latency_us);
             }
             Err(failure) => {
-                self.error_examples.entry(failure.kind.clone()).or_insert_with(|| cut(&failure.message, EXAMPLE_BYTES).to_string());
+                self.error_examples
+                    .entry(failure.kind.clone())
+                    .or_insert_with(|| prefix_within(&failure.message, EXAMPLE_BYTES).to_string());
                 *self.errors.entry(failure.kind).or_default() += 1;
                 stats.failed += 1;
             }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use rota_core::state::validate::prefix_within;
 use rota_tls::{Security, TlsError};
 use tonic::transport::Channel;
 
@@ -40,11 +41,8 @@ pub fn call_request_id(base: &str, n: u64) -> String {
         return base.to_string();
     }
     let suffix = format!(".{n}");
-    let mut keep = MAX_REQUEST_ID_BYTES.saturating_sub(suffix.len()).min(base.len());
-    while !base.is_char_boundary(keep) {
-        keep -= 1;
-    }
-    format!("{}{suffix}", &base[..keep])
+    let keep = prefix_within(base, MAX_REQUEST_ID_BYTES.saturating_sub(suffix.len()));
+    format!("{keep}{suffix}")
 }
 
 /// Request metadata key set on a request forwarded from a follower, so a

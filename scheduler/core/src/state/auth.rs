@@ -284,14 +284,8 @@ fn join(set: &BTreeSet<String>) -> String {
 }
 
 fn truncate_at_char(text: &mut String, max_bytes: usize) {
-    if text.len() <= max_bytes {
-        return;
-    }
-    let mut end = max_bytes;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.truncate(end);
+    let keep = super::validate::prefix_within(text, max_bytes).len();
+    text.truncate(keep);
 }
 
 /// A user, group or token id name: 1 to 64 of `[A-Za-z0-9._-]`, starting
