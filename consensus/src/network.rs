@@ -181,7 +181,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         let addr = self.resolve(target, Some(node)).unwrap_or_default();
-        PeerClient { net: self.inner.clone(), target, node: node.clone(), addr, client: None }
+        PeerClient { net: self.inner.clone(), target, node: node.clone(), addr, client: None, stream: None, unary_only: false }
     }
 }
 
@@ -204,6 +204,28 @@ pub struct PeerClient {
     node: BasicNode,
     addr: String,
     client: Option<RaftClient<Channel>>,
+    /// The open AppendEntries stream to the peer (see `append_on_stream`).
+    stream: Option<AppendStream>,
+    /// The peer answered a stream with UNIMPLEMENTED (a build without
+    /// one): AppendEntries go to it one call each, for as long as this
+    /// client lives (openraft makes a new one at each change of leader or
+    /// membership, which tries again).
+    unary_only: bool,
+}
+
+/// A leader's AppendEntries stream to one follower: requests go out one at
+/// a time, each answered in order.
+struct AppendStream {
+    requests: futures::channel::mpsc::Sender<RaftMessage>,
+    answers: tonic::Streaming<RaftMessage>,
+}
+
+impl AppendStream {
+    async fn ask(&mut self, payload: tonic::codegen::Bytes) -> Result<RaftMessage, tonic::Status> {
+        use futures::SinkExt;
+        self.requests.send(RaftMessage { payload }).await.map_err(|_| tonic::Status::unavailable("AppendEntries stream closed"))?;
+        self.answers.message().await?.ok_or_else(|| tonic::Status::unavailable("AppendEntries stream ended by the peer"))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -238,7 +260,7 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
     {
         let started = std::time::Instant::now();
-        let answered = tokio::time::timeout(timeout, self.send_on_a_live_connection(kind, payload.into())).await;
+        let answered = tokio::time::timeout(timeout, self.send(kind, payload.into())).await;
         if matches!(answered, Ok(Ok(_))) {
             // The round trip of an answered call: the network both ways
             // and, for AppendEntries, the follower's own sync.
@@ -256,7 +278,7 @@ impl PeerClient {
                     _ => network(text),
                 });
             }
-            Ok(Ok(r)) => r.into_inner(),
+            Ok(Ok(r)) => r,
         };
         let res: Result<Resp, RaftError<NodeId, E>> =
             bincode::deserialize(&reply.payload).map_err(|e| network(format!("decode {kind} reply from node {}: {e}", self.target)))?;
@@ -265,6 +287,72 @@ impl PeerClient {
             // The peer's Raft is stopped or failed: back off like for a dead peer.
             Err(RaftError::Fatal(f)) => Err(RPCError::Unreachable(Unreachable::new(&f))),
             Err(e) => Err(RPCError::RemoteError(RemoteError::new_with_node(self.target, self.node.clone(), e))),
+        }
+    }
+
+    /// Send one request and wait for its answer: an AppendEntries on the
+    /// peer's stream where it has one, anything else in a call of its own.
+    async fn send(&mut self, kind: RPCTypes, payload: tonic::codegen::Bytes) -> Result<RaftMessage, tonic::Status> {
+        if kind == RPCTypes::AppendEntries && !self.unary_only {
+            match self.append_on_stream(payload.clone()).await {
+                Err(status) if status.code() == tonic::Code::Unimplemented => {
+                    tracing::info!(target = self.target, addr = %self.addr, "the peer has no AppendEntries stream (an older build): one call per AppendEntries");
+                    self.unary_only = true;
+                }
+                outcome => return outcome,
+            }
+        }
+        self.send_on_a_live_connection(kind, payload).await.map(tonic::Response::into_inner)
+    }
+
+    /// One AppendEntries on the stream to the peer, opened if none is. The
+    /// stream is taken out while a request is on it: a call its timeout
+    /// cancels drops the stream with it, so an answer that comes late is
+    /// never read as the next request's. A stream kept from before that
+    /// fails without an answer (the peer restarted, the connection broke)
+    /// is replaced and the request sent once more on a new one: an
+    /// AppendEntries may reach a follower twice, its second copy changes
+    /// nothing.
+    async fn append_on_stream(&mut self, payload: tonic::codegen::Bytes) -> Result<RaftMessage, tonic::Status> {
+        let (mut stream, kept) = match self.stream.take() {
+            Some(stream) => (stream, true),
+            None => (self.open_stream().await?, false),
+        };
+        let outcome = stream.ask(payload.clone()).await;
+        let outcome = match outcome {
+            Err(status) if kept => {
+                tracing::debug!(target = self.target, addr = %self.addr, %status, "AppendEntries stream broken; once more on a new one");
+                stream = self.open_stream().await?;
+                stream.ask(payload).await
+            }
+            outcome => outcome,
+        };
+        if outcome.is_ok() {
+            self.stream = Some(stream);
+        }
+        outcome
+    }
+
+    /// Open an AppendEntries stream, once more on a new connection if the
+    /// first try failed in the transport.
+    async fn open_stream(&mut self) -> Result<AppendStream, tonic::Status> {
+        let mut attempt = 1;
+        loop {
+            let mut client = self.client().map_err(tonic::Status::unavailable)?;
+            let (requests, outgoing) = futures::channel::mpsc::channel(0);
+            let mut msg = tonic::Request::new(outgoing);
+            if let Some(RequestTags(tag)) = &self.net.tags {
+                tag(msg.metadata_mut());
+            }
+            match client.append_stream(msg).await {
+                Ok(answers) => return Ok(AppendStream { requests, answers: answers.into_inner() }),
+                Err(status) if attempt < SEND_ATTEMPTS && failed_in_transport(&status) => {
+                    self.net.forget_channel(&self.addr);
+                    self.client = None;
+                    attempt += 1;
+                }
+                Err(status) => return Err(status),
+            }
         }
     }
 
@@ -415,6 +503,129 @@ mod tests {
         async fn install_snapshot(&self, _: tonic::Request<RaftMessage>) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
             Err(tonic::Status::unimplemented("votes only"))
         }
+
+        type AppendStreamStream = futures::stream::Empty<Result<RaftMessage, tonic::Status>>;
+
+        async fn append_stream(
+            &self,
+            _: tonic::Request<tonic::Streaming<RaftMessage>>,
+        ) -> Result<tonic::Response<Self::AppendStreamStream>, tonic::Status> {
+            Err(tonic::Status::unimplemented("votes only"))
+        }
+    }
+
+    /// A follower that accepts every AppendEntries and counts how they came:
+    /// in calls of their own, or on streams (with or without streams, as a
+    /// build before them; or ending each stream after its first answer).
+    #[derive(Clone, Default)]
+    struct AcceptingPeer {
+        without_streams: bool,
+        one_answer_per_stream: bool,
+        counts: Arc<AppendCounts>,
+    }
+
+    /// How the AppendEntries an `AcceptingPeer` accepted came.
+    #[derive(Default)]
+    struct AppendCounts {
+        /// In calls of their own.
+        calls: std::sync::atomic::AtomicU32,
+        /// Streams opened.
+        streams: std::sync::atomic::AtomicU32,
+        /// Requests answered on streams.
+        streamed: std::sync::atomic::AtomicU32,
+    }
+
+    impl AppendCounts {
+        fn get(&self) -> (u32, u32, u32) {
+            use std::sync::atomic::Ordering::SeqCst;
+            (self.calls.load(SeqCst), self.streams.load(SeqCst), self.streamed.load(SeqCst))
+        }
+    }
+
+    fn accepted() -> RaftMessage {
+        let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> = Ok(AppendEntriesResponse::Success);
+        RaftMessage { payload: bincode::serialize(&answer).unwrap().into() }
+    }
+
+    #[tonic::async_trait]
+    impl rota_proto::raft::raft_server::Raft for AcceptingPeer {
+        async fn append_entries(&self, _: tonic::Request<RaftMessage>) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+            self.counts.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(tonic::Response::new(accepted()))
+        }
+
+        async fn vote(&self, _: tonic::Request<RaftMessage>) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("appends only"))
+        }
+
+        async fn install_snapshot(&self, _: tonic::Request<RaftMessage>) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("appends only"))
+        }
+
+        type AppendStreamStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<RaftMessage, tonic::Status>> + Send>>;
+
+        async fn append_stream(
+            &self,
+            request: tonic::Request<tonic::Streaming<RaftMessage>>,
+        ) -> Result<tonic::Response<Self::AppendStreamStream>, tonic::Status> {
+            use futures::StreamExt;
+            if self.without_streams {
+                return Err(tonic::Status::unimplemented("an older build"));
+            }
+            self.counts.streams.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let take = if self.one_answer_per_stream { 1 } else { usize::MAX };
+            let counts = self.counts.clone();
+            let answers = request.into_inner().take(take).map(move |asked| {
+                asked?;
+                counts.streamed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(accepted())
+            });
+            Ok(tonic::Response::new(Box::pin(answers)))
+        }
+    }
+
+    /// Sends `n` AppendEntries to `peer` and returns (calls, streams,
+    /// streamed): how they came.
+    async fn appends_to(peer: AcceptingPeer, n: u32) -> (u32, u32, u32) {
+        let counts = peer.counts.clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let service = rota_proto::raft::raft_server::RaftServer::new(peer);
+        tokio::spawn(tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming));
+        let timeout = Duration::from_secs(5);
+        let peers = BTreeMap::from([(2, addr.clone())]);
+        let mut factory = NetworkFactory::new(1, peers, timeout, timeout, Duration::from_millis(100), None, None);
+        let mut client = factory.new_client(2, &BasicNode { addr }).await;
+        for _ in 0..n {
+            let asked =
+                AppendEntriesRequest { vote: openraft::Vote::new_committed(3, 1), prev_log_id: None, entries: vec![], leader_commit: None };
+            let answer = client.append_entries(asked, RPCOption::new(timeout)).await.expect("appended");
+            assert!(matches!(answer, AppendEntriesResponse::Success));
+        }
+        counts.get()
+    }
+
+    #[tokio::test]
+    async fn appends_share_one_stream() {
+        let (calls, streams, streamed) = appends_to(AcceptingPeer::default(), 5).await;
+        assert_eq!((calls, streams, streamed), (0, 1, 5), "every append on one stream, none in a call of its own");
+    }
+
+    /// A rolling upgrade: a follower on a build without the stream still
+    /// gets every AppendEntries, one call each.
+    #[tokio::test]
+    async fn a_peer_without_streams_gets_appends_one_call_each() {
+        let (calls, _, streamed) = appends_to(AcceptingPeer { without_streams: true, ..Default::default() }, 4).await;
+        assert_eq!((calls, streamed), (4, 0));
+    }
+
+    /// A stream the peer ends (a restart, a broken connection) is replaced
+    /// and the append that found it ended is sent again on the new one.
+    #[tokio::test]
+    async fn an_ended_stream_is_replaced_and_the_append_sent_again() {
+        let (calls, streams, streamed) = appends_to(AcceptingPeer { one_answer_per_stream: true, ..Default::default() }, 3).await;
+        assert_eq!((calls, streams, streamed), (0, 3, 3), "a new stream for each append, every append answered on one");
     }
 
     async fn granting_peer() -> String {

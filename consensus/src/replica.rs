@@ -115,6 +115,9 @@ struct Inner<S> {
     /// How far the log is on disk, and its writer's stall (not the log
     /// store itself: holding it would keep the database open after shutdown).
     log: LogWatch,
+    /// Set when this replica shuts down: ends the AppendEntries streams it
+    /// serves (a server waits for its open streams before it stops).
+    stopping: watch::Sender<bool>,
 }
 
 /// Walks over whole tables ([`Replica::read_detached`]) running at once at
@@ -243,6 +246,7 @@ impl<S: StateMachine> Replica<S> {
                 campaigner,
                 walks: tokio::sync::Semaphore::new(MAX_CONCURRENT_WALKS),
                 log: log_handle,
+                stopping: watch::channel(false).0,
             }),
         })
     }
@@ -348,7 +352,13 @@ impl<S: StateMachine> Replica<S> {
     /// The tonic service peers call; add it to the public tonic server.
     /// Its decode/encode limits are set to [`crate::MAX_MESSAGE_BYTES`].
     pub fn raft_service(&self) -> RaftServer<RaftService> {
-        RaftService::new(self.inner.raft.clone(), self.inner.leader_contact.clone(), self.inner.campaigner.clone()).into_server()
+        RaftService::new(
+            self.inner.raft.clone(),
+            self.inner.leader_contact.clone(),
+            self.inner.campaigner.clone(),
+            self.inner.stopping.subscribe(),
+        )
+        .into_server()
     }
 
     pub async fn is_initialized(&self) -> bool {
@@ -588,6 +598,7 @@ impl<S: StateMachine> Replica<S> {
     /// Stop the Raft node and wait until its RocksDB is closed, so the data
     /// dir can be reopened.
     pub async fn shutdown(&self) -> Result<(), ConsensusError> {
+        self.inner.stopping.send_replace(true);
         self.inner.raft.shutdown().await.map_err(fatal)?;
         let closed = self.inner.db_closed.lock().unwrap_or_else(PoisonError::into_inner).take();
         if let Some(closed) = closed {
