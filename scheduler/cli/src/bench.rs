@@ -15,7 +15,7 @@ use tokio::sync::Semaphore;
 use tonic::transport::Channel;
 
 use rota_client::Client;
-use rota_core::state::validate::prefix_within;
+use rota_core::text::prefix_within;
 
 /// HTTP/2 connections to the leader the clients share.
 const CONNECTIONS: usize = 8;

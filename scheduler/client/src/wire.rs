@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use rota_core::state::validate::prefix_within;
+use rota_core::text::prefix_within;
 use rota_tls::{Security, TlsError};
 use tonic::transport::Channel;
 

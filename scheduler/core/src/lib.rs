@@ -18,3 +18,4 @@ pub mod policy;
 pub mod report;
 pub mod sim;
 pub mod state;
+pub mod text;

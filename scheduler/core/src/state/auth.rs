@@ -284,7 +284,7 @@ fn join(set: &BTreeSet<String>) -> String {
 }
 
 fn truncate_at_char(text: &mut String, max_bytes: usize) {
-    let keep = super::validate::prefix_within(text, max_bytes).len();
+    let keep = crate::text::prefix_within(text, max_bytes).len();
     text.truncate(keep);
 }
 

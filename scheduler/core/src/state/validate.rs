@@ -29,17 +29,6 @@ pub const MAX_SPEC_BYTES: usize = 128 * 1024;
 /// Variables the agent sets for every rank; a job may not override them.
 pub const RESERVED_ENV: [&str; 7] = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"];
 
-/// The longest prefix of `text` within `max_bytes` that ends on a character
-/// boundary: how every bounded text (audit records, request ids, messages
-/// kept as examples) is shortened without splitting a character.
-pub fn prefix_within(text: &str, max_bytes: usize) -> &str {
-    let mut end = text.len().min(max_bytes);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
 fn invalid(field: &str, message: impl Into<String>) -> Rejection {
     Rejection::Invalid { field: field.to_string(), message: message.into() }
 }
@@ -171,20 +160,4 @@ pub fn validate_quota(quota: &super::types::GroupQuota) -> Result<(), Rejection>
         return Err(invalid("quota.lend_to", "at most 64 groups"));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod prefix_tests {
-    use super::prefix_within;
-
-    #[test]
-    fn a_prefix_never_splits_a_character() {
-        assert_eq!(prefix_within("abc", 10), "abc");
-        assert_eq!(prefix_within("abc", 2), "ab");
-        // "é" is two bytes: a cut inside it keeps the text before it.
-        assert_eq!(prefix_within("aé", 2), "a");
-        assert_eq!(prefix_within("aé", 3), "aé");
-        assert_eq!(prefix_within("🙂", 3), "");
-        assert_eq!(prefix_within("", 0), "");
-    }
 }
