@@ -345,7 +345,12 @@ impl PeerClient {
                 tag(msg.metadata_mut());
             }
             match client.append_stream(msg).await {
-                Ok(answers) => return Ok(AppendStream { requests, answers: answers.into_inner() }),
+                Ok(answers) => {
+                    // One per follower for as long as the link holds: a count
+                    // that keeps rising is a link or a peer that keeps failing.
+                    metrics::counter!("rota_raft_streams_opened_total", "peer" => self.target.to_string()).increment(1);
+                    return Ok(AppendStream { requests, answers: answers.into_inner() });
+                }
                 Err(status) if attempt < SEND_ATTEMPTS && failed_in_transport(&status) => {
                     self.net.forget_channel(&self.addr);
                     self.client = None;

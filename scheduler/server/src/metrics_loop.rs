@@ -110,6 +110,10 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ),
     ("rota_raft_serve_seconds", "Time this replica took to answer a leader's AppendEntries, decode to answer, by kind: append_entries (with entries: includes its log sync), heartbeat"),
     ("rota_raft_rpc_seconds", "Round trip of an answered Raft call to a peer, by kind: append_entries (with entries: includes the peer's log sync), heartbeat, vote, install_snapshot"),
+    (
+        "rota_raft_streams_opened_total",
+        "AppendEntries streams this replica opened as leader, by peer: one per follower while links hold, more when a link or a peer fails",
+    ),
     ("rota_heartbeats_total", "Node heartbeats received"),
     ("rota_data_dir_free_bytes", "Free space in the data directory"),
     ("rota_alarms_raised", "Alarms raised in the cluster (no new work while any is)"),
