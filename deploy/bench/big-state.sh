@@ -32,7 +32,7 @@ echo "backup of $((finished + pending)) jobs: $(stat -c %s "$dir/backup.rota") b
 # shellcheck source=deploy/bench/restore-members.sh
 . "$(dirname "$0")/restore-members.sh"
 restore_members "$rota" "$dir" "$base" || exit 1
-export ROTA_SERVER_ARGS="--user-requests-per-s 0 --user-max-in-flight 100000 --snapshot-every ${SNAPSHOT_EVERY:-20000} --keep-finished-jobs $((finished + 100000))"
+export ROTA_SERVER_ARGS="--user-requests-per-s 0 --user-max-in-flight 100000 --snapshot-every ${SNAPSHOT_EVERY:-20000}"
 t=$(now); ROTA_BIN="$server" bash "$here/cluster.sh" start "$dir" 3 "$base" >"$dir/start.log" 2>&1 || { echo "no leader; see $dir" >&2; exit 1; }
 echo "three restored members: a leader serving after $(since "$t") s; rss $(rss 1), $(rss 2), $(rss 3)"
 # shellcheck disable=SC1091

@@ -31,7 +31,7 @@ trap cleanup EXIT
 # shellcheck source=deploy/bench/restore-members.sh
 . "$(dirname "$0")/restore-members.sh"
 restore_members "$rota" "$dir" "$base" || exit 1
-export ROTA_SERVER_ARGS="--user-requests-per-s 0 --user-max-in-flight 100000 --keep-finished-jobs $((finished + 100000))"
+export ROTA_SERVER_ARGS="--user-requests-per-s 0 --user-max-in-flight 100000"
 ROTA_BIN="$server" bash "$here/cluster.sh" start "$dir" 3 "$base" >"$dir/start.log" 2>&1 || { echo "no leader; see $dir" >&2; exit 1; }
 # shellcheck disable=SC1091
 . "$dir/env"

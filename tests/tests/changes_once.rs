@@ -50,14 +50,15 @@ async fn a_change_sent_twice_under_one_request_id_happens_once() -> Result<()> {
     cluster.wait_leader(WAIT).await?;
     wait_access_control(&cluster, WAIT).await?;
     let rota = UserCli::new(&cluster, &[])?;
-    wait_until("cluster version 10 or later", WAIT, || async {
-        Ok(rota.ok("harness", &["cluster"]).ok().filter(|c| c["cluster_version"].as_u64() >= Some(10)).map(|_| ()))
+    wait_until("cluster version 13 or later", WAIT, || async {
+        Ok(rota.ok("harness", &["cluster"]).ok().filter(|c| c["cluster_version"].as_u64() >= Some(13)).map(|_| ()))
     })
     .await?;
 
     twice(&rota, "once-queue", &["queue", "set", "training", "--weight", "7"], "set queue training")?;
     twice(&rota, "once-quota", &["quota", "set", "vision", "--gpus", "16"], "set quota of group vision")?;
     twice(&rota, "once-budget", &["budget", "set", "vision", "--gpu-hours", "100"], "set budget of group vision")?;
+    twice(&rota, "once-limits", &["limits", "set", "--max-live-jobs", "150000"], "set limits max_live_jobs=150000")?;
     twice(&rota, "once-user", &["auth", "user", "add", "alice", "--role", "user", "--groups", "e2e"], "set user alice")?;
     twice(&rota, "once-template", &["template", "save", "once", "--group", "e2e", "--", "true"], "save template once")?;
     let document = dir.path().join("aging.toml");

@@ -1,6 +1,6 @@
 //! History, the monthly archive and reports end to end: a 3-replica
 //! cluster with TLS and users that keeps only 2 finished jobs in its state
-//! (`--keep-finished-jobs 2`), one agent with 8 fake H100s, driven by the
+//! (`rota limits set --max-finished-jobs 2`), one agent with 8 fake H100s, driven by the
 //! `rota` CLI.
 //!
 //! - Five jobs of two groups, with labels, end one after another
@@ -120,15 +120,16 @@ fn svg_texts(svg: &str) -> Result<Vec<String>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn history_archive_and_reports_across_three_replicas() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let options = ClusterOptions { server_args: vec!["--keep-finished-jobs".into(), "2".into()], ..ClusterOptions::default() };
-    let cluster = LocalCluster::start(dir.path(), 3, options)?;
+    let cluster = LocalCluster::start(dir.path(), 3, ClusterOptions::default())?;
     cluster.wait_leader(WAIT).await?;
     rota_e2e::wait_access_control(&cluster, WAIT).await?;
     let rota = Rota::new(&cluster)?;
-    wait_until("cluster version 8 or later", WAIT, || async {
-        Ok(rota.json("harness", &["cluster"]).ok().filter(|c| c["cluster_version"].as_u64() >= Some(8)).map(|_| ()))
+    wait_until("cluster version 13 or later", WAIT, || async {
+        Ok(rota.json("harness", &["cluster"]).ok().filter(|c| c["cluster_version"].as_u64() >= Some(13)).map(|_| ()))
     })
     .await?;
+    let limits = rota.json("harness", &["limits", "set", "--max-finished-jobs", "2"])?;
+    ensure!(limits["finished_jobs"]["max"] == 2, "the finished bound is set: {limits}");
     rota.json("harness", &["auth", "user", "add", "alice", "--role", "user", "--groups", "vision,nlp"])?;
     let _agent = LocalAgent::start(dir.path(), "node-a", &cluster.endpoints_csv(), AgentOptions::default())?;
     wait_nodes_ready(&cluster, 1, WAIT).await?;

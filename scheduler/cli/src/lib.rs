@@ -12,6 +12,7 @@ pub mod config;
 pub mod drill;
 pub mod endpoint_memory;
 pub mod history;
+pub mod limits;
 pub mod log_thinning;
 pub mod ops;
 pub mod output;

@@ -119,6 +119,12 @@ enum Command {
         #[command(subcommand)]
         action: rota_cli::tenancy::TemplateAction,
     },
+    /// Bounds of the replicated tables (live and finished jobs, spec bytes):
+    /// `rota limits show`, `rota limits set --max-live-jobs N` (admins).
+    Limits {
+        #[command(subcommand)]
+        action: rota_cli::limits::LimitsAction,
+    },
     /// GPU-hour budgets per group and month: `rota budget set G --gpu-hours N [--month YYYY-MM] [--strict]`, `show`.
     Budget {
         #[command(subcommand)]
@@ -513,12 +519,11 @@ struct ServerArgs {
     /// bytes are bounded too (32 MiB).
     #[arg(long, default_value_t = rota_server::events::MAX_KEPT_EVENTS)]
     keep_events: usize,
-    /// Finished jobs the cluster's state keeps; older ones move to each
-    /// replica's monthly archive (`DATA/archive/`, read by `rota history`).
-    /// Part of the replicated state: give every founding replica the same
-    /// value (a snapshot carries it after that).
-    #[arg(long, default_value_t = rota_core::state::StateLimits::default().max_finished_jobs as u64, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
-    keep_finished_jobs: u64,
+    /// Gone: the finished-job bound is replicated (`rota limits set
+    /// --max-finished-jobs N`); a replica taking it from its own command
+    /// line replayed the log to another state than its peers.
+    #[arg(long, hide = true)]
+    keep_finished_jobs: Option<u64>,
     /// A node silent this long is declared down and its jobs requeued.
     #[arg(long, default_value_t = 30_000)]
     node_ttl_ms: u64,
@@ -632,6 +637,9 @@ fn certificate_files(tls: &TlsArgs) -> Vec<(&'static str, PathBuf)> {
 }
 
 async fn run_server(args: ServerArgs, tls: &TlsArgs) -> Result<()> {
+    if args.keep_finished_jobs.is_some() {
+        bail!("--keep-finished-jobs: the finished-job bound is part of the replicated state now; start the replica without it and run `rota limits set --max-finished-jobs N` once the cluster is up");
+    }
     let security = tls.flags().for_machine()?;
     let mut peers = parse_peers(&args.peers)?;
     if args.join {
@@ -666,7 +674,6 @@ async fn run_server(args: ServerArgs, tls: &TlsArgs) -> Result<()> {
         snapshot_every_entries: args.snapshot_every,
         keep_logs_behind_snapshot: args.keep_logs,
         keep_events: args.keep_events,
-        keep_finished_jobs: args.keep_finished_jobs as usize,
         node_ttl_ms: args.node_ttl_ms,
         max_clock_skew_ms: args.max_clock_skew_ms,
         start_timeout_ms: args.start_timeout_ms,
@@ -756,6 +763,7 @@ async fn main() -> Result<()> {
         Command::Report(report) => cli::history::report(&client, &report, output).await,
         Command::Template { action } => cli::tenancy::template(&client, action, format).await,
         Command::Budget { action } => cli::tenancy::budget(&client, action, format).await,
+        Command::Limits { action } => cli::limits::limits(&client, action, format).await,
         Command::Change { action } => cli::change::change(&client, action, format).await,
         Command::Policy { action } => cli::policy::policy(&client, action, output).await,
         Command::Cancel { job_id } => cli::cancel(&client, job_id, format).await,

@@ -16,10 +16,11 @@ use crate::Context;
 use rota_client::convert::{node_to_pb, queue_from_pb, queue_to_pb, queue_with_idle_to_pb, quota_from_pb, quota_to_pb};
 use rota_core::state::auth::{Action, Actor};
 use rota_core::state::idle::{IdleAction, IdlePolicy, IDLE_FROM_VERSION};
+use rota_core::state::limits::LIMITS_FROM_VERSION;
 use rota_core::state::tenancy::{
     gpu_hours, month_of, month_start_ms, month_text, next_month, parse_month, Month, MS_PER_GPU_HOUR, TENANCY_FROM_VERSION,
 };
-use rota_core::state::{AlarmKind, Command, CommandResult, GroupQuota};
+use rota_core::state::{AlarmKind, ClusterState, Command, CommandResult, GroupQuota, LimitsChange};
 
 /// The largest budget one can set, GPU-hours (a million GPUs for a century).
 const MAX_BUDGET_GPU_HOURS: f64 = 1e12;
@@ -373,6 +374,28 @@ impl ClusterApi {
             .unwrap_or_else(|| pb::BudgetStatus { group: message.group.clone(), month: month_text(month), ..Default::default() }))
     }
 
+    async fn limits_here(&self) -> Result<pb::Limits, Failure> {
+        self.linearizable().await?;
+        Ok(self.ctx.read(limits_to_pb))
+    }
+
+    async fn set_limits_here(&self, actor: &Actor, message: &pb::SetLimitsRequest) -> Result<pb::Limits, Failure> {
+        if self.ctx.read(|state| state.cluster_version()) < LIMITS_FROM_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "limits are changed through the log from cluster version {LIMITS_FROM_VERSION}: every replica must run a build that reads it"
+            ))
+            .into());
+        }
+        let change = LimitsChange {
+            max_live_jobs: message.max_live_jobs,
+            max_finished_jobs: message.max_finished_jobs,
+            max_spec_bytes: message.max_spec_bytes,
+        };
+        change.check().map_err(|(field, message)| Status::invalid_argument(format!("{field}: {message}")))?;
+        self.propose_config(self.ctx.as_actor(actor, Command::SetLimits(change))).await?;
+        Ok(self.ctx.read(limits_to_pb))
+    }
+
     async fn changes_here(&self) -> Result<pb::ListChangesResponse, Failure> {
         self.linearizable().await?;
         let now_ms = wall_clock_ms();
@@ -660,6 +683,20 @@ impl ClusterService for ClusterApi {
         serve_or_forward(&self.ctx.forwarder, "rollback_policy", request, here, forward).await
     }
 
+    async fn get_limits(&self, mut request: Request<pb::GetLimitsRequest>) -> Result<Response<pb::Limits>, Status> {
+        self.reader(&mut request).await?;
+        let here = |_: pb::GetLimitsRequest| async move { self.limits_here().await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.get_limits(request).await };
+        serve_or_forward(&self.ctx.forwarder, "get_limits", request, here, forward).await
+    }
+
+    async fn set_limits(&self, mut request: Request<pb::SetLimitsRequest>) -> Result<Response<pb::Limits>, Status> {
+        let actor = &self.ctx.actor(&mut request).await?;
+        let here = |message: pb::SetLimitsRequest| async move { self.set_limits_here(actor, &message).await };
+        let forward = |addr: String, request| async move { self.ctx.forwarder.cluster(&addr)?.set_limits(request).await };
+        serve_or_forward(&self.ctx.forwarder, "set_limits", request, here, forward).await
+    }
+
     async fn list_budgets(&self, mut request: Request<pb::ListBudgetsRequest>) -> Result<Response<pb::ListBudgetsResponse>, Status> {
         self.reader(&mut request).await?;
         let here = |message: pb::ListBudgetsRequest| async move { self.budgets_here(&message).await };
@@ -686,5 +723,26 @@ fn failure_status(failure: &Failure) -> Status {
     match failure {
         Failure::Status(status) => status.clone(),
         Failure::NotLeader(error) => crate::status::write_error(error),
+    }
+}
+
+/// Each bound of the state beside what it holds.
+fn limits_to_pb(state: &ClusterState) -> pb::Limits {
+    let limits = &state.limits;
+    pb::Limits {
+        max_live_jobs: limits.max_live_jobs as u64,
+        live_jobs: state.live_jobs as u64,
+        max_finished_jobs: limits.max_finished_jobs as u64,
+        finished_jobs: state.finished.len() as u64,
+        max_spec_bytes: limits.max_spec_bytes,
+        spec_bytes: state.spec_bytes,
+        max_nodes: limits.max_nodes as u64,
+        nodes: state.nodes.len() as u64,
+        max_queues: limits.max_queues as u64,
+        queues: state.queues.len() as u64,
+        max_quotas: limits.max_quotas as u64,
+        quotas: state.quotas.len() as u64,
+        dedupe_capacity: limits.dedupe_capacity as u64,
+        cluster_version: u32::from(state.cluster_version()),
     }
 }

@@ -125,10 +125,6 @@ pub struct ServerConfig {
     /// Events kept for readers of the event stream at most (bytes are
     /// bounded by `events::MAX_KEPT_EVENT_BYTES`).
     pub keep_events: usize,
-    /// Finished jobs a new cluster's state keeps before older ones move to
-    /// the archive. Part of the replicated state: every founding replica
-    /// must be given the same value, and a snapshot carries it from then on.
-    pub keep_finished_jobs: usize,
     /// Request rate, streams and requests in flight per caller identity.
     pub limits: limits::LimitsConfig,
     /// The CA bundle and certificate in use, as (`cert` label, PEM path),
@@ -273,8 +269,9 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     let cluster_identity = cluster_id::ClusterIdentity::load(&config.data_dir).map_err(ServerError::DataDir)?;
     let events = events::EventRing::new(config.keep_events, events::MAX_KEPT_EVENT_BYTES);
     let archive = archive::ArchiveWriter::open(&archive::archive_dir(&config.data_dir)).map_err(|e| ServerError::DataDir(e.to_string()))?;
-    let limits = StateLimits { max_finished_jobs: config.keep_finished_jobs, ..StateLimits::default() };
-    let replicated = Replicated::new(ClusterState::new(limits), events, Some(archive));
+    // Every replica starts from the same bounds; only the log changes them
+    // (`rota limits set`), so a restart or a join replays to the same state.
+    let replicated = Replicated::new(ClusterState::new(StateLimits::default()), events, Some(archive));
     let replica = Replica::open(consensus_config(&config, &cluster_identity), replicated).await?;
     let ctx = Arc::new(Context {
         proposer: Proposer::start(replica.clone()),

@@ -84,6 +84,7 @@ impl ClusterState {
             | Command::PromotePolicy
             | Command::RollbackPolicy { .. }
             | Command::SetJobPriority { .. }
+            | Command::SetLimits(_)
             | Command::SetQueueIdle { .. } => Err(Rejection::Invalid {
                 field: "command".into(),
                 message: "this command is applied only inside an audited command naming its sender".into(),
@@ -231,7 +232,8 @@ impl ClusterState {
             | Command::RemoveUser { .. }
             | Command::ApplyPolicy { .. }
             | Command::PromotePolicy
-            | Command::RollbackPolicy { .. } => Action::Administer,
+            | Command::RollbackPolicy { .. }
+            | Command::SetLimits(_) => Action::Administer,
             Command::CreateToken { user, .. } => Action::ManageTokensOf { user },
             Command::RevokeToken { id } => match self.auth.tokens.get(id) {
                 Some(token) => Action::ManageTokensOf { user: &token.user },
@@ -285,6 +287,10 @@ impl ClusterState {
             Command::RollbackPolicy { to } => self.rollback_policy(*to),
             Command::SetJobPriority { job_id, priority } => self.set_job_priority(*job_id, *priority),
             Command::WithLostAfter { lost_after, command } => self.with_lost_after(index, Some(actor), *lost_after, command),
+            Command::SetLimits(change) => self
+                .set_limits(index, change)
+                .map(|()| CommandResult::Done)
+                .map_err(|(field, message)| Rejection::Invalid { field: field.into(), message }),
             other => Ok(self.apply(index, other)),
         }
     }
@@ -932,6 +938,12 @@ impl ClusterState {
         self.live_jobs -= 1;
         self.lost_after.remove(&job_id);
         self.finished.push_back(job_id);
+        self.drop_finished_over_limit(index);
+    }
+
+    /// Drop the oldest finished jobs beyond `max_finished_jobs`: one at a
+    /// job's end, more when the bound was lowered (`limits`).
+    pub(super) fn drop_finished_over_limit(&mut self, index: u64) {
         while self.finished.len() > self.limits.max_finished_jobs {
             let oldest = self.finished.pop_front().expect("non-empty");
             let removed = self.jobs.remove(&oldest).expect("a finished job is held until dropped here");

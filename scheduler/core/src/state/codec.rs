@@ -37,6 +37,7 @@
 //! | 10 | `Command::Once` (a person's change applied once per sender and request id), `SetJobPriority`, `StopReason::NeverStarted`, `ReasonCode::NeverStarted`; then the request outcomes (`outcomes`) |
 //! | 11 | `Command::WithLostAfter` (a single-node job outliving its node's silence), `AllocLostFor`, `StopReason::AgentDiskFull`, `ReasonCode::AgentDiskFull`; then the jobs' lost-after (`lost_after`) |
 //! | 12 | no new command; then when each live attempt had every rank started (`run_clock`: runtime limits count from it) |
+//! | 13 | `Command::SetLimits` (the tables' bounds change only through the log, see `limits`); no new snapshot section |
 
 use serde::Serialize;
 
@@ -44,7 +45,7 @@ use super::command::Proposal;
 use super::ClusterState;
 
 /// The newest format this build reads (and writes, once the cluster runs it).
-pub const FORMAT_VERSION: u16 = 12;
+pub const FORMAT_VERSION: u16 = 13;
 pub use super::command::FIRST_FORMAT_VERSION;
 const MAGIC: &[u8; 4] = b"rota";
 const HEADER_BYTES: usize = 6;

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::{Actor, Role};
 use super::idle::IdlePolicy;
+use super::limits::{LimitsChange, LIMITS_FROM_VERSION};
 use super::lost_after::{LostAfter, LOST_AFTER_FROM_VERSION};
 use super::policy_doc::{CanaryScope, PolicyDocument};
 use super::tenancy::{Month, TemplateRef};
@@ -317,6 +318,9 @@ pub enum Command {
         rank: u32,
         reason: StopReason,
     },
+    /// Change the bounds of the replicated tables (format 13 on, inside
+    /// `Audited`, admins; see `limits`).
+    SetLimits(LimitsChange),
 }
 
 /// The first format with `Command::Traced`.
@@ -386,6 +390,7 @@ impl Command {
             }
             Command::Once { .. } | Command::SetJobPriority { .. } => OUTCOMES_FROM_VERSION,
             Command::WithLostAfter { .. } | Command::AllocLostFor { .. } => LOST_AFTER_FROM_VERSION,
+            Command::SetLimits(_) => LIMITS_FROM_VERSION,
             Command::SubmitJob { .. }
             | Command::CancelJob { .. }
             | Command::RegisterNode(_)
@@ -450,6 +455,7 @@ impl Command {
                 | Command::ApplyPolicy { .. }
                 | Command::PromotePolicy
                 | Command::RollbackPolicy { .. }
+                | Command::SetLimits(_)
         )
     }
 }
@@ -518,6 +524,7 @@ impl Command {
                 format!("stage a policy document as a canary for {} ({comment:?})", scope.describe())
             }
             Command::PromotePolicy => "promote the staged policy document".into(),
+            Command::SetLimits(change) => change.summary(),
             Command::RollbackPolicy { to: Some(version) } => format!("roll the policy back to version {version}"),
             Command::RollbackPolicy { to: None } => "roll the policy back".into(),
             Command::Audited { command, .. } | Command::Traced { command, .. } | Command::Once { command, .. } => command.audit_summary(),

@@ -19,6 +19,7 @@ pub mod events;
 pub mod faults;
 pub mod gpu_model;
 pub mod idle;
+pub mod limits;
 pub mod lost_after;
 pub mod outcomes;
 pub mod policy_doc;
@@ -37,37 +38,8 @@ use shared::{SharedList, SharedMap};
 
 pub use command::*;
 pub use dedupe::DedupeTable;
+pub use limits::{LimitsChange, StateLimits};
 pub use types::*;
-
-/// Bounds on the replicated tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StateLimits {
-    /// Live (not final) jobs; a submit beyond this is refused.
-    pub max_live_jobs: usize,
-    /// Finished jobs kept for reading; older ones are dropped.
-    pub max_finished_jobs: usize,
-    pub dedupe_capacity: usize,
-    pub max_nodes: usize,
-    pub max_queues: usize,
-    pub max_quotas: usize,
-    /// Bytes of specs (`JobSpec::payload_bytes`) of every job held, live or
-    /// finished: the state's memory budget for what users send.
-    pub max_spec_bytes: u64,
-}
-
-impl Default for StateLimits {
-    fn default() -> Self {
-        Self {
-            max_live_jobs: 200_000,
-            max_finished_jobs: 100_000,
-            dedupe_capacity: 300_000,
-            max_nodes: 10_000,
-            max_queues: 64,
-            max_quotas: 4_096,
-            max_spec_bytes: 1 << 30,
-        }
-    }
-}
 
 /// GPU-seconds used, per group and queue.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
