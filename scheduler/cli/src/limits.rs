@@ -28,21 +28,10 @@ pub enum LimitsAction {
     },
 }
 
-fn rows(limits: &pb::Limits) -> [(&'static str, u64, u64); 6] {
-    [
-        ("live_jobs", limits.live_jobs, limits.max_live_jobs),
-        ("finished_jobs", limits.finished_jobs, limits.max_finished_jobs),
-        ("spec_bytes", limits.spec_bytes, limits.max_spec_bytes),
-        ("nodes", limits.nodes, limits.max_nodes),
-        ("queues", limits.queues, limits.max_queues),
-        ("quotas", limits.quotas, limits.max_quotas),
-    ]
-}
-
 fn limits_json(limits: &pb::Limits) -> Value {
     let mut object = serde_json::Map::new();
-    for (name, held, bound) in rows(limits) {
-        object.insert(name.to_string(), json!({ "held": held, "max": bound }));
+    for table in &limits.tables {
+        object.insert(table.table.clone(), json!({ "held": table.held, "max": table.max }));
     }
     object.insert("dedupe_capacity".into(), json!(limits.dedupe_capacity));
     object.insert("cluster_version".into(), json!(limits.cluster_version));
@@ -54,9 +43,10 @@ fn show(limits: &pb::Limits, format: Format) -> Result<()> {
         Format::Json => println!("{}", serde_json::to_string_pretty(&limits_json(limits))?),
         Format::Table => {
             println!("{:<14} {:>14} {:>14} {:>6}", "TABLE", "HELD", "MAX", "USED%");
-            for (name, held, bound) in rows(limits) {
+            for table in &limits.tables {
+                let (held, bound) = (table.held, table.max);
                 let used = if bound == 0 { 0.0 } else { held as f64 * 100.0 / bound as f64 };
-                println!("{name:<14} {held:>14} {bound:>14} {used:>6.1}");
+                println!("{:<14} {held:>14} {bound:>14} {used:>6.1}", table.table);
             }
         }
     }

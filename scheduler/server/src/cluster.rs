@@ -728,21 +728,6 @@ fn failure_status(failure: &Failure) -> Status {
 
 /// Each bound of the state beside what it holds.
 fn limits_to_pb(state: &ClusterState) -> pb::Limits {
-    let limits = &state.limits;
-    pb::Limits {
-        max_live_jobs: limits.max_live_jobs as u64,
-        live_jobs: state.live_jobs as u64,
-        max_finished_jobs: limits.max_finished_jobs as u64,
-        finished_jobs: state.finished.len() as u64,
-        max_spec_bytes: limits.max_spec_bytes,
-        spec_bytes: state.spec_bytes,
-        max_nodes: limits.max_nodes as u64,
-        nodes: state.nodes.len() as u64,
-        max_queues: limits.max_queues as u64,
-        queues: state.queues.len() as u64,
-        max_quotas: limits.max_quotas as u64,
-        quotas: state.quotas.len() as u64,
-        dedupe_capacity: limits.dedupe_capacity as u64,
-        cluster_version: u32::from(state.cluster_version()),
-    }
+    let tables = state.table_use().iter().map(|t| pb::TableLimit { table: t.table.into(), held: t.held, max: t.max }).collect();
+    pb::Limits { tables, dedupe_capacity: state.limits.dedupe_capacity as u64, cluster_version: u32::from(state.cluster_version()) }
 }

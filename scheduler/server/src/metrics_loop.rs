@@ -137,6 +137,8 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ("rota_job_oldest_pending_seconds", "Age of the oldest pending job, by queue"),
     ("rota_gpus_running", "GPUs held by live allocations, by group and model"),
     ("rota_gpus_idle", "GPUs of ranks their agents report idle, by group"),
+    ("rota_table_held", "What the replicated state holds of each bounded table: live_jobs, finished_jobs, spec_bytes, nodes, queues, quotas"),
+    ("rota_table_limit", "The bound of each table (`rota limits`): past it a submit or registration is refused"),
     ("rota_gpus", "GPUs by state: free, allocated, unhealthy (or fenced), down (on nodes not ready)"),
     ("rota_gpus_fenced", "GPUs not placeable for health: reported unhealthy or fenced"),
     ("rota_nodes", "Nodes by state"),

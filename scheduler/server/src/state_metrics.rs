@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rota_core::state::tenancy::{month_of, month_text, BUDGET_WARN_RATIO};
-use rota_core::state::{ClusterState, NodeState};
+use rota_core::state::{ClusterState, NodeState, TableUse};
 
 use crate::Context;
 
@@ -48,6 +48,8 @@ pub struct StateGauges {
     /// group -> GPUs of its ranks that their agents report idle (committed
     /// idle records); every group holding GPUs is present, 0 when none.
     pub idle: BTreeMap<String, u64>,
+    /// Each bounded table: (name, held, bound).
+    pub tables: Vec<TableUse>,
 }
 
 /// GPU states, in the order they are judged.
@@ -123,6 +125,7 @@ pub fn state_gauges(state: &ClusterState, now_ms: u64) -> StateGauges {
             gauges.budget_used_ratio.insert((group.clone(), month_text(month)), standing.ratio());
         }
     }
+    gauges.tables = state.table_use().to_vec();
     gauges
 }
 
@@ -203,6 +206,10 @@ fn publish(gauges: &StateGauges) {
     }
     for (group, gpus) in &gauges.idle {
         metrics::gauge!("rota_gpus_idle", "group" => group.clone()).set(*gpus as f64);
+    }
+    for table in &gauges.tables {
+        metrics::gauge!("rota_table_held", "table" => table.table).set(table.held as f64);
+        metrics::gauge!("rota_table_limit", "table" => table.table).set(table.max as f64);
     }
 }
 
@@ -365,5 +372,22 @@ mod tests {
         assert_eq!(gauges.fenced, 3, "an unhealthy GPU on each node, and the fenced one");
         assert_eq!((gauges.nodes["ready"], gauges.nodes["down"], gauges.nodes["draining"]), (1, 1, 0));
         assert_eq!(gauges.heartbeat_age_max_s, 20.0);
+    }
+
+    #[test]
+    fn every_bounded_table_is_published_beside_its_bound() {
+        let mut state = ClusterState::default();
+        state.limits.max_live_jobs = 10;
+        state.nodes.insert("a".into(), node("a", NodeState::Ready, 8));
+        state.jobs.insert(1, job(1, "training", "vision", 4, JobState::Pending, 10_000));
+        state.live_jobs = 1;
+        state.index_jobs();
+        let gauges = state_gauges(&state, 20_000);
+        let table = |name: &str| gauges.tables.iter().find(|t| t.table == name).map(|t| (t.held, t.max));
+        assert_eq!(table("live_jobs"), Some((1, 10)));
+        assert_eq!(table("nodes"), Some((1, 10_000)));
+        assert_eq!(table("queues"), Some((state.queues.len() as u64, 64)));
+        let names: Vec<&str> = gauges.tables.iter().map(|t| t.table).collect();
+        assert_eq!(names, ["live_jobs", "finished_jobs", "spec_bytes", "nodes", "queues", "quotas"]);
     }
 }

@@ -100,7 +100,31 @@ impl LimitsChange {
     }
 }
 
+/// One bounded table: what the state holds of it and its bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableUse {
+    /// `live_jobs`, `finished_jobs`, `spec_bytes`, `nodes`, `queues`, `quotas`.
+    pub table: &'static str,
+    pub held: u64,
+    pub max: u64,
+}
+
 impl ClusterState {
+    /// Each bounded table beside its bound (`rota limits show`, the
+    /// `rota_table_held` and `rota_table_limit` gauges). O(1).
+    pub fn table_use(&self) -> [TableUse; 6] {
+        let limits = &self.limits;
+        let table = |table, held: usize, max: usize| TableUse { table, held: held as u64, max: max as u64 };
+        [
+            table("live_jobs", self.live_jobs, limits.max_live_jobs),
+            table("finished_jobs", self.finished.len(), limits.max_finished_jobs),
+            TableUse { table: "spec_bytes", held: self.spec_bytes, max: limits.max_spec_bytes },
+            table("nodes", self.nodes.len(), limits.max_nodes),
+            table("queues", self.queues.len(), limits.max_queues),
+            table("quotas", self.quotas.len(), limits.max_quotas),
+        ]
+    }
+
     /// Apply `change`: bounds below what is held refuse new work (live jobs,
     /// spec bytes) or drop the oldest finished jobs at once, at most
     /// `MAX_DROPPED_PER_CHANGE` of them.

@@ -38,7 +38,7 @@ use shared::{SharedList, SharedMap};
 
 pub use command::*;
 pub use dedupe::DedupeTable;
-pub use limits::{LimitsChange, StateLimits};
+pub use limits::{LimitsChange, StateLimits, TableUse};
 pub use types::*;
 
 /// GPU-seconds used, per group and queue.
