@@ -5,7 +5,10 @@
 //!
 //! A follower forwards a request to the leader under its own replica
 //! certificate; it passes the actor it resolved in `rota-actor-*` headers,
-//! which the leader believes from replicas only.
+//! which the leader believes from replicas only. A bearer token is checked
+//! again by the leader (`rota-actor-token`): a follower behind the log may
+//! not have applied its revocation yet, and the leader has (a revocation is
+//! acknowledged once the leader applied it).
 
 use rota_core::state::auth::{Action, Actor};
 use rota_core::state::{ClusterState, Command};
@@ -25,6 +28,8 @@ pub use rota_client::wire::ACT_AS_METADATA;
 const ACTOR_USER_METADATA: &str = "rota-actor-user";
 const ACTOR_IMPERSONATOR_METADATA: &str = "rota-actor-impersonator";
 const ACTOR_FROM_METADATA: &str = "rota-actor-from";
+/// The id of the bearer token the first replica accepted for the actor.
+const ACTOR_TOKEN_METADATA: &str = "rota-actor-token";
 /// The first format whose state holds users and audits commands.
 pub const ACCESS_CONTROL_FORMAT: u16 = 5;
 /// Token layout: `rota_` + id (12 hex) + `_` + secret (64 hex).
@@ -37,6 +42,22 @@ pub const TOKEN_SECRET_HEX: usize = 64;
 pub struct Resolved {
     pub actor: Actor,
     pub authenticated_by: &'static str,
+    /// The bearer token's id, when a token established the actor.
+    pub token_id: Option<String>,
+}
+
+/// What a forward carries of a request's caller (kept in the request's
+/// extensions by [`Context::actor`]).
+#[derive(Debug, Clone)]
+pub struct ForwardIdentity {
+    pub actor: Actor,
+    pub token_id: Option<String>,
+}
+
+impl From<&Resolved> for ForwardIdentity {
+    fn from(resolved: &Resolved) -> Self {
+        ForwardIdentity { actor: resolved.actor.clone(), token_id: resolved.token_id.clone() }
+    }
 }
 
 impl Context {
@@ -44,7 +65,7 @@ impl Context {
     /// request's extensions too, so a forward carries it to the leader.
     pub async fn actor<T>(&self, request: &mut Request<T>) -> Result<Actor, Status> {
         let resolved = self.resolve(request).await?;
-        request.extensions_mut().insert(resolved.actor.clone());
+        request.extensions_mut().insert(ForwardIdentity::from(&resolved));
         Ok(resolved.actor)
     }
 
@@ -58,7 +79,7 @@ impl Context {
         if !matches!(self.founding(), Founding::Pending(_)) {
             self.permit(&resolved.actor, Action::Read)?;
         }
-        request.extensions_mut().insert(resolved.actor.clone());
+        request.extensions_mut().insert(ForwardIdentity::from(&resolved));
         Ok(resolved.actor)
     }
 
@@ -77,8 +98,11 @@ impl Context {
             WhileFounding::Refuse => self.check_access_control_active(),
             WhileFounding::Answer => Ok(()),
         };
+        let mut token_id = None;
         let (base, authenticated_by) = match caller {
-            Caller::Unchecked => return Ok(Resolved { actor: Actor::unchecked(&from), authenticated_by: "insecure" }),
+            Caller::Unchecked => {
+                return Ok(Resolved { actor: Actor::unchecked(&from), authenticated_by: "insecure", token_id: None });
+            }
             Caller::Verified(identity) => match identity.kind {
                 IdentityKind::Replica => {
                     let actor = forwarded_actor(request.metadata(), &from)?;
@@ -87,12 +111,21 @@ impl Context {
                     if actor.user.is_some() {
                         check_founded()?;
                     }
-                    return Ok(Resolved { actor, authenticated_by: "replica" });
+                    let token_id = header(request.metadata(), ACTOR_TOKEN_METADATA)?;
+                    if let Some(id) = &token_id {
+                        let user = actor.impersonator.as_ref().or(actor.user.as_ref()).map(String::as_str).unwrap_or_default();
+                        self.read(|state| check_token_of(state, id, user, crate::clock::wall_clock_ms()))?;
+                    }
+                    return Ok(Resolved { actor, authenticated_by: "replica", token_id });
                 }
                 IdentityKind::User => (identity.name, "certificate"),
                 IdentityKind::Agent => return Err(Status::permission_denied(format!("{identity} may not call this service"))),
             },
-            Caller::Bearer(token) => (self.read(|state| check_token(state, &token, crate::clock::wall_clock_ms()))?, "token"),
+            Caller::Bearer(token) => {
+                let user = self.read(|state| check_token(state, &token, crate::clock::wall_clock_ms()))?;
+                token_id = parse_token(&token).map(|(id, _)| id.to_string());
+                (user, "token")
+            }
         };
         check_founded()?;
         let actor = match header(request.metadata(), ACT_AS_METADATA)? {
@@ -105,7 +138,7 @@ impl Context {
                 Actor { user: Some(target), impersonator: Some(base), from }
             }
         };
-        Ok(Resolved { actor, authenticated_by })
+        Ok(Resolved { actor, authenticated_by, token_id })
     }
 
     /// Users exist from format 5 on. Until the cluster version holds them
@@ -250,8 +283,9 @@ fn forwarded_actor(metadata: &MetadataMap, replica_from: &str) -> Result<Actor, 
     Ok(Actor { user: Some(user), impersonator, from })
 }
 
-/// Carry `actor` on a request forwarded to the leader.
-pub fn mark_forwarded(metadata: &mut MetadataMap, actor: &Actor) {
+/// Carry the caller on a request forwarded to the leader.
+pub fn mark_forwarded(metadata: &mut MetadataMap, identity: &ForwardIdentity) {
+    let actor = &identity.actor;
     let Some(user) = &actor.user else { return };
     let mut put = |key: &'static str, value: &str| {
         if let Ok(value) = MetadataValue::try_from(value) {
@@ -263,6 +297,9 @@ pub fn mark_forwarded(metadata: &mut MetadataMap, actor: &Actor) {
         put(ACTOR_IMPERSONATOR_METADATA, by);
     }
     put(ACTOR_FROM_METADATA, &actor.from);
+    if let Some(id) = &identity.token_id {
+        put(ACTOR_TOKEN_METADATA, id);
+    }
 }
 
 /// The user a bearer token stands for, if the token is one the cluster
@@ -274,6 +311,30 @@ pub fn check_token(state: &ClusterState, token: &str, now_ms: u64) -> Result<Str
     if !constant_time_eq(&token_hash(token), &record.hash) {
         return Err(refused("unknown token"));
     }
+    token_in_force(state, id, now_ms)
+}
+
+/// A token a follower accepted for `user`, checked again against this
+/// replica's state: it must still stand for `user`.
+pub fn check_token_of(state: &ClusterState, id: &str, user: &str, now_ms: u64) -> Result<(), Status> {
+    if !state.auth.tokens.contains_key(id) {
+        // The follower applied the token's creation, so it is committed: a
+        // leader that has not applied it yet (just elected, its apply
+        // behind its log) will shortly. Retryable, not a refusal.
+        return Err(Status::unavailable(format!("token {id} is not applied on the leader yet; retry")));
+    }
+    let holder = token_in_force(state, id, now_ms)?;
+    if holder != user {
+        return Err(Status::unauthenticated(format!("bearer token refused: token {id} is not {user}'s")));
+    }
+    Ok(())
+}
+
+/// The user of token `id` if it is not revoked, not expired, and its user
+/// still exists.
+fn token_in_force(state: &ClusterState, id: &str, now_ms: u64) -> Result<String, Status> {
+    let refused = |why: &str| Status::unauthenticated(format!("bearer token refused: {why}"));
+    let record = state.auth.tokens.get(id).ok_or_else(|| refused("unknown token"))?;
     if record.revoked {
         return Err(refused(&format!("token {id} was revoked")));
     }
@@ -341,6 +402,26 @@ mod tests {
         let mut removed = state_with(&token, 1_000, false);
         removed.auth.users.clear();
         assert!(check_token(&removed, &token, 1).is_err());
+    }
+
+    #[test]
+    fn the_leader_checks_a_forwarded_token_against_its_own_state() {
+        let (id, token, _) = make_token(&[9; 38]);
+        let code = |state: &ClusterState, user: &str, now_ms: u64| check_token_of(state, &id, user, now_ms).map_err(|s| s.code());
+        assert_eq!(code(&state_with(&token, 1_000, false), "alice", 999), Ok(()));
+        assert_eq!(code(&state_with(&token, 1_000, true), "alice", 1), Err(tonic::Code::Unauthenticated), "revoked on the leader");
+        assert_eq!(code(&state_with(&token, 1_000, false), "alice", 1_000), Err(tonic::Code::Unauthenticated), "expired");
+        assert_eq!(code(&state_with(&token, 1_000, false), "bob", 1), Err(tonic::Code::Unauthenticated), "another user's token");
+        assert_eq!(code(&ClusterState::default(), "alice", 1), Err(tonic::Code::Unavailable), "not applied on the leader yet");
+    }
+
+    #[test]
+    fn a_forward_carries_the_token_id_and_the_leader_reads_it_back() {
+        let identity = ForwardIdentity { actor: Actor::user("alice", "10.0.0.1:5"), token_id: Some("0123456789ab".into()) };
+        let mut metadata = MetadataMap::new();
+        mark_forwarded(&mut metadata, &identity);
+        assert_eq!(header(&metadata, ACTOR_TOKEN_METADATA).expect("valid"), Some("0123456789ab".into()));
+        assert_eq!(forwarded_actor(&metadata, "replica").expect("an actor").user.as_deref(), Some("alice"));
     }
 
     #[test]

@@ -173,7 +173,7 @@ fn is_forwarded<T>(request: &Request<T>) -> bool {
 
 /// The message as a forwarded request, carrying the actor the handler
 /// resolved (if it put one in the request's extensions).
-fn forwarded<T>(message: T, actor: Option<&rota_core::state::auth::Actor>) -> Request<T> {
+fn forwarded<T>(message: T, actor: Option<&crate::authz::ForwardIdentity>) -> Request<T> {
     let mut request = Request::new(message);
     request.metadata_mut().insert(FORWARDED_METADATA, "1".parse().expect("ascii"));
     // The leader serves it under the same request id (see `request_id`).
@@ -264,7 +264,7 @@ where
 {
     let started = Instant::now();
     let was_forwarded = is_forwarded(&request);
-    let actor = request.extensions().get::<rota_core::state::auth::Actor>().cloned();
+    let actor = request.extensions().get::<crate::authz::ForwardIdentity>().cloned();
     let message = request.into_inner();
     let result = match here(message.clone()).await {
         Ok(response) => Ok(Response::new(response)),
@@ -296,7 +296,7 @@ async fn forward_to_leader<Req, Resp, FwdFut>(
     method: &'static str,
     mut addr: String,
     message: &Req,
-    actor: Option<&rota_core::state::auth::Actor>,
+    actor: Option<&crate::authz::ForwardIdentity>,
     forward: &impl Fn(String, Request<Req>) -> FwdFut,
 ) -> Result<Response<Resp>, Status>
 where

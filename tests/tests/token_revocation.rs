@@ -1,0 +1,89 @@
+//! A revoked bearer token buys nothing at a follower behind the log: a
+//! 3-replica TLS cluster with a proxy on every replica-to-replica link and
+//! long election timeouts, so a follower cut off from the leader's
+//! AppendEntries keeps forwarding requests to it for seconds.
+//!
+//! The leader's link to the follower is cut, the admin revokes alice's
+//! token (committed by the leader and the other follower), and alice's
+//! client sends a submit with the token to the cut-off follower, which
+//! still holds the token as valid (its `whoami` names alice) and forwards
+//! the submit. The leader checks the forwarded token against its own state
+//! and refuses it as revoked. Before the leader checked it, the follower's
+//! word was enough: the submit was accepted as alice's.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use rota_chaos::cluster::{rota_bin, ClusterOptions, LocalCluster};
+use rota_e2e::users::UserCli;
+use rota_e2e::{wait_access_control, wait_until};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// `rota` as a client holding only a bearer token, at one replica.
+fn by_token(cluster: &LocalCluster, endpoint: &str, token: &str, args: &[&str]) -> Result<std::process::Output> {
+    std::process::Command::new(rota_bin()?)
+        .args(["--tls-ca", &cluster.pki.ca().display().to_string(), "--token", token])
+        .args(["--endpoints", endpoint, "--output", "json", "--timeout-s", "10"])
+        .args(args)
+        .env_remove("ROTA_TOKEN")
+        .env_remove("ROTA_AS")
+        .output()
+        .context("running rota")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_behind_the_log_cannot_pass_a_revoked_token_to_the_leader() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    // A follower that stops hearing the leader trusts it for the election
+    // timeout: long here, so the test acts well within it.
+    let options = ClusterOptions { election_min_ms: 4_000, election_max_ms: 5_000, ..ClusterOptions::default() };
+    let (cluster, links) = LocalCluster::start_proxied(dir.path(), 3, options).await?;
+    let leader = cluster.wait_leader(WAIT).await?;
+    wait_access_control(&cluster, WAIT).await?;
+    let rota = UserCli::new(&cluster, &[])?;
+    rota.ok("harness", &["auth", "user", "add", "alice", "--role", "user", "--groups", "e2e"])?;
+    let created = rota.ok("harness", &["token", "create", "--user", "alice", "--ttl", "1h"])?;
+    let token = created["token"].as_str().context("a token")?.to_string();
+    let id = created["id"].as_str().context("a token id")?.to_string();
+
+    let follower = (1..=3).find(|id| *id != leader).context("a follower")?;
+    let follower_addr = cluster.replicas[&follower].addr.clone();
+    let leader_addr = cluster.replicas[&leader].addr.clone();
+    wait_until("the follower to accept alice's token", WAIT, || async {
+        let output = by_token(&cluster, &follower_addr, &token, &["whoami"])?;
+        Ok(output.status.success().then_some(()))
+    })
+    .await?;
+    let submitted = by_token(&cluster, &follower_addr, &token, &["submit", "--group", "e2e", "--", "true"])?;
+    ensure!(submitted.status.success(), "a submit with the token through the follower: {}", String::from_utf8_lossy(&submitted.stderr));
+
+    for link in links.iter().filter(|l| l.from == leader && l.to == follower) {
+        link.cut();
+    }
+    let revoke = std::process::Command::new(rota_bin()?)
+        .args(cluster.pki.flags(rota_tls::IdentityKind::User, "harness")?)
+        .args(["--endpoints", &leader_addr, "--output", "json", "token", "revoke", &id])
+        .output()?;
+    ensure!(revoke.status.success(), "revoke: {}", String::from_utf8_lossy(&revoke.stderr));
+
+    // The follower has not applied the revocation: by its own state the
+    // token still stands for alice.
+    let me = by_token(&cluster, &follower_addr, &token, &["whoami"])?;
+    let me_text = String::from_utf8_lossy(&me.stdout).to_string();
+    ensure!(me.status.success() && me_text.contains("alice"), "the cut-off follower still holds the token: {me_text}");
+    let refused = by_token(&cluster, &follower_addr, &token, &["submit", "--group", "e2e", "--", "true"])?;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    ensure!(!refused.status.success(), "a submit with a revoked token was accepted through a follower behind the log");
+    ensure!(stderr.contains("revoked"), "refused as revoked: {stderr}");
+
+    for link in &links {
+        link.heal();
+    }
+    wait_until("the follower to apply the revocation", WAIT, || async {
+        let output = by_token(&cluster, &follower_addr, &token, &["whoami"])?;
+        Ok((!output.status.success() && String::from_utf8_lossy(&output.stderr).contains("revoked")).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
