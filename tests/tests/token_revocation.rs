@@ -10,13 +10,20 @@
 //! the submit. The leader checks the forwarded token against its own state
 //! and refuses it as revoked. Before the leader checked it, the follower's
 //! word was enough: the submit was accepted as alice's.
+//!
+//! Then a job watch and an event watch opened with another token of
+//! alice's end with UNAUTHENTICATED once it is revoked. Before streams
+//! checked their caller again, both went on for as long as the client
+//! kept them open.
 
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use rota_chaos::cluster::{rota_bin, ClusterOptions, LocalCluster};
+use rota_client::Credentials;
 use rota_e2e::users::UserCli;
 use rota_e2e::{wait_access_control, wait_until};
+use rota_proto::v1 as pb;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -85,5 +92,37 @@ async fn a_follower_behind_the_log_cannot_pass_a_revoked_token_to_the_leader() -
         Ok((!output.status.success() && String::from_utf8_lossy(&output.stderr).contains("revoked")).then_some(()))
     })
     .await?;
+
+    // Streams opened with a token end when it is revoked.
+    let created = rota.ok("harness", &["token", "create", "--user", "alice", "--ttl", "1h"])?;
+    let (token, id) = (created["token"].as_str().context("a token")?, created["id"].as_str().context("a token id")?);
+    let flags = rota_tls::TlsFlags { ca: Some(cluster.pki.ca()), cert: None, key: None, insecure: false };
+    let client =
+        rota_client::Client::new(&cluster.endpoints(), &flags.for_client()?)?.with_credentials(Credentials::new(Some(token), None)?);
+    let index = |i: u64| (i as usize) - 1;
+    let mut jobs = client.jobs_at(index(follower)).watch_jobs(pb::WatchJobsRequest { after_index: 0 }).await?.into_inner();
+    let request = pb::WatchEventsRequest { since_index: 0, topics: vec![] };
+    let mut events = client.events_at(index(leader)).watch_events(request).await?.into_inner();
+    tokio::time::timeout(WAIT, jobs.message()).await??.context("the job watch answers")?;
+    tokio::time::timeout(WAIT, events.message()).await??.context("the event watch answers")?;
+    rota.ok("harness", &["token", "revoke", id])?;
+    for (what, ended) in [("job watch", drain(&mut jobs).await), ("event watch", drain(&mut events).await)] {
+        let status = ended.with_context(|| format!("the {what} went on after the revocation"))?;
+        ensure!(status.code() == tonic::Code::Unauthenticated && status.message().contains("revoked"), "the {what} ended with {status:?}");
+    }
     Ok(())
+}
+
+/// Read a stream until it ends with an error, within `WAIT`.
+async fn drain<T>(stream: &mut tonic::Streaming<T>) -> Option<tonic::Status> {
+    let reading = async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return None,
+                Err(status) => return Some(status),
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, reading).await.ok().flatten()
 }

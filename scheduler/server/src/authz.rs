@@ -347,6 +347,32 @@ fn token_in_force(state: &ClusterState, id: &str, now_ms: u64) -> Result<String,
     Ok(record.user.clone())
 }
 
+/// May the caller of a long-lived stream (a job or event watch) still
+/// read, by `state`? Its token, if one established it, must still be in
+/// force for its user, and its role must still allow reads: a stream
+/// checks this as it goes on, so a revocation, an expiry or a removed user
+/// ends it once this replica has applied the change.
+pub fn still_reads(state: &ClusterState, identity: &ForwardIdentity, now_ms: u64) -> Result<(), Status> {
+    let actor = &identity.actor;
+    if let Some(id) = &identity.token_id {
+        let user = actor.impersonator.as_ref().or(actor.user.as_ref()).map(String::as_str).unwrap_or_default();
+        check_token_of(state, id, user, now_ms)?;
+    }
+    if actor.user.is_some() && state.cluster_version() >= ACCESS_CONTROL_FORMAT {
+        state.auth.permits(actor, Action::Read).map_err(Status::permission_denied)?;
+    }
+    Ok(())
+}
+
+/// How often a stream checks its caller again while nothing is applied
+/// (an expiry needs no entry).
+pub const STREAM_RECHECK_MS: u64 = 1_000;
+
+/// The caller a handler resolved for its request, as streams keep it.
+pub fn identity_of<T>(request: &Request<T>) -> Option<ForwardIdentity> {
+    request.extensions().get::<ForwardIdentity>().cloned()
+}
+
 /// The id and secret of a well-formed token.
 pub fn parse_token(token: &str) -> Option<(&str, &str)> {
     let rest = token.strip_prefix(TOKEN_PREFIX)?;
@@ -413,6 +439,24 @@ mod tests {
         assert_eq!(code(&state_with(&token, 1_000, false), "alice", 1_000), Err(tonic::Code::Unauthenticated), "expired");
         assert_eq!(code(&state_with(&token, 1_000, false), "bob", 1), Err(tonic::Code::Unauthenticated), "another user's token");
         assert_eq!(code(&ClusterState::default(), "alice", 1), Err(tonic::Code::Unavailable), "not applied on the leader yet");
+    }
+
+    #[test]
+    fn a_stream_caller_stops_reading_once_its_token_or_user_is_gone() {
+        let (id, token, _) = make_token(&[5; 38]);
+        let by_token = ForwardIdentity { actor: Actor::user("alice", "10.0.0.1:5"), token_id: Some(id.clone()) };
+        assert!(still_reads(&state_with(&token, 1_000, false), &by_token, 1).is_ok());
+        let revoked = still_reads(&state_with(&token, 1_000, true), &by_token, 1).unwrap_err();
+        assert_eq!((revoked.code(), revoked.message().contains("revoked")), (tonic::Code::Unauthenticated, true));
+        assert!(still_reads(&state_with(&token, 1_000, false), &by_token, 1_000).is_err(), "expired");
+        // A certificate user removed from a cluster that checks roles.
+        let mut state = state_with(&token, 1_000, false);
+        let raise = Command::SetClusterVersion { version: ACCESS_CONTROL_FORMAT };
+        state.apply_proposal(1, &rota_core::state::Proposal { now_ms: 1, commands: vec![raise] });
+        let by_certificate = ForwardIdentity { actor: Actor::user("alice", "10.0.0.1:5"), token_id: None };
+        assert!(still_reads(&state, &by_certificate, 1).is_ok());
+        state.auth.users.clear();
+        assert_eq!(still_reads(&state, &by_certificate, 1).unwrap_err().code(), tonic::Code::PermissionDenied);
     }
 
     #[test]

@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use crate::authz::ForwardIdentity;
 use crate::Context;
 
 /// Events a replica keeps at most ...
@@ -200,6 +201,7 @@ impl EventService for EventApi {
     async fn watch_events(&self, mut request: Request<pb::WatchEventsRequest>) -> Result<Response<EventStream>, Status> {
         let actor = self.ctx.actor(&mut request).await?;
         self.ctx.permit(&actor, Action::Read)?;
+        let identity = crate::authz::identity_of(&request);
         let message = request.into_inner();
         let topics = parse_topics(message.topics.iter().map(String::as_str), "topics").map_err(Status::invalid_argument)?;
         let status = self.ctx.replica.status();
@@ -207,7 +209,7 @@ impl EventService for EventApi {
         check_since(message.since_index, known, "since_index").map_err(Status::invalid_argument)?;
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER + 1);
         let limits = StreamLimits { slow_reader_timeout_ms: SLOW_READER_TIMEOUT_MS, progress_interval_ms: PROGRESS_INTERVAL_MS };
-        tokio::spawn(stream_events(self.ctx.clone(), message.since_index, topics, sender, limits));
+        tokio::spawn(stream_events(self.ctx.clone(), identity, message.since_index, topics, sender, limits));
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
 }
@@ -241,6 +243,7 @@ pub struct StreamLimits {
 /// pass with no event to send, their index as progress now and then.
 pub async fn stream_events(
     ctx: Arc<Context>,
+    caller: Option<ForwardIdentity>,
     since: u64,
     topics: BTreeSet<Topic>,
     sender: mpsc::Sender<Result<pb::WatchEventsResponse, Status>>,
@@ -253,8 +256,15 @@ pub async fn stream_events(
     let mut reported_at = tokio::time::Instant::now();
     let progress_every = Duration::from_millis(limits.progress_interval_ms);
     loop {
-        let (read, applied_index) =
-            ctx.replica.read(|r| (r.events.read(cursor, &topics, MAX_MESSAGE_EVENTS, MAX_MESSAGE_EVENT_BYTES), r.events.bounds().1));
+        let now_ms = crate::clock::wall_clock_ms();
+        let (allowed, read, applied_index) = ctx.replica.read(|r| {
+            let allowed = caller.as_ref().map_or(Ok(()), |caller| crate::authz::still_reads(&r.state, caller, now_ms));
+            (allowed, r.events.read(cursor, &topics, MAX_MESSAGE_EVENTS, MAX_MESSAGE_EVENT_BYTES), r.events.bounds().1)
+        });
+        if let Err(status) = allowed {
+            let _ = sender.send(Err(status)).await;
+            return;
+        }
         let (events, through) = match read {
             Read::Compacted { oldest_index, current_index } => {
                 let compacted = pb::EventsCompacted { oldest_index, current_index };
@@ -294,6 +304,8 @@ pub async fn stream_events(
             changed = applied.changed() => if changed.is_err() { return },
             () = sender.closed() => return,
             () = progress_timer => {}
+            // The caller is checked again (an expiry needs no entry).
+            () = tokio::time::sleep(Duration::from_millis(crate::authz::STREAM_RECHECK_MS)) => {}
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::Stream;
 use rota_proto::v1 as pb;
@@ -10,6 +11,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use crate::authz::ForwardIdentity;
 use crate::forward::{serve_or_forward, Failure};
 use crate::status::{internal, rejection};
 use crate::Context;
@@ -511,9 +513,10 @@ impl JobService for JobApi {
         let mut request = request;
         let actor = self.ctx.actor(&mut request).await?;
         self.ctx.permit(&actor, Action::Read)?;
+        let identity = crate::authz::identity_of(&request);
         let after_index = request.into_inner().after_index;
         let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
-        tokio::spawn(watch_loop(self.ctx.clone(), actor, after_index, sender));
+        tokio::spawn(watch_loop(self.ctx.clone(), actor, identity, after_index, sender));
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
 }
@@ -551,15 +554,30 @@ pub fn changed_jobs(state: &ClusterState, actor: &Actor, cursor: (u64, JobId)) -
 /// costs what changed, not the size of the job table. Jobs come in the
 /// order of their last change. Delivery is at least once: a job changed
 /// while a long listing is sent in chunks comes again in the next round.
-async fn watch_loop(ctx: Arc<Context>, actor: Actor, mut after_index: u64, sender: mpsc::Sender<Result<pb::WatchJobsResponse, Status>>) {
+async fn watch_loop(
+    ctx: Arc<Context>,
+    actor: Actor,
+    identity: Option<ForwardIdentity>,
+    mut after_index: u64,
+    sender: mpsc::Sender<Result<pb::WatchJobsResponse, Status>>,
+) {
     let mut applied = ctx.replica.applied_watch();
+    let recheck = Duration::from_millis(crate::authz::STREAM_RECHECK_MS);
     loop {
         // The (change index, job id) last sent in this round; the first
         // read starts past every job changed at `after_index`.
         let mut cursor = (after_index, JobId::MAX);
         let mut round_index = None;
         loop {
-            let (index, ChangedJobs { jobs, next, full }) = ctx.read(|state| (state.applied_index, changed_jobs(state, &actor, cursor)));
+            let now_ms = crate::clock::wall_clock_ms();
+            let (allowed, index, ChangedJobs { jobs, next, full }) = ctx.read(|state| {
+                let allowed = identity.as_ref().map_or(Ok(()), |identity| crate::authz::still_reads(state, identity, now_ms));
+                (allowed, state.applied_index, changed_jobs(state, &actor, cursor))
+            });
+            if let Err(status) = allowed {
+                let _ = sender.send(Err(status)).await;
+                return;
+            }
             round_index.get_or_insert(index);
             cursor = next;
             if !jobs.is_empty() && sender.send(Ok(pb::WatchJobsResponse { index, jobs })).await.is_err() {
@@ -570,7 +588,8 @@ async fn watch_loop(ctx: Arc<Context>, actor: Actor, mut after_index: u64, sende
             }
         }
         after_index = after_index.max(round_index.unwrap_or(after_index));
-        if applied.changed().await.is_err() {
+        // A new entry, or the recheck time (an expiry needs no entry).
+        if let Ok(Err(_)) = tokio::time::timeout(recheck, applied.changed()).await {
             return;
         }
     }
