@@ -11,18 +11,19 @@
 //! and refuses it as revoked. Before the leader checked it, the follower's
 //! word was enough: the submit was accepted as alice's.
 //!
-//! Then a job watch and an event watch opened with another token of
-//! alice's end with UNAUTHENTICATED once it is revoked. Before streams
-//! checked their caller again, both went on for as long as the client
-//! kept them open.
+//! Then a job watch, an event watch and a followed log of alice's running
+//! job, opened with another token of alice's, end with UNAUTHENTICATED
+//! once it is revoked. Before streams checked their caller again, they
+//! went on for as long as the client kept them open.
 
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use rota_chaos::agents::{AgentOptions, LocalAgent};
 use rota_chaos::cluster::{rota_bin, ClusterOptions, LocalCluster};
 use rota_client::Credentials;
 use rota_e2e::users::UserCli;
-use rota_e2e::{wait_access_control, wait_until};
+use rota_e2e::{wait_access_control, wait_nodes_ready, wait_until, AnyReplica};
 use rota_proto::v1 as pb;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -94,6 +95,8 @@ async fn a_follower_behind_the_log_cannot_pass_a_revoked_token_to_the_leader() -
     .await?;
 
     // Streams opened with a token end when it is revoked.
+    let _agent = LocalAgent::start(dir.path(), "node-a", &cluster.endpoints_csv(), AgentOptions::default())?;
+    wait_nodes_ready(&cluster, 1, WAIT).await?;
     let created = rota.ok("harness", &["token", "create", "--user", "alice", "--ttl", "1h"])?;
     let (token, id) = (created["token"].as_str().context("a token")?, created["id"].as_str().context("a token id")?);
     let flags = rota_tls::TlsFlags { ca: Some(cluster.pki.ca()), cert: None, key: None, insecure: false };
@@ -105,8 +108,26 @@ async fn a_follower_behind_the_log_cannot_pass_a_revoked_token_to_the_leader() -
     let mut events = client.events_at(index(leader)).watch_events(request).await?.into_inner();
     tokio::time::timeout(WAIT, jobs.message()).await??.context("the job watch answers")?;
     tokio::time::timeout(WAIT, events.message()).await??.context("the event watch answers")?;
+    let ticking = by_token(
+        &cluster,
+        &leader_addr,
+        token,
+        &["submit", "--group", "e2e", "--", "sh", "-c", "while true; do echo tick; sleep 0.1; done"],
+    )?;
+    ensure!(ticking.status.success(), "alice's ticking job: {}", String::from_utf8_lossy(&ticking.stderr));
+    let job_id = serde_json::from_slice::<serde_json::Value>(&ticking.stdout)?["job_id"].as_u64().context("a job id")?;
+    AnyReplica::new(&cluster)?.wait_job_state(job_id, pb::JobState::Running, WAIT).await?;
+    let follow = pb::ReadLogRequest { job_id, rank: 0, stream: "stdout".into(), follow: true, offset: 0 };
+    let mut log = wait_until("alice's job to have a log", WAIT, || async {
+        // The rank's log exists once its agent has written its first line.
+        let Ok(answer) = client.jobs_at(index(leader)).read_logs(follow.clone()).await else { return Ok(None) };
+        let mut log = answer.into_inner();
+        Ok(matches!(log.message().await, Ok(Some(_))).then_some(log))
+    })
+    .await?;
     rota.ok("harness", &["token", "revoke", id])?;
-    for (what, ended) in [("job watch", drain(&mut jobs).await), ("event watch", drain(&mut events).await)] {
+    let ended = [("job watch", drain(&mut jobs).await), ("event watch", drain(&mut events).await), ("followed log", drain(&mut log).await)];
+    for (what, ended) in ended {
         let status = ended.with_context(|| format!("the {what} went on after the revocation"))?;
         ensure!(status.code() == tonic::Code::Unauthenticated && status.message().contains("revoked"), "the {what} ended with {status:?}");
     }

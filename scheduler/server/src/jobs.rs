@@ -483,6 +483,7 @@ impl JobService for JobApi {
 
     async fn read_logs(&self, mut request: Request<pb::ReadLogRequest>) -> Result<Response<LogStream>, Status> {
         let actor = self.ctx.actor(&mut request).await?;
+        let identity = crate::authz::identity_of(&request);
         let message = request.into_inner();
         let (job_id, rank) = (message.job_id, message.rank);
         let (node, address, owner, group) = self.ctx.read(|state| {
@@ -504,7 +505,7 @@ impl JobService for JobApi {
         })?;
         self.ctx.permit(&actor, Action::OwnJob { owner: owner.as_deref(), group: &group })?;
         let stream = self.ctx.forwarder.agent_logs(&address, &node)?.read_log(message).await?.into_inner();
-        Ok(Response::new(Box::pin(stream)))
+        Ok(Response::new(Box::pin(crate::stream_guard::while_caller_reads(self.ctx.clone(), identity, stream))))
     }
 
     type WatchJobsStream = WatchStream;

@@ -28,6 +28,7 @@ pub mod request_id;
 pub mod rest;
 pub mod state_metrics;
 pub mod status;
+mod stream_guard;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
