@@ -156,7 +156,7 @@ impl Context {
 
     fn founding(&self) -> Founding {
         let configured = self.bootstrap_admin.is_some();
-        self.read(|state| founding(state, configured, crate::replicated::readable_format()))
+        self.read(|state| founding(state, configured, crate::format::readable_format()))
     }
 
     /// A request that reaches a cluster in its first moments, before its

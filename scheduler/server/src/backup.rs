@@ -168,8 +168,8 @@ pub fn restore(
 ) -> Result<RestoreReport, ServerError> {
     let bytes = std::fs::read(file).map_err(|e| bad(format!("{}: {e}", file.display())))?;
     let (header, state_bytes) = decode_backup(&bytes)?;
-    let state = codec::decode_snapshot_up_to(state_bytes, crate::replicated::readable_format())
-        .map_err(|e| bad(format!("state: undecodable: {e}")))?;
+    let state =
+        codec::decode_snapshot_up_to(state_bytes, crate::format::readable_format()).map_err(|e| bad(format!("state: undecodable: {e}")))?;
     state.check_invariants().map_err(|e| bad(format!("state: inconsistent: {e}")))?;
     if read_marker(data_dir).map_err(bad)?.is_some() || has_raft_data(data_dir) {
         return Err(bad(format!("--data-dir {}: already holds a replica; restore into an empty directory", data_dir.display())));

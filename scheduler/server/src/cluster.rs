@@ -62,7 +62,7 @@ impl ClusterApi {
             status.leader_id.and_then(|id| status.members.iter().find(|m| m.id == id)).map(|m| m.addr.clone()).unwrap_or_default();
         pb::ClusterStatus {
             wall_clock_ms: wall_clock_ms(),
-            format_version: u32::from(crate::replicated::readable_format()),
+            format_version: u32::from(crate::format::readable_format()),
             cluster_version: u32::from(self.ctx.read(|state| state.cluster_version())),
             replica_id: status.id,
             leader_id: status.leader_id.unwrap_or(0),

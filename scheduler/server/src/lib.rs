@@ -12,6 +12,7 @@ pub mod clock;
 mod cluster;
 pub mod cluster_id;
 pub mod events;
+pub mod format;
 mod forward;
 pub mod health;
 pub mod history;

@@ -8,7 +8,7 @@
 //! lock is released, and the leader's planner plans on such a copy, so
 //! neither holds up apply (and with it every acknowledged submit).
 
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rota_consensus::StateMachine;
 
@@ -18,6 +18,7 @@ use rota_core::state::{ClusterState, Command, CommandResult, Rejection};
 
 use crate::archive::ArchiveWriter;
 use crate::events::EventRing;
+use crate::format::readable_format;
 
 /// Exit status of a replica that met an entry in a newer format (EX_CONFIG).
 const EXIT_FORMAT_TOO_NEW: i32 = 78;
@@ -30,28 +31,6 @@ fn stop_for_newer_format(index: u64, error: &CodecError) -> ! {
     eprintln!("rota server: entry {index}: {error}");
     // SAFETY: ends the process at once (see the storage-failure exit).
     unsafe { libc::_exit(EXIT_FORMAT_TOO_NEW) }
-}
-
-/// The newest format this replica reads: its build's, or lower under the
-/// TEST ONLY switch `ROTA_TEST_FORMAT_VERSION`, which makes a replica read
-/// (and say it reads) only up to that format, as an older build would. The
-/// upgrade tests use it to stand for a replica not yet upgraded.
-pub fn readable_format() -> u16 {
-    static READABLE: OnceLock<u16> = OnceLock::new();
-    *READABLE.get_or_init(|| {
-        let forced = std::env::var("ROTA_TEST_FORMAT_VERSION").ok().and_then(|v| v.parse::<u16>().ok());
-        match forced {
-            Some(version) => {
-                let version = version.clamp(codec::FIRST_FORMAT_VERSION, codec::FORMAT_VERSION);
-                tracing::error!(
-                    version,
-                    "ROTA_TEST_FORMAT_VERSION: this replica reads formats up to {version} only; never use this outside tests"
-                );
-                version
-            }
-            None => codec::FORMAT_VERSION,
-        }
-    })
 }
 
 #[derive(Debug, Default)]

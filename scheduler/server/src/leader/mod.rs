@@ -508,7 +508,7 @@ async fn recheck_clock(ctx: &Context) {
 /// during a rolling upgrade. False when leadership is lost.
 async fn raise_cluster_version(ctx: &Context) -> bool {
     let current = ctx.read(|state| state.cluster_version());
-    let own = crate::replicated::readable_format();
+    let own = crate::format::readable_format();
     if own <= current {
         return true;
     }
