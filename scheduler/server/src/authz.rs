@@ -113,8 +113,7 @@ impl Context {
                     }
                     let token_id = header(request.metadata(), ACTOR_TOKEN_METADATA)?;
                     if let Some(id) = &token_id {
-                        let user = actor.impersonator.as_ref().or(actor.user.as_ref()).map(String::as_str).unwrap_or_default();
-                        self.read(|state| check_token_of(state, id, user, crate::clock::wall_clock_ms()))?;
+                        self.read(|state| check_token_of(state, id, token_holder(&actor), crate::clock::wall_clock_ms()))?;
                     }
                     return Ok(Resolved { actor, authenticated_by: "replica", token_id });
                 }
@@ -355,13 +354,18 @@ fn token_in_force(state: &ClusterState, id: &str, now_ms: u64) -> Result<String,
 pub fn still_reads(state: &ClusterState, identity: &ForwardIdentity, now_ms: u64) -> Result<(), Status> {
     let actor = &identity.actor;
     if let Some(id) = &identity.token_id {
-        let user = actor.impersonator.as_ref().or(actor.user.as_ref()).map(String::as_str).unwrap_or_default();
-        check_token_of(state, id, user, now_ms)?;
+        check_token_of(state, id, token_holder(actor), now_ms)?;
     }
     if actor.user.is_some() && state.cluster_version() >= ACCESS_CONTROL_FORMAT {
         state.auth.permits(actor, Action::Read).map_err(Status::permission_denied)?;
     }
     Ok(())
+}
+
+/// Whose token established `actor`: the impersonator when it acts for
+/// another user, else the user itself.
+fn token_holder(actor: &Actor) -> &str {
+    actor.impersonator.as_ref().or(actor.user.as_ref()).map(String::as_str).unwrap_or_default()
 }
 
 /// How often a stream checks its caller again while nothing is applied
