@@ -337,9 +337,9 @@ fn list_jobs(state: &ClusterState, actor: &Actor, filter: &ListFilter<'_>, befor
     // The queue alone is read through the pending index, so listing it
     // costs the queue's length, not the finished jobs held beside it.
     let newest_first: Box<dyn Iterator<Item = &Job>> = if filter.state == Some(JobState::Pending) {
-        Box::new(state.pending_jobs.range(..below).rev().map(|(id, ())| &state.jobs[id]))
+        Box::new(state.pending_jobs.range(..below).rev().map(|(id, ())| &*state.jobs[id]))
     } else {
-        Box::new(state.jobs.range(..below).rev().map(|(_, job)| job))
+        Box::new(state.jobs.range(..below).rev().map(|(_, job)| &**job))
     };
     let matching = newest_first.filter(|job| filter.matches(state, job));
     let mut jobs = Vec::new();

@@ -61,30 +61,40 @@ const NODE_STATES: [NodeState; 3] = [NodeState::Ready, NodeState::Draining, Node
 pub fn state_gauges(state: &ClusterState, now_ms: u64) -> StateGauges {
     let mut gauges = StateGauges::default();
     let mut oldest_submit_ms: BTreeMap<&str, u64> = BTreeMap::new();
+    // Keyed by borrowed names during the walk: cloning two strings per
+    // pending job made this once-a-second pass a few percent of a busy
+    // leader at 100,000s of pending jobs; the owned keys are made once per
+    // (queue, group) at the end.
+    let mut pending: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
     for job in state.pending() {
-        let entry = gauges.pending.entry((job.spec.queue.clone(), job.spec.group.clone())).or_default();
+        let entry = pending.entry((job.spec.queue.as_str(), job.spec.group.as_str())).or_default();
         entry.0 += 1;
         entry.1 += job.spec.total_gpus();
         let oldest = oldest_submit_ms.entry(job.spec.queue.as_str()).or_insert(u64::MAX);
         *oldest = (*oldest).min(job.submitted_at_ms);
     }
+    gauges.pending = pending.into_iter().map(|((queue, group), counts)| ((queue.to_string(), group.to_string()), counts)).collect();
     for queue in state.queues.keys() {
         gauges.oldest_pending_s.insert(queue.clone(), 0.0);
     }
     for (queue, submitted_ms) in oldest_submit_ms {
         gauges.oldest_pending_s.insert(queue.to_string(), now_ms.saturating_sub(submitted_ms) as f64 / 1000.0);
     }
+    let mut running: BTreeMap<(&str, &str), u64> = BTreeMap::new();
     for alloc in state.allocs.values() {
         let Some(job) = state.jobs.get(&alloc.job_id) else { continue };
         for rank in &alloc.ranks {
             let node = state.nodes.get(&rank.node);
             for gpu in &rank.gpus {
                 let model = node.and_then(|n| n.gpus.iter().find(|g| g.index == *gpu)).map_or("unknown", |g| g.model.as_str());
-                *gauges.running.entry((job.spec.group.clone(), model.to_string())).or_default() += 1;
+                *running.entry((job.spec.group.as_str(), model)).or_default() += 1;
             }
         }
-        gauges.idle.entry(job.spec.group.clone()).or_insert(0);
+        if !gauges.idle.contains_key(&job.spec.group) {
+            gauges.idle.insert(job.spec.group.clone(), 0);
+        }
     }
+    gauges.running = running.into_iter().map(|((group, model), gpus)| ((group.to_string(), model.to_string()), gpus)).collect();
     gauges.idle.extend(state.idle_gpus_by_group());
     for name in GPU_STATES {
         gauges.gpus.insert(name, 0);
@@ -343,11 +353,11 @@ mod tests {
         state.nodes.insert("a".into(), node("a", NodeState::Ready, 8));
         state.nodes.insert("b".into(), node("b", NodeState::Down, 4));
         state.node_heard_ms.insert("a".into(), 50_000);
-        state.jobs.insert(1, job(1, "training", "vision", 4, JobState::Pending, 10_000));
-        state.jobs.insert(2, job(2, "training", "vision", 1, JobState::Pending, 40_000));
+        state.jobs.insert(1, job(1, "training", "vision", 4, JobState::Pending, 10_000).into());
+        state.jobs.insert(2, job(2, "training", "vision", 1, JobState::Pending, 40_000).into());
         let mut running = job(3, "short", "nlp", 1, JobState::Running, 0);
         running.alloc = Some(7);
-        state.jobs.insert(3, running);
+        state.jobs.insert(3, running.into());
         state.index_jobs();
         let rank = |r: u32, gpu: u32| Rank { rank: r, node: "a".into(), gpus: vec![gpu], state: RankState::Running, exit_code: None };
         let alloc =
@@ -379,7 +389,7 @@ mod tests {
         let mut state = ClusterState::default();
         state.limits.max_live_jobs = 10;
         state.nodes.insert("a".into(), node("a", NodeState::Ready, 8));
-        state.jobs.insert(1, job(1, "training", "vision", 4, JobState::Pending, 10_000));
+        state.jobs.insert(1, job(1, "training", "vision", 4, JobState::Pending, 10_000).into());
         state.live_jobs = 1;
         state.index_jobs();
         let gauges = state_gauges(&state, 20_000);

@@ -460,7 +460,7 @@ impl ClusterState {
             changed_at_index: index,
             last_nodes: Vec::new(),
         };
-        self.jobs.insert(job_id, job);
+        self.jobs.insert(job_id, job.into());
         self.job_changes.insert((index, job_id), ());
         let queued = self.pending_jobs.insert(job_id, ());
         assert!(queued.is_none(), "job {job_id} was queued before it was submitted");

@@ -34,7 +34,7 @@ pub mod xid;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
-use shared::{SharedList, SharedMap};
+use shared::{SharedList, SharedMap, SharedValue};
 
 pub use command::*;
 pub use dedupe::DedupeTable;
@@ -62,7 +62,7 @@ pub struct ClusterState {
     pub now_ms: u64,
     pub next_job_id: JobId,
     pub next_alloc_id: AllocId,
-    pub jobs: SharedMap<JobId, Job>,
+    pub jobs: SharedMap<JobId, SharedValue<Job>>,
     pub allocs: SharedMap<AllocId, Allocation>,
     pub nodes: SharedMap<String, Node>,
     pub queues: BTreeMap<String, QueueConfig>,
@@ -261,9 +261,9 @@ impl ClusterState {
     /// otherwise, as a lookup per id costs several steps of a walk.
     pub fn pending(&self) -> Box<dyn Iterator<Item = &Job> + '_> {
         if self.pending_jobs.len().saturating_mul(WALK_STEPS_PER_LOOKUP) < self.jobs.len() {
-            Box::new(self.pending_jobs.keys().map(|id| &self.jobs[id]))
+            Box::new(self.pending_jobs.keys().map(|id| &*self.jobs[id]))
         } else {
-            Box::new(self.jobs.values().filter(|j| j.state == JobState::Pending))
+            Box::new(self.jobs.values().map(|j| &**j).filter(|j| j.state == JobState::Pending))
         }
     }
 
@@ -285,7 +285,7 @@ impl ClusterState {
             Some(next) => (after_index, next),
             None => (after_index.saturating_add(1), 0),
         };
-        self.job_changes.range(from..).map(|((_, id), ())| &self.jobs[id])
+        self.job_changes.range(from..).map(|((_, id), ())| &*self.jobs[id])
     }
 
     /// The live allocations with a rank on `node`, in id order: found
