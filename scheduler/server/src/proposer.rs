@@ -66,8 +66,9 @@ impl Proposer {
 
     /// Propose one command and wait until it is committed and applied.
     pub async fn propose(&self, command: Command) -> Outcome {
-        let command = self.traced(command);
-        check_format(&command, self.cluster_version())?;
+        let cluster_version = self.cluster_version();
+        let command = traced(command, cluster_version);
+        check_format(&command, cluster_version)?;
         let (reply, outcome) = oneshot::channel();
         let bytes = bincode::serialized_size(&command).map_err(|e| WriteError::Unavailable(format!("unencodable command: {e}")))?;
         self.queue.send(Pending { command, bytes, reply }).await.map_err(|_| WriteError::Unavailable("proposer stopped".into()))?;
@@ -78,24 +79,6 @@ impl Proposer {
             Err(error) => tracing::debug!(%error, "proposal not committed"),
         }
         outcome
-    }
-
-    /// The command with the id of the request it serves (see
-    /// `request_id`), once the cluster writes a format that holds it: a
-    /// person's change under an id its client chose is applied once per
-    /// id (`Once`, see `rota_core::state::outcomes`), anything else only
-    /// carries the id into the replicas' logs (`Traced`).
-    fn traced(&self, command: Command) -> Command {
-        let version = self.cluster_version();
-        if version >= OUTCOMES_FROM_VERSION && command.settles_by_request_id() {
-            if let Some(request_id) = crate::request_id::current_from_client() {
-                return Command::Once { request_id, command: Box::new(command) };
-            }
-        }
-        match crate::request_id::current() {
-            Some(request_id) if version >= TRACED_FROM_VERSION => Command::Traced { request_id, command: Box::new(command) },
-            _ => command,
-        }
     }
 
     fn cluster_version(&self) -> u16 {
@@ -109,6 +92,23 @@ impl Proposer {
         let proposal = Proposal { now_ms: proposal_time_ms(wall_clock_ms(), committed_ms), commands: Vec::new() };
         let payload = codec::encode_proposal(&proposal);
         replica.write(payload).await.map(|written| written.index)
+    }
+}
+
+/// The command with the id of the request it serves (see
+/// `request_id`), once the cluster writes a format that holds it: a
+/// person's change under an id its client chose is applied once per
+/// id (`Once`, see `rota_core::state::outcomes`), anything else only
+/// carries the id into the replicas' logs (`Traced`).
+fn traced(command: Command, version: u16) -> Command {
+    if version >= OUTCOMES_FROM_VERSION && command.settles_by_request_id() {
+        if let Some(request_id) = crate::request_id::current_from_client() {
+            return Command::Once { request_id, command: Box::new(command) };
+        }
+    }
+    match crate::request_id::current() {
+        Some(request_id) if version >= TRACED_FROM_VERSION => Command::Traced { request_id, command: Box::new(command) },
+        _ => command,
     }
 }
 
