@@ -51,7 +51,7 @@ fn spec() -> JobSpec {
     spec.name = "fixture".into();
     spec.group = "vision".into();
     spec.priority = Priority::High;
-    spec.env = BTreeMap::from([("SEED".to_string(), "7".to_string())]);
+    spec.env = [("SEED".to_string(), "7".to_string())].into();
     spec.runtime_limit_s = 3_600;
     spec.priority_ttl_s = 600;
     spec

@@ -120,7 +120,7 @@ fn spec_with_one_hostile_field() -> impl Strategy<Value = (JobSpec, &'static str
                     "command"
                 }
                 9 => {
-                    spec.env = env;
+                    spec.env = env.into();
                     "env"
                 }
                 10 => {

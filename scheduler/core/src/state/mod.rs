@@ -15,6 +15,7 @@ pub use apply::gpu_matches;
 mod apply_tenancy;
 pub mod command;
 pub mod dedupe;
+pub mod env_vars;
 pub mod events;
 pub mod faults;
 pub mod gpu_model;

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::env_vars::EnvVars;
+
 pub type JobId = u64;
 pub type AllocId = u64;
 
@@ -51,7 +53,7 @@ pub struct JobSpec {
     /// Minimum memory per GPU; 0 = any.
     pub min_gpu_memory_mib: u64,
     pub command: Vec<String>,
-    pub env: BTreeMap<String, String>,
+    pub env: EnvVars,
     /// 0 = the queue's default.
     pub runtime_limit_s: u64,
     pub grace_period_s: u64,
@@ -87,7 +89,7 @@ impl JobSpec {
             gpu_model: None,
             min_gpu_memory_mib: 0,
             command: command.iter().map(|s| s.to_string()).collect(),
-            env: BTreeMap::new(),
+            env: EnvVars::new(),
             runtime_limit_s: 0,
             grace_period_s: 60,
             max_retries: 0,
