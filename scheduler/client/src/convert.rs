@@ -131,7 +131,7 @@ pub fn job_to_pb(state: &ClusterState, job: &Job) -> pb::Job {
         id: job.id,
         spec: Some(spec_to_pb(&job.spec)),
         state: shown_state(state, job) as i32,
-        request_id: job.request_id.clone().unwrap_or_default(),
+        request_id: job.request_id.as_deref().unwrap_or_default().to_string(),
         submitted_at_ms: job.submitted_at_ms,
         started_at_ms: job.started_at_ms.unwrap_or(0),
         finished_at_ms: job.finished_at_ms.unwrap_or(0),

@@ -233,6 +233,12 @@ pub fn finish_history(state: &mut ClusterState, index: &mut u64, count: u64) {
     }
 }
 
+/// A request id shaped as the CLI's (`cli-` and 32 hex digits), distinct
+/// per job: the ids a held job carries are as long as real ones.
+pub fn history_request_id(n: u64) -> String {
+    format!("cli-{:032x}", u128::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835))
+}
+
 /// Submit `count` more jobs of [`history_spec`] in full entries.
 pub fn submit_history(state: &mut ClusterState, index: &mut u64, count: u64) {
     let mut left = count;
@@ -240,7 +246,7 @@ pub fn submit_history(state: &mut ClusterState, index: &mut u64, count: u64) {
         let batch = left.min(HISTORY_COMMANDS_PER_ENTRY);
         let base = state.next_job_id;
         let commands = (0..batch)
-            .map(|k| Command::SubmitJob { request_id: Some(format!("history-{}", base + k)), spec: history_spec(base + k) })
+            .map(|k| Command::SubmitJob { request_id: Some(history_request_id(base + k)), spec: history_spec(base + k) })
             .collect();
         state.apply_proposal(*index, &Proposal { now_ms: state.now_ms.max(*index), commands });
         *index += 1;

@@ -441,10 +441,11 @@ impl ClusterState {
         }
         let job_id = self.next_job_id;
         self.next_job_id += 1;
+        let request_id = request_id.map(RequestId::from);
         let job = Job {
             id: job_id,
             spec: spec.clone(),
-            request_id: request_id.map(str::to_string),
+            request_id: request_id.clone(),
             state: JobState::Pending,
             submitted_at_ms: self.now_ms,
             started_at_ms: None,
@@ -467,7 +468,7 @@ impl ClusterState {
         self.live_jobs += 1;
         self.spec_bytes += bytes;
         if let Some(id) = request_id {
-            self.dedupe.insert(id.to_string(), job_id);
+            self.dedupe.insert(id, job_id);
         }
         Ok(CommandResult::Submitted { job_id, deduplicated: false })
     }

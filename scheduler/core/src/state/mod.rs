@@ -25,6 +25,7 @@ pub mod lost_after;
 pub mod outcomes;
 pub mod policy_doc;
 pub mod records;
+pub mod request_id;
 pub mod run_clock;
 pub mod shared;
 pub mod tenancy;

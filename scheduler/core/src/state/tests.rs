@@ -53,6 +53,15 @@ fn retried_submit_returns_the_same_job() {
 }
 
 #[test]
+fn a_submitted_jobs_request_id_is_the_dedupe_tables_block() {
+    let mut state = ClusterState::default();
+    submit(&mut state, "cli-0123456789abcdef0123456789abcdef", gang(1, 1));
+    let id = state.jobs[&1].request_id.clone().expect("the job keeps its request id");
+    assert_eq!(id, "cli-0123456789abcdef0123456789abcdef");
+    assert!(state.dedupe.held(&id).is_some_and(|key| key.shares_with(&id)), "one block for the job and the table");
+}
+
+#[test]
 fn invalid_spec_is_rejected_naming_the_field_and_stores_nothing() {
     let mut state = ClusterState::default();
     let cases = [

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use super::env_vars::EnvVars;
+pub use super::request_id::RequestId;
 
 pub type JobId = u64;
 pub type AllocId = u64;
@@ -175,7 +176,8 @@ impl StopReason {
 pub struct Job {
     pub id: JobId,
     pub spec: JobSpec,
-    pub request_id: Option<String>,
+    /// Shared with the dedupe table's key and eviction order.
+    pub request_id: Option<RequestId>,
     pub state: JobState,
     /// Original submit time; kept across preemption so a requeued job keeps its place.
     pub submitted_at_ms: u64,
