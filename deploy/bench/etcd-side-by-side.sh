@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Benchmark: rota's durable submits/s next to etcd 3.4's durable puts/s, the
 # same closed loop (`rota bench submit` / `rota bench etcd`) at 1, 16 and 256
-# clients, three local members each, plaintext, on 127.0.0.1; rounds
+# clients, three local members each, plaintext, on 127.0.0.1; then rota
+# again with TLS 1.3 on every link (client certificates included). Rounds
 # alternate, each on fresh data directories. Installs etcd from Debian's
 # `etcd-server` when it is missing (as root). Stops what it started by PID.
 #
@@ -56,6 +57,33 @@ print(f"{d[sys.argv[2]]:.0f}/s, p50 {l['p50']} ms, p99 {l['p99']} ms, {d['errors
 PY
 }
 
+# run_rota MODE ROUND CLIENTS: the closed loop on a fresh 3-replica cluster,
+# plaintext (MODE plain) or TLS on every link (MODE tls). A fresh cluster
+# for each concurrency: every submitted job stays pending (no agents). A
+# cluster holds 200,000 live jobs by default, which one run at 25,000/s
+# fills within 8 s; a full cluster refuses at once and its rate means
+# nothing, so the bound is raised through the log first (once the new
+# leader has raised the cluster version that carries it).
+run_rota() {
+  local mode="$1" round="$2" clients="$3" insecure=0 out cli=("$rota")
+  out="$dir/rota-$round-$clients"
+  if [ "$mode" = plain ]; then insecure=1; cli+=(--insecure); else out="$dir/rota-tls-$round-$clients"; fi
+  ROTA_INSECURE=$insecure ROTA_SERVER_ARGS="--user-requests-per-s 0 --user-max-in-flight 100000" ROTA_BIN="$rota" \
+    bash "$here/cluster.sh" start "$dir/rota" 3 7601 >"$out.log" 2>&1 || { echo "rota elected no leader" >&2; return 1; }
+  [ "$mode" = tls ] && cli+=(--tls-ca "$dir/rota/tls/ca.pem" --tls-cert "$dir/rota/tls/user-operator.pem" --tls-key "$dir/rota/tls/user-operator-key.pem")
+  cli+=(--endpoints "$(cat "$dir/rota/endpoints")")
+  local raised=""
+  for _ in $(seq 1 100); do
+    "${cli[@]}" limits set --max-live-jobs 1000000 >/dev/null 2>&1 && { raised=1; break; }
+    sleep 0.1
+  done
+  [ -n "$raised" ] || { echo "could not raise the live-job bound" >&2; return 1; }
+  "${cli[@]}" bench submit --clients "$clients" --duration-s "$seconds" >"$out.json" 2>&1
+  printf 'round %s rota%-5s %s clients: %s\n' "$round" "$([ "$mode" = tls ] && echo " tls")" "$clients" "$(figure "$out.json" jobs_per_s)"
+  ROTA_INSECURE=$insecure ROTA_BIN="$rota" bash "$here/cluster.sh" stop "$dir/rota" >/dev/null
+  mv "$dir/rota" "$out-data"
+}
+
 for round in $(seq 1 "$rounds"); do
   start_etcd "$dir/etcd-$round" || { echo "etcd elected no leader; see $dir/etcd-$round" >&2; exit 1; }
   for clients in 1 16 256; do
@@ -63,23 +91,30 @@ for round in $(seq 1 "$rounds"); do
     echo "round $round etcd  $clients clients: $(figure "$dir/etcd-$round-$clients.json" puts_per_s)"
   done
   stop_etcd
-  # A fresh cluster for each concurrency: every submitted job stays pending
-  # (no agents). A cluster holds 200,000 live jobs by default, which one run
-  # at 25,000/s fills within 8 s; a full cluster refuses at once and its rate
-  # means nothing, so the bound is raised through the log first (once the
-  # new leader has raised the cluster version that carries it).
-  for clients in 1 16 256; do
-    ROTA_INSECURE=1 ROTA_SERVER_ARGS="--user-requests-per-s 0 --user-max-in-flight 100000" ROTA_BIN="$rota" \
-      bash "$here/cluster.sh" start "$dir/rota" 3 7601 >"$dir/rota-$round-$clients.log" 2>&1 || { echo "rota elected no leader" >&2; exit 1; }
-    raised=""
-    for _ in $(seq 1 100); do
-      "$rota" --insecure --endpoints "$(cat "$dir/rota/endpoints")" limits set --max-live-jobs 1000000 >/dev/null 2>&1 && { raised=1; break; }
-      sleep 0.1
+  for mode in plain tls; do
+    for clients in 1 16 256; do
+      run_rota "$mode" "$round" "$clients" || exit 1
     done
-    [ -n "$raised" ] || { echo "could not raise the live-job bound" >&2; exit 1; }
-    "$rota" --insecure --endpoints "$(cat "$dir/rota/endpoints")" bench submit --clients "$clients" --duration-s "$seconds" >"$dir/rota-$round-$clients.json" 2>&1
-    echo "round $round rota  $clients clients: $(figure "$dir/rota-$round-$clients.json" jobs_per_s)"
-    ROTA_INSECURE=1 ROTA_BIN="$rota" bash "$here/cluster.sh" stop "$dir/rota" >/dev/null
-    mv "$dir/rota" "$dir/rota-$round-$clients-data"
   done
 done
+
+# Medians over the rounds, and rota's rate over etcd's.
+python3 - "$dir" "$rounds" <<'PY'
+import json, statistics, sys
+d, rounds = sys.argv[1], int(sys.argv[2])
+def rates(stem, key):
+    out = []
+    for r in range(1, rounds + 1):
+        try:
+            out.append(json.load(open(f"{d}/{stem.format(r=r)}.json"))[key])
+        except (OSError, ValueError, KeyError):
+            pass
+    return out
+print("clients  etcd/s  rota/s  rota-tls/s  rota/etcd  rota-tls/etcd  (medians)")
+for c in (1, 16, 256):
+    e = rates(f"etcd-{{r}}-{c}", "puts_per_s"); p = rates(f"rota-{{r}}-{c}", "jobs_per_s"); t = rates(f"rota-tls-{{r}}-{c}", "jobs_per_s")
+    if not (e and p and t):
+        print(f"{c:>7}  incomplete"); continue
+    me, mp, mt = statistics.median(e), statistics.median(p), statistics.median(t)
+    print(f"{c:>7}  {me:6.0f}  {mp:6.0f}  {mt:10.0f}  {mp / me:9.2f}  {mt / me:13.2f}")
+PY
