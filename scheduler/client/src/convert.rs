@@ -38,7 +38,7 @@ pub fn spec_from_pb(spec: Option<pb::JobSpec>) -> Result<JobSpec, Rejection> {
         priority: priority_from_pb(spec.priority)?,
         replicas: spec.replicas,
         gpus_per_replica: spec.gpus_per_replica,
-        gpu_model: Some(spec.gpu_model).filter(|m| !m.is_empty()),
+        gpu_model: Some(spec.gpu_model).filter(|m| !m.is_empty()).map(String::into_boxed_str),
         min_gpu_memory_mib: spec.min_gpu_memory_mib,
         command: spec.command,
         env: spec.env.into_iter().collect(),
@@ -57,7 +57,7 @@ pub fn spec_to_pb(spec: &JobSpec) -> pb::JobSpec {
         priority: priority_to_pb(spec.priority) as i32,
         replicas: spec.replicas,
         gpus_per_replica: spec.gpus_per_replica,
-        gpu_model: spec.gpu_model.clone().unwrap_or_default(),
+        gpu_model: spec.gpu_model.as_deref().unwrap_or_default().to_string(),
         min_gpu_memory_mib: spec.min_gpu_memory_mib,
         command: spec.command.clone(),
         env: spec.env.clone().into_iter().collect(),
@@ -137,14 +137,14 @@ pub fn job_to_pb(state: &ClusterState, job: &Job) -> pb::Job {
         finished_at_ms: job.finished_at_ms.unwrap_or(0),
         reason: job.reason.to_string(),
         reason_code: job.reason.code.as_str().to_string(),
-        reason_detail: job.reason.detail.clone(),
+        reason_detail: job.reason.detail.to_string(),
         estimated_start_ms: job.estimated_start_ms.unwrap_or(0),
         attempts: job.attempts,
         allocations,
         master_addr,
         master_port: alloc.map_or(0, |a| u32::from(a.master_port)),
         exit_code: job.exit_code,
-        last_nodes: job.last_nodes.clone(),
+        last_nodes: job.last_nodes.to_vec(),
         owner: state.auth.job_marks.get(&job.id).and_then(|m| m.owner.clone()).unwrap_or_default(),
         redacted: false,
         labels: tags.map(|t| t.labels.clone().into_iter().collect()).unwrap_or_default(),
@@ -189,7 +189,7 @@ pub fn spec_over_template(base: &JobSpec, given: Option<pb::JobSpec>) -> Result<
         spec.gpus_per_replica = given.gpus_per_replica;
     }
     if !given.gpu_model.is_empty() {
-        spec.gpu_model = Some(given.gpu_model);
+        spec.gpu_model = Some(given.gpu_model.into_boxed_str());
     }
     number(given.min_gpu_memory_mib, &mut spec.min_gpu_memory_mib);
     if !given.command.is_empty() {

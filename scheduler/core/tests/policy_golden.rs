@@ -631,7 +631,7 @@ fn parse_job(line: &InputLine) -> Result<JobDef, LineError> {
             "priority_ttl" => args::seconds(&arg).map(|s| spec.priority_ttl_s = s),
             "replicas" => args::number(&arg).map(|n| spec.replicas = n),
             "gpus" => args::number(&arg).map(|n| gpus = Some(n)),
-            "model" => args::text(&arg).map(|v| spec.gpu_model = Some(v.to_string())),
+            "model" => args::text(&arg).map(|v| spec.gpu_model = Some(Box::from(v))),
             "min_memory_mib" => args::number(&arg).map(|n| spec.min_gpu_memory_mib = n),
             "limit" => args::seconds(&arg).map(|s| spec.runtime_limit_s = s),
             "submit" => args::millis(&arg).map(|ms| submit_ms = Some(ms)),

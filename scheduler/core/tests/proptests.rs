@@ -108,7 +108,7 @@ fn spec_with_one_hostile_field() -> impl Strategy<Value = (JobSpec, &'static str
                     "gpus_per_replica"
                 }
                 6 => {
-                    spec.gpu_model = Some(text);
+                    spec.gpu_model = Some(text.into_boxed_str());
                     "gpu_model"
                 }
                 7 => {

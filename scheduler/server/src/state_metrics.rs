@@ -324,7 +324,7 @@ mod tests {
             exit_code: None,
             checkpoint_at_ms: None,
             changed_at_index: 0,
-            last_nodes: Vec::new(),
+            last_nodes: Box::default(),
         }
     }
 

@@ -258,7 +258,8 @@ impl<'a> Pass<'a> {
         let (set, replicas, per) = shape;
         let classes = &self.class_lists[set];
         let spec = &cand.job.spec;
-        let no_match = Reason::NoMatchingGpus { model: spec.gpu_model.clone(), min_memory_mib: spec.min_gpu_memory_mib };
+        let no_match =
+            Reason::NoMatchingGpus { model: spec.gpu_model.as_deref().map(str::to_string), min_memory_mib: spec.min_gpu_memory_mib };
         let slots: u64 = self.view.nodes.iter().filter(|n| classes.contains(&n.class)).map(|n| u64::from(n.usable / per)).sum();
         let usable_nodes = self.view.nodes.iter().any(|n| classes.contains(&n.class) && n.usable > 0);
         let verdict = if !usable_nodes || slots < u64::from(replicas) {

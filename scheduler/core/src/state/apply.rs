@@ -459,7 +459,7 @@ impl ClusterState {
             exit_code: None,
             checkpoint_at_ms: None,
             changed_at_index: index,
-            last_nodes: Vec::new(),
+            last_nodes: Box::default(),
         };
         self.jobs.insert(job_id, job.into());
         self.job_changes.insert((index, job_id), ());

@@ -14,13 +14,15 @@ use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Name to value, sorted by name, each name once.
+/// Name to value, sorted by name, each name once. A boxed slice, not a
+/// vector: held at its length anyway, and 8 bytes less in every job spec
+/// (a job then fits mimalloc's 384-byte size class, not the 448).
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
-pub struct EnvVars(Vec<(String, String)>);
+pub struct EnvVars(Box<[(String, String)]>);
 
 impl EnvVars {
     pub fn new() -> EnvVars {
-        EnvVars(Vec::new())
+        EnvVars(Box::default())
     }
 
     fn position(&self, name: &str) -> Result<usize, usize> {
@@ -32,7 +34,9 @@ impl EnvVars {
         match self.position(&name) {
             Ok(at) => Some(std::mem::replace(&mut self.0[at].1, value)),
             Err(at) => {
-                self.0.insert(at, (name, value));
+                let mut pairs = std::mem::take(&mut self.0).into_vec();
+                pairs.insert(at, (name, value));
+                self.0 = pairs.into_boxed_slice();
                 None
             }
         }
@@ -77,8 +81,7 @@ impl EnvVars {
                 _ => sorted.push(pair),
             }
         }
-        sorted.shrink_to_fit();
-        EnvVars(sorted)
+        EnvVars(sorted.into_boxed_slice())
     }
 }
 
@@ -98,7 +101,7 @@ impl FromIterator<(String, String)> for EnvVars {
 impl Extend<(String, String)> for EnvVars {
     /// A name already set takes the value given here.
     fn extend<I: IntoIterator<Item = (String, String)>>(&mut self, pairs: I) {
-        let mut all = std::mem::take(&mut self.0);
+        let mut all = std::mem::take(&mut self.0).into_vec();
         all.extend(pairs);
         *self = EnvVars::from_pairs(all);
     }
@@ -121,7 +124,7 @@ impl IntoIterator for EnvVars {
     type IntoIter = std::vec::IntoIter<(String, String)>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
+        self.0.into_vec().into_iter()
     }
 }
 
@@ -145,7 +148,7 @@ impl std::ops::Index<&str> for EnvVars {
 impl Serialize for EnvVars {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(Some(self.0.len()))?;
-        for (name, value) in &self.0 {
+        for (name, value) in self.0.iter() {
             map.serialize_entry(name, value)?;
         }
         map.end()

@@ -161,7 +161,8 @@ pub fn record_of(state: &ClusterState, job: &Job, archived_index: u64) -> JobRec
     }
     // Before format 8 the first start is known only for a job started once.
     let first_started_ms = stats.and_then(|s| s.first_started_ms).or(job.started_at_ms.filter(|_| job.attempts <= 1));
-    let gpu_model = stats.and_then(|s| s.gpu_model.clone()).or_else(|| job.spec.gpu_model.clone()).unwrap_or_default();
+    let gpu_model =
+        stats.and_then(|s| s.gpu_model.clone()).or_else(|| job.spec.gpu_model.as_deref().map(str::to_string)).unwrap_or_default();
     JobRecord {
         job_id: job.id,
         archived_index,
@@ -173,7 +174,7 @@ pub fn record_of(state: &ClusterState, job: &Job, archived_index: u64) -> JobRec
         template: tags.and_then(|t| t.template.clone()),
         gpus: job.spec.total_gpus(),
         gpu_model,
-        nodes: job.last_nodes.clone(),
+        nodes: job.last_nodes.to_vec(),
         submitted_ms: job.submitted_at_ms,
         started_ms: job.started_at_ms,
         finished_ms: job.finished_at_ms,

@@ -49,8 +49,9 @@ pub struct JobSpec {
     /// Ranks of the gang; all are placed together or none is.
     pub replicas: u32,
     pub gpus_per_replica: u32,
-    /// Required GPU model; `None` = any.
-    pub gpu_model: Option<String>,
+    /// Required GPU model; `None` = any. Boxed: 8 bytes less in every job,
+    /// which with the other boxed fields fits a job in a 384-byte block.
+    pub gpu_model: Option<Box<str>>,
     /// Minimum memory per GPU; 0 = any.
     pub min_gpu_memory_mib: u64,
     pub command: Vec<String>,
@@ -72,7 +73,7 @@ impl JobSpec {
     /// Bytes of the spec's variable-length parts (names, command, environment):
     /// what a job costs in the log, in every replica's memory and on the wire.
     pub fn payload_bytes(&self) -> usize {
-        let names = self.name.len() + self.group.len() + self.queue.len() + self.gpu_model.as_ref().map_or(0, String::len);
+        let names = self.name.len() + self.group.len() + self.queue.len() + self.gpu_model.as_ref().map_or(0, |model| model.len());
         let command: usize = self.command.iter().map(String::len).sum();
         let env: usize = self.env.iter().map(|(name, value)| name.len() + value.len()).sum();
         names + command + env
@@ -199,8 +200,8 @@ pub struct Job {
     /// Log index of the last change to this job (for watches).
     pub changed_at_index: u64,
     /// Node of each rank of the latest attempt; kept after the attempt ends
-    /// so its logs can still be found.
-    pub last_nodes: Vec<String>,
+    /// so its logs can still be found. Boxed: set whole, never grown.
+    pub last_nodes: Box<[String]>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -434,17 +435,18 @@ impl ReasonCode {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct JobReason {
     pub code: ReasonCode,
-    pub detail: String,
+    /// Boxed: 8 bytes less in every job, which then fits a smaller block.
+    pub detail: Box<str>,
 }
 
 impl JobReason {
-    pub fn new(code: ReasonCode, detail: impl Into<String>) -> JobReason {
+    pub fn new(code: ReasonCode, detail: impl Into<Box<str>>) -> JobReason {
         JobReason { code, detail: detail.into() }
     }
 
     /// The bare code, no detail.
     pub fn code(code: ReasonCode) -> JobReason {
-        JobReason { code, detail: String::new() }
+        JobReason { code, detail: Box::default() }
     }
 
     pub fn is_unset(&self) -> bool {
@@ -454,7 +456,7 @@ impl JobReason {
 
 impl std::fmt::Display for JobReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.code.as_str(), self.detail.as_str()) {
+        match (self.code.as_str(), &*self.detail) {
             (code, "") => f.write_str(code),
             ("", detail) => f.write_str(detail),
             (code, detail) => write!(f, "{code}: {detail}"),

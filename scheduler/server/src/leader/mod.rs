@@ -769,7 +769,7 @@ mod tests {
         let mut spec = JobSpec::simple(&["true"]);
         spec.replicas = replicas;
         spec.gpus_per_replica = gpus;
-        spec.gpu_model = model.map(str::to_string);
+        spec.gpu_model = model.map(Box::from);
         Command::SubmitJob { request_id: None, spec }
     }
 
