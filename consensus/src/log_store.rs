@@ -111,6 +111,18 @@ impl LogStore {
         Err(sto_msg(ErrorSubject::Logs, ErrorVerb::Write, "the raft log writer stopped"))
     }
 
+    /// Write `op` on this thread if the writer is idle, else queue it (see
+    /// `Writer::write_now`).
+    async fn write_now(&self, op: Op) -> Result<(), StorageError> {
+        if self.durable.borrow().failed {
+            return Err(sto_msg(ErrorSubject::Logs, ErrorVerb::Write, "an earlier raft log write failed"));
+        }
+        if self.writer.write_now(op).await.is_some() {
+            return Ok(());
+        }
+        Err(sto_msg(ErrorSubject::Logs, ErrorVerb::Write, "the raft log writer stopped"))
+    }
+
     /// Queue `op` and wait until it is on disk.
     async fn queue_and_wait(
         &self,
@@ -267,7 +279,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             overlay.unwritten.extend(entries.into_iter().map(|e| (e.log_id.index, e)));
         }
         if !early {
-            return self.queue(Op::Append { rows, done: Done::Flushed(callback) }).await;
+            return self.write_now(Op::Append { rows, done: Done::Flushed(callback) }).await;
         }
         self.queue(Op::Append { rows, done: Done::Nothing }).await?;
         callback.log_io_completed(Ok(()));

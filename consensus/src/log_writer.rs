@@ -1,10 +1,15 @@
-//! The one thread that writes a replica's Raft log and vote to RocksDB.
+//! The writer of a replica's Raft log and vote to RocksDB: one thread, and
+//! the caller's own thread for a follower's append when the disk is idle.
 //!
 //! The log store queues every change it makes (appends, truncations,
 //! purges, the vote, the committed id) here in the order openraft issued
 //! them. The thread takes whatever is queued and writes it as one RocksDB
 //! batch, synced when any part of it must be (group commit: one fsync for
-//! all of it), then reports each part done in order.
+//! all of it), then reports each part done in order. A follower's append
+//! finding no write under way takes the queue with it and is written so
+//! on the caller's thread, saving a wake-up on the commit path (see
+//! [`Writer::write_now`]); one group is written at a time either way, in
+//! the order its parts were issued.
 //!
 //! Why a queue and not a synced write per call: a leader's own append does
 //! not have to be on its disk before the entries go to the followers (the
@@ -23,13 +28,14 @@
 #![allow(clippy::result_large_err)]
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use openraft::storage::LogFlushed;
 use openraft::{ErrorSubject, ErrorVerb};
 use rocksdb::WriteBatch;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch, Semaphore};
 
 use crate::db::{cf, index_key, sto_msg, synced, Db, CF_LOG, CF_META, KEY_LAST_PURGED};
 use crate::types::{Entry, LogId, StorageError, TypeConfig};
@@ -45,6 +51,9 @@ pub(crate) const QUEUE_OPS: usize = 256;
 const GROUP_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// Operations of one group write at most.
 const GROUP_MAX_OPS: usize = 4096;
+/// A follower's append is written on the caller's thread only while the
+/// last synced write took at most this long (see `Writer::write_now`).
+const INLINE_SYNC_MAX: Duration = Duration::from_millis(2);
 /// A synced group write slower than this is logged: every commit waits for
 /// one on a quorum, so such a stall shows up as acknowledgement latency.
 const SLOW_LOG_SYNC: Duration = Duration::from_millis(20);
@@ -154,6 +163,10 @@ impl Stall {
         self.released.notify_all();
     }
 
+    fn is_held(&self) -> bool {
+        *self.held.lock().expect("stall lock")
+    }
+
     fn wait(&self) {
         let mut held = self.held.lock().expect("stall lock");
         while *held {
@@ -168,74 +181,207 @@ pub(crate) struct Shared {
     pub(crate) stall: Stall,
 }
 
-/// The queue to the writer thread. Dropping it (the last handle of the log
-/// store) lets the thread write what is queued, then waits for it to end,
-/// so the database is closed once the log store and the state machine are
+/// Operations not yet taken for a write, and whether a write is under way.
+#[derive(Default)]
+struct Queue {
+    ops: VecDeque<Op>,
+    /// A group is being written (by the thread or inline); one at a time,
+    /// so groups reach the disk in the order they were taken.
+    writing: bool,
+    /// The thread waits for `changed`: a sender must wake it.
+    thread_waits: bool,
+    /// No more operations come; the thread writes what is queued and ends.
+    closed: bool,
+}
+
+/// Where the log is written: the database, the overlay and the durable
+/// mark, used by the thread and by an inline write alike.
+struct Disk {
+    db: Arc<Db>,
+    shared: Arc<Shared>,
+    durable: watch::Sender<Durable>,
+    /// Appends written so far (only by whoever holds `Queue::writing`).
+    appends_written: AtomicU64,
+    /// How long the last synced write took, in microseconds.
+    last_sync_us: AtomicU64,
+}
+
+struct Channel {
+    queue: Mutex<Queue>,
+    /// Signalled when an operation is queued, a write ends or the writer closes.
+    changed: Condvar,
+    /// Places left in the queue (`QUEUE_OPS` in all); closed with the writer.
+    room: Semaphore,
+    disk: Disk,
+}
+
+/// Where `Writer::write_now` wrote an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Written {
+    /// On the caller's thread, done before the call returned.
+    Here,
+    /// Queued for the thread, which reports it done.
+    Queued,
+}
+
+/// The writer of one log. Dropping it (the last handle of the log store)
+/// lets the thread write what is queued, then waits for it to end, so the
+/// database is closed once the log store and the state machine are
 /// dropped, as before there was a thread.
 pub(crate) struct Writer {
-    queue: Option<mpsc::Sender<Op>>,
+    channel: Arc<Channel>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Writer {
     /// Start the writer thread over `db`.
     pub(crate) fn start(db: Arc<Db>, shared: Arc<Shared>, durable: watch::Sender<Durable>) -> std::io::Result<Writer> {
-        let (tx, rx) = mpsc::channel(QUEUE_OPS);
-        let thread = std::thread::Builder::new().name("rota-log".into()).spawn(move || run(&db, &shared, &durable, rx))?;
-        Ok(Writer { queue: Some(tx), thread: Some(thread) })
+        let disk = Disk { db, shared, durable, appends_written: AtomicU64::new(0), last_sync_us: AtomicU64::new(0) };
+        let channel =
+            Arc::new(Channel { queue: Mutex::new(Queue::default()), changed: Condvar::new(), room: Semaphore::new(QUEUE_OPS), disk });
+        let for_thread = channel.clone();
+        let thread = std::thread::Builder::new().name("rota-log".into()).spawn(move || run(&for_thread))?;
+        Ok(Writer { channel, thread: Some(thread) })
     }
 
-    /// Queue `op`; false when the thread is gone.
+    /// Queue `op` for the thread; false when the writer is closed.
     pub(crate) async fn send(&self, op: Op) -> bool {
-        match &self.queue {
-            Some(queue) => queue.send(op).await.is_ok(),
-            None => false,
+        let Ok(place) = self.channel.room.acquire().await else { return false };
+        place.forget();
+        let mut queue = self.channel.queue.lock().expect("log queue lock");
+        if queue.closed {
+            return false;
         }
+        queue.ops.push_back(op);
+        if queue.thread_waits {
+            self.channel.changed.notify_one();
+        }
+        true
+    }
+
+    /// Write `op`, with whatever is queued before it, on the caller's thread
+    /// when no write is under way; otherwise queue it for the thread. None
+    /// when the writer is closed.
+    ///
+    /// Why: a follower answers the leader only once its append is on disk,
+    /// and openraft's core waits for that. Written by the thread, the answer
+    /// waits for the thread to wake the runtime worker parked under the core
+    /// after the sync: one more hand-off between threads on every commit's
+    /// path (10-170 us on a two-core virtual host, rota's submit rate at one
+    /// client +10 %). Lending the worker to the runtime first
+    /// (`block_in_place`) costs a hand-off of its own and gained nothing.
+    /// The sync blocks one runtime worker, so this is done only where the
+    /// runtime has another to run its other tasks, and only while syncs are
+    /// fast (`INLINE_SYNC_MAX`): a disk that stalls is waited on by the
+    /// thread alone, whose syncs tell when it is fast again.
+    pub(crate) async fn write_now(&self, op: Op) -> Option<Written> {
+        let group = match self.take_for_inline(op) {
+            Ok(group) => group,
+            Err(op) => return self.send(op).await.then_some(Written::Queued),
+        };
+        write_and_settle(&self.channel.disk, group);
+        let mut queue = self.channel.queue.lock().expect("log queue lock");
+        queue.writing = false;
+        if queue.thread_waits && !queue.ops.is_empty() {
+            self.channel.changed.notify_one();
+        }
+        Some(Written::Here)
+    }
+
+    /// The queued operations and `op` as one group to write here, or `op`
+    /// back when it must go through the queue: a write is under way, the
+    /// group would be too large, the writer is closed or held (a test's
+    /// stall), the last sync was slow, or the runtime has a single worker.
+    fn take_for_inline(&self, op: Op) -> Result<Vec<Op>, Op> {
+        let workers = tokio::runtime::Handle::try_current().map_or(1, |h| h.metrics().num_workers());
+        let disk = &self.channel.disk;
+        let slow = disk.last_sync_us.load(Ordering::Relaxed) > INLINE_SYNC_MAX.as_micros() as u64;
+        if workers < 2 || slow || disk.shared.stall.is_held() {
+            return Err(op);
+        }
+        let mut queue = self.channel.queue.lock().expect("log queue lock");
+        let queued_bytes: usize = queue.ops.iter().map(Op::bytes).sum();
+        let fits = queue.ops.len() < GROUP_MAX_OPS && queued_bytes + op.bytes() <= GROUP_MAX_BYTES;
+        if queue.writing || queue.closed || !fits {
+            return Err(op);
+        }
+        queue.writing = true;
+        let mut group: Vec<Op> = queue.ops.drain(..).collect();
+        drop(queue);
+        self.channel.room.add_permits(group.len());
+        group.push(op);
+        Ok(group)
     }
 }
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        drop(self.queue.take());
+        self.channel.room.close();
+        self.channel.queue.lock().expect("log queue lock").closed = true;
+        self.channel.changed.notify_one();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
 }
 
-fn run(db: &Db, shared: &Shared, durable: &watch::Sender<Durable>, mut rx: mpsc::Receiver<Op>) {
-    let mut appends_written = 0u64;
-    while let Some(first) = rx.blocking_recv() {
-        let group = take_group(first, &mut rx);
-        shared.stall.wait();
-        let failed = durable.borrow().failed;
-        let result = if failed { Err("an earlier log write failed".to_string()) } else { write_group(db, &group, &mut appends_written) };
-        match result {
-            Ok(()) => settle(shared, durable, group),
-            Err(error) => fail(durable, group, &error),
-        }
+fn run(channel: &Channel) {
+    while let Some(group) = next_group(channel) {
+        write_and_settle(&channel.disk, group);
+        channel.queue.lock().expect("log queue lock").writing = false;
     }
 }
 
-/// `first` and whatever else is queued now, within the group bounds.
-fn take_group(first: Op, rx: &mut mpsc::Receiver<Op>) -> Vec<Op> {
-    let mut bytes = first.bytes();
-    let mut group = vec![first];
+/// Wait for queued operations while no write is under way and take them,
+/// within the group bounds; None once the writer is closed and drained.
+fn next_group(channel: &Channel) -> Option<Vec<Op>> {
+    let mut queue = channel.queue.lock().expect("log queue lock");
+    while queue.writing || queue.ops.is_empty() {
+        if queue.closed && !queue.writing && queue.ops.is_empty() {
+            return None;
+        }
+        queue.thread_waits = true;
+        queue = channel.changed.wait(queue).expect("log queue lock");
+        queue.thread_waits = false;
+    }
+    queue.writing = true;
+    let group = take_group(&mut queue.ops);
+    drop(queue);
+    channel.room.add_permits(group.len());
+    Some(group)
+}
+
+/// The oldest queued operations, within the group bounds (at least one).
+fn take_group(ops: &mut VecDeque<Op>) -> Vec<Op> {
+    let mut bytes = 0;
+    let mut group = Vec::new();
     while group.len() < GROUP_MAX_OPS && bytes < GROUP_MAX_BYTES {
-        let Ok(op) = rx.try_recv() else { break };
+        let Some(op) = ops.pop_front() else { break };
         bytes += op.bytes();
         group.push(op);
     }
     group
 }
 
-fn write_group(db: &Db, group: &[Op], appends_written: &mut u64) -> Result<(), String> {
+fn write_and_settle(disk: &Disk, group: Vec<Op>) {
+    disk.shared.stall.wait();
+    let failed = disk.durable.borrow().failed;
+    let result = if failed { Err("an earlier log write failed".to_string()) } else { write_group(disk, &group) };
+    match result {
+        Ok(()) => settle(&disk.shared, &disk.durable, group),
+        Err(error) => fail(&disk.durable, group, &error),
+    }
+}
+
+fn write_group(disk: &Disk, group: &[Op]) -> Result<(), String> {
+    let db = &disk.db;
+    let appends_written = disk.appends_written.load(Ordering::Relaxed);
     let mut batch = WriteBatch::default();
     let mut appends = 0;
     for op in group {
         if let Op::Append { .. } = op {
             appends += 1;
-            test_failure_switch(*appends_written + appends)?;
+            test_failure_switch(appends_written + appends)?;
         }
         add_to_batch(db, &mut batch, op).map_err(|e| e.to_string())?;
     }
@@ -243,9 +389,13 @@ fn write_group(db: &Db, group: &[Op], appends_written: &mut u64) -> Result<(), S
     let started = Instant::now();
     let written = if sync { db.write_opt(batch, &synced()) } else { db.write(batch) };
     written.map_err(|e| format!("write the raft log: {e}"))?;
-    *appends_written += appends;
-    if sync && appends > 0 {
-        record_sync(started.elapsed());
+    disk.appends_written.store(appends_written + appends, Ordering::Relaxed);
+    if sync {
+        let took = started.elapsed();
+        disk.last_sync_us.store(took.as_micros() as u64, Ordering::Relaxed);
+        if appends > 0 {
+            record_sync(took);
+        }
     }
     Ok(())
 }
@@ -371,4 +521,130 @@ fn test_failure_switch(appends: u64) -> Result<(), String> {
         return Err("ROTA_TEST_FAIL_APPEND_AFTER: a log append fails on purpose".to_string());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::{open_db, KEY_COMMITTED, KEY_VOTE};
+
+    fn start(dir: &std::path::Path) -> (Writer, Arc<Db>) {
+        let (db, _closed) = open_db(dir).expect("open db");
+        let shared = Arc::new(Shared { overlay: Mutex::new(Overlay::default()), stall: Stall::default() });
+        let (durable, _) = watch::channel(Durable { next_index: 0, failed: false });
+        (Writer::start(db.clone(), shared, durable).expect("start writer"), db)
+    }
+
+    fn set(key: &'static [u8], value: &[u8]) -> (Op, oneshot::Receiver<Result<(), String>>) {
+        let (reply, written) = oneshot::channel();
+        (Op::Meta { key, value: Some(value.to_vec()), sync: true, done: Done::Reply(reply) }, written)
+    }
+
+    fn stored(db: &Db, key: &[u8]) -> Option<Vec<u8>> {
+        db.get_cf(cf(db, CF_META).expect("meta"), key).expect("read meta")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_inline_write_takes_what_is_queued_and_is_done_before_it_returns() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (writer, db) = start(dir.path());
+        // Queued without waking the thread: the inline group must take it, first.
+        let (first, mut first_done) = set(KEY_COMMITTED, b"first");
+        writer.channel.queue.lock().expect("queue").ops.push_back(first);
+        writer.channel.room.acquire().await.expect("room").forget();
+        let (second, mut second_done) = set(KEY_VOTE, b"second");
+
+        assert_eq!(writer.write_now(second).await, Some(Written::Here));
+        assert_eq!(first_done.try_recv().expect("first reported"), Ok(()));
+        assert_eq!(second_done.try_recv().expect("second reported"), Ok(()));
+        assert_eq!(stored(&db, KEY_COMMITTED).as_deref(), Some(&b"first"[..]));
+        assert_eq!(stored(&db, KEY_VOTE).as_deref(), Some(&b"second"[..]));
+        let queue = writer.channel.queue.lock().expect("queue");
+        assert!(queue.ops.is_empty() && !queue.writing);
+        drop(queue);
+        assert_eq!(writer.channel.room.available_permits(), QUEUE_OPS);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn behind_a_write_under_way_the_op_is_queued_and_written_after_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (writer, db) = start(dir.path());
+        writer.channel.queue.lock().expect("queue").writing = true;
+        let (op, done) = set(KEY_VOTE, b"later");
+
+        assert_eq!(writer.write_now(op).await, Some(Written::Queued));
+        assert_eq!(writer.channel.queue.lock().expect("queue").ops.len(), 1);
+        assert_eq!(stored(&db, KEY_VOTE), None, "nothing is written while another write is under way");
+        {
+            let mut queue = writer.channel.queue.lock().expect("queue");
+            queue.writing = false;
+            writer.channel.changed.notify_one();
+        }
+        assert_eq!(done.await.expect("reported"), Ok(()));
+        assert_eq!(stored(&db, KEY_VOTE).as_deref(), Some(&b"later"[..]));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn on_a_current_thread_runtime_the_thread_writes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (writer, db) = start(dir.path());
+        let (op, done) = set(KEY_VOTE, b"queued");
+
+        assert_eq!(writer.write_now(op).await, Some(Written::Queued));
+        assert_eq!(done.await.expect("reported"), Ok(()));
+        assert_eq!(stored(&db, KEY_VOTE).as_deref(), Some(&b"queued"[..]));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn with_one_worker_the_thread_writes_so_a_sync_never_blocks_the_runtime() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (writer, db) = start(dir.path());
+        let (op, done) = set(KEY_VOTE, b"queued");
+
+        assert_eq!(writer.write_now(op).await, Some(Written::Queued));
+        assert_eq!(done.await.expect("reported"), Ok(()));
+        assert_eq!(stored(&db, KEY_VOTE).as_deref(), Some(&b"queued"[..]));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_slow_sync_the_thread_writes_until_one_is_fast_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (writer, _db) = start(dir.path());
+        let slow_us = INLINE_SYNC_MAX.as_micros() as u64 + 1;
+        writer.channel.disk.last_sync_us.store(slow_us, Ordering::Relaxed);
+        let (op, done) = set(KEY_VOTE, b"first");
+
+        assert_eq!(writer.write_now(op).await, Some(Written::Queued));
+        assert_eq!(done.await.expect("reported"), Ok(()));
+        // The thread's sync measured the disk afresh (a fast one, on a
+        // healthy disk), and the next append is written inline again.
+        let measured = writer.channel.disk.last_sync_us.load(Ordering::Relaxed);
+        assert_ne!(measured, slow_us, "the thread's sync replaced the slow figure");
+        if measured <= INLINE_SYNC_MAX.as_micros() as u64 {
+            let (op, _done) = set(KEY_VOTE, b"second");
+            assert_eq!(writer.write_now(op).await, Some(Written::Here));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_writer_writes_what_was_queued_and_takes_no_more() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (writer, db) = start(dir.path());
+        writer.channel.queue.lock().expect("queue").writing = true;
+        let (op, done) = set(KEY_VOTE, b"queued");
+        assert!(writer.send(op).await);
+        let channel = writer.channel.clone();
+        let for_drop = writer.channel.clone();
+        std::thread::spawn(move || {
+            for_drop.queue.lock().expect("queue").writing = false;
+            drop(writer);
+        })
+        .join()
+        .expect("drop the writer");
+
+        assert_eq!(done.await.expect("reported"), Ok(()));
+        assert_eq!(stored(&db, KEY_VOTE).as_deref(), Some(&b"queued"[..]));
+        assert!(channel.room.is_closed());
+        assert!(channel.queue.lock().expect("queue").closed);
+    }
 }
