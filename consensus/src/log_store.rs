@@ -101,23 +101,23 @@ impl LogStore {
         self.committed.store(v, Ordering::Release);
     }
 
+    /// Queue `op` for the writer thread.
     async fn queue(&self, op: Op) -> Result<(), StorageError> {
-        if self.durable.borrow().failed {
-            return Err(sto_msg(ErrorSubject::Logs, ErrorVerb::Write, "an earlier raft log write failed"));
-        }
-        if self.writer.send(op).await {
-            return Ok(());
-        }
-        Err(sto_msg(ErrorSubject::Logs, ErrorVerb::Write, "the raft log writer stopped"))
+        self.hand_over(op, false).await
     }
 
     /// Write `op` on this thread if the writer is idle, else queue it (see
     /// `Writer::write_now`).
     async fn write_now(&self, op: Op) -> Result<(), StorageError> {
+        self.hand_over(op, true).await
+    }
+
+    async fn hand_over(&self, op: Op, inline: bool) -> Result<(), StorageError> {
         if self.durable.borrow().failed {
             return Err(sto_msg(ErrorSubject::Logs, ErrorVerb::Write, "an earlier raft log write failed"));
         }
-        if self.writer.write_now(op).await.is_some() {
+        let taken = if inline { self.writer.write_now(op).await.is_some() } else { self.writer.send(op).await };
+        if taken {
             return Ok(());
         }
         Err(sto_msg(ErrorSubject::Logs, ErrorVerb::Write, "the raft log writer stopped"))

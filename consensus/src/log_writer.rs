@@ -280,11 +280,7 @@ impl Writer {
             Err(op) => return self.send(op).await.then_some(Written::Queued),
         };
         write_and_settle(&self.channel.disk, group);
-        let mut queue = self.channel.queue.lock().expect("log queue lock");
-        queue.writing = false;
-        if queue.thread_waits && !queue.ops.is_empty() {
-            self.channel.changed.notify_one();
-        }
+        end_write(&self.channel);
         Some(Written::Here)
     }
 
@@ -328,7 +324,17 @@ impl Drop for Writer {
 fn run(channel: &Channel) {
     while let Some(group) = next_group(channel) {
         write_and_settle(&channel.disk, group);
-        channel.queue.lock().expect("log queue lock").writing = false;
+        end_write(channel);
+    }
+}
+
+/// The write under way is over, by the thread or inline: the thread, if it
+/// waits, may take what was queued meanwhile.
+fn end_write(channel: &Channel) {
+    let mut queue = channel.queue.lock().expect("log queue lock");
+    queue.writing = false;
+    if queue.thread_waits && !queue.ops.is_empty() {
+        channel.changed.notify_one();
     }
 }
 
