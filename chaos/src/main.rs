@@ -101,6 +101,7 @@ struct RunArgs {
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "warn".into()))
         .init();
     let Command::Run(args) = Cli::parse().command;

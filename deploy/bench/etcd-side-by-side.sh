@@ -5,6 +5,9 @@
 # again with TLS 1.3 on every link (client certificates included). Rounds
 # alternate, each on fresh data directories. Installs etcd from Debian's
 # `etcd-server` when it is missing (as root). Stops what it started by PID.
+# Beside each rate: the servers' CPU time (user + system, all three members,
+# from /proc) per acknowledged write, a figure a busy or noisy host moves far
+# less than the rate, and the one that says which store costs the host more.
 #
 #   deploy/bench/etcd-side-by-side.sh DIR [ROUNDS] [SECONDS]
 set -u
@@ -48,12 +51,38 @@ start_etcd() {
   return 1
 }
 
+# cpu_ticks PID...: user + system clock ticks of the processes, summed.
+cpu_ticks() {
+  local total=0 fields
+  for pid in "$@"; do
+    fields=$(cut -d')' -f2 "/proc/$pid/stat" 2>/dev/null) || continue
+    set -- $fields
+    total=$((total + ${12} + ${13}))
+  done
+  echo "$total"
+}
+
+# with_cpu FILE TICKS_BEFORE TICKS_AFTER KEY: adds the servers' CPU microseconds
+# per acknowledged write to the benchmark's JSON report.
+with_cpu() {
+  python3 - "$@" <<'PY' 2>/dev/null || true
+import json, os, sys
+path, before, after, key = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+d = json.load(open(path))
+acked = d.get("acked") or round(d[key] * d["duration_s"])
+d["server_cpu_us_per_write"] = (after - before) / os.sysconf("SC_CLK_TCK") * 1e6 / max(acked, 1)
+json.dump(d, open(path, "w"), indent=2)
+PY
+}
+
 figure() { # FILE KEY
   python3 - "$1" "$2" <<'PY' 2>/dev/null || echo "failed: $(head -c 200 "$1")"
 import json, sys
 d = json.load(open(sys.argv[1]))
 l = d["latency_ms"]
-print(f"{d[sys.argv[2]]:.0f}/s, p50 {l['p50']} ms, p99 {l['p99']} ms, {d['errors']} errors")
+cpu = d.get("server_cpu_us_per_write")
+cpu_text = f", servers' CPU {cpu:.0f} us per write" if cpu is not None else ""
+print(f"{d[sys.argv[2]]:.0f}/s, p50 {l['p50']} ms, p99 {l['p99']} ms, {d['errors']} errors{cpu_text}")
 PY
 }
 
@@ -78,7 +107,11 @@ run_rota() {
     sleep 0.1
   done
   [ -n "$raised" ] || { echo "could not raise the live-job bound" >&2; return 1; }
+  local pids=() before
+  for i in 1 2 3; do pids+=("$(cat "$dir/rota/replica-$i/pid")"); done
+  before=$(cpu_ticks "${pids[@]}")
   "${cli[@]}" bench submit --clients "$clients" --duration-s "$seconds" >"$out.json" 2>&1
+  with_cpu "$out.json" "$before" "$(cpu_ticks "${pids[@]}")" jobs_per_s
   printf 'round %s rota%-5s %s clients: %s\n' "$round" "$([ "$mode" = tls ] && echo " tls")" "$clients" "$(figure "$out.json" jobs_per_s)"
   ROTA_INSECURE=$insecure ROTA_BIN="$rota" bash "$here/cluster.sh" stop "$dir/rota" >/dev/null
   mv "$dir/rota" "$out-data"
@@ -87,7 +120,9 @@ run_rota() {
 for round in $(seq 1 "$rounds"); do
   start_etcd "$dir/etcd-$round" || { echo "etcd elected no leader; see $dir/etcd-$round" >&2; exit 1; }
   for clients in 1 16 256; do
+    before=$(cpu_ticks "${etcd_pids[@]}")
     "$rota" bench etcd --endpoint "$leader" --clients "$clients" --duration-s "$seconds" >"$dir/etcd-$round-$clients.json" 2>&1
+    with_cpu "$dir/etcd-$round-$clients.json" "$before" "$(cpu_ticks "${etcd_pids[@]}")" puts_per_s
     echo "round $round etcd  $clients clients: $(figure "$dir/etcd-$round-$clients.json" puts_per_s)"
   done
   stop_etcd
@@ -117,4 +152,14 @@ for c in (1, 16, 256):
         print(f"{c:>7}  incomplete"); continue
     me, mp, mt = statistics.median(e), statistics.median(p), statistics.median(t)
     print(f"{c:>7}  {me:6.0f}  {mp:6.0f}  {mt:10.0f}  {mp / me:9.2f}  {mt / me:13.2f}")
+print()
+print("servers' CPU microseconds per acknowledged write, three members (medians; lower is better)")
+print("clients  etcd  rota  rota-tls  etcd/rota  etcd/rota-tls")
+for c in (1, 16, 256):
+    key = "server_cpu_us_per_write"
+    e = rates(f"etcd-{{r}}-{c}", key); p = rates(f"rota-{{r}}-{c}", key); t = rates(f"rota-tls-{{r}}-{c}", key)
+    if not (e and p and t):
+        print(f"{c:>7}  incomplete"); continue
+    me, mp, mt = statistics.median(e), statistics.median(p), statistics.median(t)
+    print(f"{c:>7}  {me:4.0f}  {mp:4.0f}  {mt:8.0f}  {me / mp:9.2f}  {me / mt:13.2f}")
 PY

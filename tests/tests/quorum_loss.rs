@@ -107,5 +107,16 @@ async fn force_new_cluster_refuses_a_replica_without_data() -> Result<()> {
     ensure!(!exit.success(), "refused");
     let log = server.log_tail(4_000);
     ensure!(log.contains("no marker") || log.contains("no Raft"), "says why: {log}");
+    // A log file is read by people and collectors: no terminal colour codes,
+    // in the refusal or in a serving replica's lines.
+    let serving = cluster.replicas[&1].data_dir.join("server.log");
+    let lines = wait_until("the replica's first log lines", WAIT, || async {
+        let text = std::fs::read_to_string(&serving).unwrap_or_default();
+        Ok(text.contains("serving").then_some(text))
+    })
+    .await?;
+    for text in [&log, &lines] {
+        ensure!(!text.contains('\u{1b}'), "escape codes in a log file: {text:?}");
+    }
     Ok(())
 }

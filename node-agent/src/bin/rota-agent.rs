@@ -253,7 +253,9 @@ async fn run_agent(args: Args) -> Result<()> {
 /// any flag is parsed).
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "info".into());
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only for a person at a terminal, never into a log file.
+    let colours = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(colours).with_writer(std::io::stderr);
     match std::env::var("ROTA_LOG_FORMAT").as_deref() {
         Ok("json") => logs.json().with_current_span(true).with_span_list(false).init(),
         _ => logs.init(),

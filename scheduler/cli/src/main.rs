@@ -840,9 +840,13 @@ fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| "info,openraft=warn".into());
     let thinned = rota_cli::log_thinning::replication_lines();
     let registry = tracing_subscriber::registry().with(filter);
+    // Colours only for a person at a terminal: a log file, journald or a
+    // collector would keep the escape codes as text.
+    let colours = std::io::IsTerminal::is_terminal(&std::io::stderr());
     match format {
         LogFormat::Text => {
-            registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(thinned)).init();
+            let layer = tracing_subscriber::fmt::layer().with_ansi(colours).with_writer(std::io::stderr);
+            registry.with(layer.with_filter(thinned)).init();
         }
         LogFormat::Json => {
             let layer = tracing_subscriber::fmt::layer().json().with_current_span(true).with_span_list(false);

@@ -266,16 +266,19 @@ where
     let was_forwarded = is_forwarded(&request);
     let actor = request.extensions().get::<crate::authz::ForwardIdentity>().cloned();
     let message = request.into_inner();
+    // The rare paths (waiting for a leader, forwarding) are boxed: inline,
+    // their futures made every call's future larger (a submit's 10.5 KiB
+    // against 7 KiB boxed), bytes moved on each call that never forwards.
     let result = match here(message.clone()).await {
         Ok(response) => Ok(Response::new(response)),
         Err(failure) => {
             let target = match next_step(was_forwarded, failure) {
                 Next::Forward(addr) => Ok(addr),
-                Next::AwaitLeader(no_leader) => (forwarder.await_leader)(None).await.ok_or(no_leader),
+                Next::AwaitLeader(no_leader) => Box::pin((forwarder.await_leader)(None)).await.ok_or(no_leader),
                 Next::Answer(status) => Err(status),
             };
             match target {
-                Ok(addr) => forward_to_leader(forwarder, method, addr, &message, actor.as_ref(), &forward).await,
+                Ok(addr) => Box::pin(forward_to_leader(forwarder, method, addr, &message, actor.as_ref(), &forward)).await,
                 Err(status) => Err(status),
             }
         }
