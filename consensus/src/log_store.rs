@@ -7,10 +7,10 @@
 //! (`log_writer`) in the order openraft issued it; the vote, appends and
 //! truncations are synced before they are reported done. The one exception
 //! is a leader's own proposals, acknowledged once queued (see
-//! [`LogStore::append`] for why that is safe). Purge and the committed log id
-//! are queued and not synced: RocksDB's WAL is ordered, so they are durable
-//! as soon as any later synced write is, and never ahead of an entry queued
-//! before them.
+//! [`LogStore::append`] for why that is safe). Purge is queued and the
+//! committed log id carried by the next write (`Writer::carry`), neither
+//! synced: RocksDB's WAL is ordered, so they are durable as soon as any later
+//! synced write is, and never ahead of an entry queued before them.
 
 // openraft's StorageError (the error type its storage traits require) is large.
 #![allow(clippy::result_large_err)]
@@ -113,14 +113,23 @@ impl LogStore {
     }
 
     async fn hand_over(&self, op: Op, inline: bool) -> Result<(), StorageError> {
+        self.still_writing()?;
+        let taken = if inline { self.writer.write_now(op).await.is_some() } else { self.writer.send(op).await };
+        taken.then_some(()).ok_or_else(writer_stopped)
+    }
+
+    /// Have the next write carry `op` (see `Writer::carry`).
+    fn carry(&self, op: Op) -> Result<(), StorageError> {
+        self.still_writing()?;
+        self.writer.carry(op).then_some(()).ok_or_else(writer_stopped)
+    }
+
+    /// Err once a write failed: nothing is written after it.
+    fn still_writing(&self) -> Result<(), StorageError> {
         if self.durable.borrow().failed {
             return Err(sto_msg(ErrorSubject::Logs, ErrorVerb::Write, "an earlier raft log write failed"));
         }
-        let taken = if inline { self.writer.write_now(op).await.is_some() } else { self.writer.send(op).await };
-        if taken {
-            return Ok(());
-        }
-        Err(sto_msg(ErrorSubject::Logs, ErrorVerb::Write, "the raft log writer stopped"))
+        Ok(())
     }
 
     /// Queue `op` and wait until it is on disk.
@@ -241,11 +250,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(*self.vote.lock().expect("vote lock"))
     }
 
-    /// Queued, not awaited and not synced: it is a hint for a restart, and
-    /// the writer puts it after every entry queued before it.
+    /// Carried by the next write, not awaited and not synced: it is a hint
+    /// for a restart, and the writer puts it after every entry queued before
+    /// it (see `Writer::carry`).
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         let value = committed.as_ref().map(|c| encode(c, ErrorSubject::Store)).transpose()?;
-        self.queue(Op::Meta { key: KEY_COMMITTED, value, sync: false, done: Done::Nothing }).await?;
+        self.carry(Op::Meta { key: KEY_COMMITTED, value, sync: false, done: Done::Nothing })?;
         self.set_committed_index(committed.as_ref());
         Ok(())
     }
@@ -302,4 +312,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let encoded = encode(&log_id, ErrorSubject::Store)?;
         self.queue(Op::Purge { upto: log_id, encoded, done: Done::Nothing }).await
     }
+}
+
+fn writer_stopped() -> StorageError {
+    sto_msg(ErrorSubject::Logs, ErrorVerb::Write, "the raft log writer stopped")
 }

@@ -2,8 +2,8 @@
 //! the caller's own thread for a follower's append when the disk is idle.
 //!
 //! The log store queues every change it makes (appends, truncations,
-//! purges, the vote, the committed id) here in the order openraft issued
-//! them. The thread takes whatever is queued and writes it as one RocksDB
+//! purges, the vote) here in the order openraft issued them; the committed
+//! id rides with the next write (see [`Writer::carry`]). The thread takes whatever is queued and writes it as one RocksDB
 //! batch, synced when any part of it must be (group commit: one fsync for
 //! all of it), then reports each part done in order. A follower's append
 //! finding no write under way takes the queue with it and is written so
@@ -122,6 +122,14 @@ impl Op {
         }
     }
 
+    fn done_ref(&self) -> &Done {
+        match self {
+            Op::Append { done, .. } | Op::Truncate { done, .. } | Op::Purge { done, .. } | Op::Meta { done, .. } | Op::Barrier { done } => {
+                done
+            }
+        }
+    }
+
     fn into_done(self) -> Done {
         match self {
             Op::Append { done, .. } | Op::Truncate { done, .. } | Op::Purge { done, .. } | Op::Meta { done, .. } | Op::Barrier { done } => {
@@ -192,6 +200,9 @@ struct Queue {
     thread_waits: bool,
     /// No more operations come; the thread writes what is queued and ends.
     closed: bool,
+    /// An operation the next group carries at its end, written by nobody
+    /// before (see `Writer::carry`); a later one replaces it.
+    carried: Option<Op>,
 }
 
 /// Where the log is written: the database, the overlay and the durable
@@ -259,6 +270,29 @@ impl Writer {
         true
     }
 
+    /// Have the next group written, whoever writes it, carry `op` at its end;
+    /// it replaces an operation carried so far and not yet written. Wakes
+    /// nobody: a lone `op` is written with the next write, or when the writer
+    /// closes. False when the writer is closed.
+    ///
+    /// Why: for the committed id, a hint for a restart. Queued, it woke the
+    /// log thread for a write of its own after every commit (a hand-off and a
+    /// RocksDB write per submit at one client, on every replica). Raft keeps
+    /// no commit index on disk at all; a restart that finds an older one
+    /// applies less at first and learns the rest from the leader, and openraft
+    /// raises a hint below the state machine's own applied id. Carried at a
+    /// group's end, the id is still never on disk ahead of an entry queued
+    /// before it, nor below a purge queued after it.
+    pub(crate) fn carry(&self, op: Op) -> bool {
+        let mut queue = self.channel.queue.lock().expect("log queue lock");
+        if queue.closed {
+            return false;
+        }
+        assert!(matches!(op.done_ref(), Done::Nothing), "a carried op has no waiter: a later one may replace it unwritten");
+        queue.carried = Some(op);
+        true
+    }
+
     /// Write `op`, with whatever is queued before it, on the caller's thread
     /// when no write is under way; otherwise queue it for the thread. None
     /// when the writer is closed.
@@ -303,9 +337,11 @@ impl Writer {
         }
         queue.writing = true;
         let mut group: Vec<Op> = queue.ops.drain(..).collect();
+        let carried = queue.carried.take();
         drop(queue);
         self.channel.room.add_permits(group.len());
         group.push(op);
+        group.extend(carried);
         Ok(group)
     }
 }
@@ -340,20 +376,28 @@ fn end_write(channel: &Channel) {
 
 /// Wait for queued operations while no write is under way and take them,
 /// within the group bounds; None once the writer is closed and drained.
+/// A carried operation goes at the group's end (alone once the writer closes).
 fn next_group(channel: &Channel) -> Option<Vec<Op>> {
     let mut queue = channel.queue.lock().expect("log queue lock");
-    while queue.writing || queue.ops.is_empty() {
-        if queue.closed && !queue.writing && queue.ops.is_empty() {
+    loop {
+        let closing = queue.closed && !queue.writing && queue.ops.is_empty();
+        if closing && queue.carried.is_none() {
             return None;
+        }
+        if closing || !(queue.writing || queue.ops.is_empty()) {
+            break;
         }
         queue.thread_waits = true;
         queue = channel.changed.wait(queue).expect("log queue lock");
         queue.thread_waits = false;
     }
     queue.writing = true;
-    let group = take_group(&mut queue.ops);
+    let mut group = take_group(&mut queue.ops);
+    let carried = queue.carried.take();
     drop(queue);
     channel.room.add_permits(group.len());
+    group.extend(carried);
+    assert!(!group.is_empty(), "a group writes something");
     Some(group)
 }
 
@@ -588,6 +632,51 @@ mod tests {
         }
         assert_eq!(done.await.expect("reported"), Ok(()));
         assert_eq!(stored(&db, KEY_VOTE).as_deref(), Some(&b"later"[..]));
+    }
+
+    fn carried(value: &[u8]) -> Op {
+        Op::Meta { key: KEY_COMMITTED, value: Some(value.to_vec()), sync: false, done: Done::Nothing }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_carried_op_wakes_nobody_and_ends_the_next_group_the_thread_writes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (writer, db) = start(dir.path());
+        assert!(writer.carry(carried(b"1")));
+        assert!(writer.carry(carried(b"2")), "a later one replaces it");
+        assert_eq!(stored(&db, KEY_COMMITTED), None, "carried alone, nothing is written");
+        // Queued after it, for the same key: written first, as the carried op
+        // goes at the group's end.
+        let (later, done) = set(KEY_COMMITTED, b"queued after");
+        assert!(writer.send(later).await);
+        assert_eq!(done.await.expect("reported"), Ok(()));
+        assert_eq!(stored(&db, KEY_COMMITTED).as_deref(), Some(&b"2"[..]));
+        assert!(writer.channel.queue.lock().expect("queue").carried.is_none());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_inline_write_carries_it_too() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (writer, db) = start(dir.path());
+        assert!(writer.carry(carried(b"inline")));
+        let (op, mut done) = set(KEY_VOTE, b"vote");
+        assert_eq!(writer.write_now(op).await, Some(Written::Here));
+        assert_eq!(done.try_recv().expect("reported"), Ok(()));
+        assert_eq!(stored(&db, KEY_COMMITTED).as_deref(), Some(&b"inline"[..]));
+        assert!(writer.channel.queue.lock().expect("queue").carried.is_none());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_closing_writer_writes_what_it_carries_and_then_carries_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (writer, db) = start(dir.path());
+        assert!(writer.carry(carried(b"last")));
+        let channel = writer.channel.clone();
+        drop(writer);
+        assert_eq!(stored(&db, KEY_COMMITTED).as_deref(), Some(&b"last"[..]));
+        assert!(channel.queue.lock().expect("queue").carried.is_none());
+        let refused = Writer { channel, thread: None };
+        assert!(!refused.carry(carried(b"too late")));
     }
 
     /// On this runtime an append is queued for the log thread, which writes it.
