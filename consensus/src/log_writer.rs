@@ -3,9 +3,10 @@
 //!
 //! The log store queues every change it makes (appends, truncations,
 //! purges, the vote) here in the order openraft issued them; the committed
-//! id rides with the next write (see [`Writer::carry`]). The thread takes whatever is queued and writes it as one RocksDB
-//! batch, synced when any part of it must be (group commit: one fsync for
-//! all of it), then reports each part done in order. A follower's append
+//! id rides with the next write (see [`Writer::carry`]). The thread takes
+//! whatever is queued and writes it as one RocksDB batch, synced when any
+//! part of it must be (group commit: one fsync for all of it), then reports
+//! each part done in order. A follower's append
 //! finding no write under way takes the queue with it and is written so
 //! on the caller's thread, saving a wake-up on the commit path (see
 //! [`Writer::write_now`]); one group is written at a time either way, in
@@ -119,14 +120,6 @@ impl Op {
             Op::Append { .. } | Op::Truncate { .. } => true,
             Op::Meta { sync, .. } => *sync,
             Op::Purge { .. } | Op::Barrier { .. } => false,
-        }
-    }
-
-    fn done_ref(&self) -> &Done {
-        match self {
-            Op::Append { done, .. } | Op::Truncate { done, .. } | Op::Purge { done, .. } | Op::Meta { done, .. } | Op::Barrier { done } => {
-                done
-            }
         }
     }
 
@@ -288,7 +281,10 @@ impl Writer {
         if queue.closed {
             return false;
         }
-        assert!(matches!(op.done_ref(), Done::Nothing), "a carried op has no waiter: a later one may replace it unwritten");
+        assert!(
+            matches!(op, Op::Meta { done: Done::Nothing, .. }),
+            "a carried op is a meta write no one waits on: a later one may replace it"
+        );
         queue.carried = Some(op);
         true
     }
@@ -380,12 +376,12 @@ fn end_write(channel: &Channel) {
 fn next_group(channel: &Channel) -> Option<Vec<Op>> {
     let mut queue = channel.queue.lock().expect("log queue lock");
     loop {
-        let closing = queue.closed && !queue.writing && queue.ops.is_empty();
-        if closing && queue.carried.is_none() {
-            return None;
-        }
-        if closing || !(queue.writing || queue.ops.is_empty()) {
+        let idle = !queue.writing;
+        if idle && (!queue.ops.is_empty() || (queue.closed && queue.carried.is_some())) {
             break;
+        }
+        if idle && queue.closed {
+            return None;
         }
         queue.thread_waits = true;
         queue = channel.changed.wait(queue).expect("log queue lock");

@@ -53,24 +53,24 @@ start_etcd() {
 
 # cpu_ticks PID...: user + system clock ticks of the processes, summed.
 cpu_ticks() {
-  local total=0 fields
+  local total=0 stat fields
   for pid in "$@"; do
-    fields=$(cut -d')' -f2 "/proc/$pid/stat" 2>/dev/null) || continue
-    set -- $fields
-    total=$((total + ${12} + ${13}))
+    stat=$(cut -d')' -f2 "/proc/$pid/stat" 2>/dev/null) || continue
+    read -ra fields <<<"$stat"
+    # After the command name: state is field 0, utime 11 and stime 12.
+    total=$((total + fields[11] + fields[12]))
   done
   echo "$total"
 }
 
-# with_cpu FILE TICKS_BEFORE TICKS_AFTER KEY: adds the servers' CPU microseconds
+# with_cpu FILE TICKS_BEFORE TICKS_AFTER: adds the servers' CPU microseconds
 # per acknowledged write to the benchmark's JSON report.
 with_cpu() {
   python3 - "$@" <<'PY' 2>/dev/null || true
 import json, os, sys
-path, before, after, key = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+path, before, after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 d = json.load(open(path))
-acked = d.get("acked") or round(d[key] * d["duration_s"])
-d["server_cpu_us_per_write"] = (after - before) / os.sysconf("SC_CLK_TCK") * 1e6 / max(acked, 1)
+d["server_cpu_us_per_write"] = (after - before) / os.sysconf("SC_CLK_TCK") * 1e6 / max(d["acked"], 1)
 json.dump(d, open(path, "w"), indent=2)
 PY
 }
@@ -111,7 +111,7 @@ run_rota() {
   for i in 1 2 3; do pids+=("$(cat "$dir/rota/replica-$i/pid")"); done
   before=$(cpu_ticks "${pids[@]}")
   "${cli[@]}" bench submit --clients "$clients" --duration-s "$seconds" >"$out.json" 2>&1
-  with_cpu "$out.json" "$before" "$(cpu_ticks "${pids[@]}")" jobs_per_s
+  with_cpu "$out.json" "$before" "$(cpu_ticks "${pids[@]}")"
   printf 'round %s rota%-5s %s clients: %s\n' "$round" "$([ "$mode" = tls ] && echo " tls")" "$clients" "$(figure "$out.json" jobs_per_s)"
   ROTA_INSECURE=$insecure ROTA_BIN="$rota" bash "$here/cluster.sh" stop "$dir/rota" >/dev/null
   mv "$dir/rota" "$out-data"
@@ -122,7 +122,7 @@ for round in $(seq 1 "$rounds"); do
   for clients in 1 16 256; do
     before=$(cpu_ticks "${etcd_pids[@]}")
     "$rota" bench etcd --endpoint "$leader" --clients "$clients" --duration-s "$seconds" >"$dir/etcd-$round-$clients.json" 2>&1
-    with_cpu "$dir/etcd-$round-$clients.json" "$before" "$(cpu_ticks "${etcd_pids[@]}")" puts_per_s
+    with_cpu "$dir/etcd-$round-$clients.json" "$before" "$(cpu_ticks "${etcd_pids[@]}")"
     echo "round $round etcd  $clients clients: $(figure "$dir/etcd-$round-$clients.json" puts_per_s)"
   done
   stop_etcd
@@ -145,21 +145,24 @@ def rates(stem, key):
         except (OSError, ValueError, KeyError):
             pass
     return out
+def medians(c, etcd_key, rota_key):
+    """etcd's, rota's and rota with TLS's medians at c clients; None if a series is empty."""
+    series = [rates(f"etcd-{{r}}-{c}", etcd_key), rates(f"rota-{{r}}-{c}", rota_key), rates(f"rota-tls-{{r}}-{c}", rota_key)]
+    return [statistics.median(s) for s in series] if all(series) else None
 print("clients  etcd/s  rota/s  rota-tls/s  rota/etcd  rota-tls/etcd  (medians)")
 for c in (1, 16, 256):
-    e = rates(f"etcd-{{r}}-{c}", "puts_per_s"); p = rates(f"rota-{{r}}-{c}", "jobs_per_s"); t = rates(f"rota-tls-{{r}}-{c}", "jobs_per_s")
-    if not (e and p and t):
+    m = medians(c, "puts_per_s", "jobs_per_s")
+    if m is None:
         print(f"{c:>7}  incomplete"); continue
-    me, mp, mt = statistics.median(e), statistics.median(p), statistics.median(t)
+    me, mp, mt = m
     print(f"{c:>7}  {me:6.0f}  {mp:6.0f}  {mt:10.0f}  {mp / me:9.2f}  {mt / me:13.2f}")
 print()
 print("servers' CPU microseconds per acknowledged write, three members (medians; lower is better)")
 print("clients  etcd  rota  rota-tls  etcd/rota  etcd/rota-tls")
 for c in (1, 16, 256):
-    key = "server_cpu_us_per_write"
-    e = rates(f"etcd-{{r}}-{c}", key); p = rates(f"rota-{{r}}-{c}", key); t = rates(f"rota-tls-{{r}}-{c}", key)
-    if not (e and p and t):
+    m = medians(c, "server_cpu_us_per_write", "server_cpu_us_per_write")
+    if m is None:
         print(f"{c:>7}  incomplete"); continue
-    me, mp, mt = statistics.median(e), statistics.median(p), statistics.median(t)
+    me, mp, mt = m
     print(f"{c:>7}  {me:4.0f}  {mp:4.0f}  {mt:8.0f}  {me / mp:9.2f}  {me / mt:13.2f}")
 PY
