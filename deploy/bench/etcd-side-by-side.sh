@@ -149,20 +149,16 @@ def medians(c, etcd_key, rota_key):
     """etcd's, rota's and rota with TLS's medians at c clients; None if a series is empty."""
     series = [rates(f"etcd-{{r}}-{c}", etcd_key), rates(f"rota-{{r}}-{c}", rota_key), rates(f"rota-tls-{{r}}-{c}", rota_key)]
     return [statistics.median(s) for s in series] if all(series) else None
+def table(etcd_key, rota_key, row):
+    """One line per concurrency: row(etcd, rota, rota with TLS) of the medians."""
+    for c in (1, 16, 256):
+        m = medians(c, etcd_key, rota_key)
+        print(f"{c:>7}  " + ("incomplete" if m is None else row(*m)))
 print("clients  etcd/s  rota/s  rota-tls/s  rota/etcd  rota-tls/etcd  (medians)")
-for c in (1, 16, 256):
-    m = medians(c, "puts_per_s", "jobs_per_s")
-    if m is None:
-        print(f"{c:>7}  incomplete"); continue
-    me, mp, mt = m
-    print(f"{c:>7}  {me:6.0f}  {mp:6.0f}  {mt:10.0f}  {mp / me:9.2f}  {mt / me:13.2f}")
+table("puts_per_s", "jobs_per_s", lambda e, p, t: f"{e:6.0f}  {p:6.0f}  {t:10.0f}  {p / e:9.2f}  {t / e:13.2f}")
 print()
 print("servers' CPU microseconds per acknowledged write, three members (medians; lower is better)")
 print("clients  etcd  rota  rota-tls  etcd/rota  etcd/rota-tls")
-for c in (1, 16, 256):
-    m = medians(c, "server_cpu_us_per_write", "server_cpu_us_per_write")
-    if m is None:
-        print(f"{c:>7}  incomplete"); continue
-    me, mp, mt = m
-    print(f"{c:>7}  {me:4.0f}  {mp:4.0f}  {mt:8.0f}  {me / mp:9.2f}  {me / mt:13.2f}")
+cpu = "server_cpu_us_per_write"
+table(cpu, cpu, lambda e, p, t: f"{e:4.0f}  {p:4.0f}  {t:8.0f}  {e / p:9.2f}  {e / t:13.2f}")
 PY
