@@ -45,6 +45,20 @@ pub async fn serve_as<F: Future>(id: RequestId, answer: F) -> F::Output {
     CURRENT.scope(id, answer).await
 }
 
+impl RequestId {
+    /// The id as a header. One made up here is marked never to be indexed
+    /// by HTTP/2's header compression: it names one request only, so an
+    /// entry in the connection's table would never be used again, yet each
+    /// response would search the table for it and evict an older entry to
+    /// insert it. A client's own id is usually the same for all of its
+    /// calls and is indexed as it came.
+    pub fn header_value(&self) -> HeaderValue {
+        let mut header = HeaderValue::from_str(&self.id).expect("a request id is a valid header value");
+        header.set_sensitive(!self.from_client);
+        header
+    }
+}
+
 /// The id a request carries if well formed, else a fresh one: a header is
 /// the caller's to choose, so a malformed one (too long, odd characters
 /// that would garble a log line) is replaced rather than refused.
@@ -88,7 +102,7 @@ where
 
     fn call(&mut self, mut request: http::Request<B>) -> ResponseFuture {
         let id = choose(request.headers().get(REQUEST_ID_METADATA));
-        let header = HeaderValue::from_str(&id.id).expect("a request id is a valid header value");
+        let header = id.header_value();
         request.headers_mut().insert(REQUEST_ID_METADATA, header.clone());
         let span = tracing::info_span!("request", request_id = %id.id, method = %request.uri().path());
         let answer = self.inner.call(request);
@@ -113,6 +127,28 @@ mod tests {
             let chosen = choose(bad.as_ref());
             assert!(is_request_id(&chosen.id) && chosen.id.len() == 16 && !chosen.from_client, "{bad:?} -> {chosen:?}");
         }
+    }
+
+    #[test]
+    fn only_a_made_up_id_is_kept_out_of_the_compression_table() {
+        let made = choose(None).header_value();
+        assert!(made.is_sensitive(), "a fresh id per response would churn HPACK's table");
+        let given = choose(Some(&HeaderValue::from_static("cli-42"))).header_value();
+        assert!(!given.is_sensitive() && given == "cli-42");
+    }
+
+    #[tokio::test]
+    async fn a_response_carries_its_id_and_a_made_up_one_is_never_indexed() {
+        use tower::{Service, ServiceExt};
+        let echo = tower::service_fn(|_: http::Request<()>| async { Ok::<_, Infallible>(http::Response::new(Body::empty())) });
+        let mut traced = Traced::new(echo);
+        let made = traced.ready().await.expect("ready").call(http::Request::new(())).await.expect("infallible");
+        let header = made.headers().get(REQUEST_ID_METADATA).expect("an id answered");
+        assert!(header.is_sensitive() && is_request_id(header.to_str().expect("ascii")));
+        let asked = http::Request::builder().header(REQUEST_ID_METADATA, "cli-7").body(()).expect("a request");
+        let given = traced.ready().await.expect("ready").call(asked).await.expect("infallible");
+        let header = given.headers().get(REQUEST_ID_METADATA).expect("an id answered");
+        assert!(!header.is_sensitive() && header == "cli-7");
     }
 
     #[tokio::test]

@@ -287,7 +287,7 @@ async fn accept_loop(listener: TcpListener, acceptor: Option<tokio_rustls::TlsAc
         let Some(acceptor) = acceptor.clone() else {
             drop(permit);
             let info = ConnInfo { remote: Some(remote), peer: Peer::Plaintext };
-            if sender.send(Ok(Conn { stream: Stream::Plain(stream), info })).await.is_err() {
+            if sender.send(Ok(Conn::new(Stream::Plain(stream), info))).await.is_err() {
                 return;
             }
             continue;
@@ -315,7 +315,7 @@ async fn accept_loop(listener: TcpListener, acceptor: Option<tokio_rustls::TlsAc
                 },
             };
             let info = ConnInfo { remote: Some(remote), peer };
-            let _ = sender.send(Ok(Conn { stream: Stream::Tls(Box::new(tls)), info })).await;
+            let _ = sender.send(Ok(Conn::new(Stream::Tls(Box::new(tls)), info))).await;
         });
     }
 }
@@ -346,15 +346,41 @@ enum Stream {
 }
 
 /// An accepted connection, plaintext or TLS.
+///
+/// Its writes give way once before each batch: the first write after a
+/// flush returns pending and asks to be polled again at the back of the
+/// runtime's queue. Responses are made by one task per request, and each
+/// wakes the connection's task, which tokio runs right after the waking
+/// task: without the turn given away, a connection wrote one response per
+/// system call while dozens were being made by tasks already queued behind
+/// it. With it, the tasks ahead run first and their responses leave
+/// together; a lone request waits for an empty queue, which is no wait.
 pub struct Conn {
     stream: Stream,
     info: ConnInfo,
+    /// This batch's writes have given way already (reset by each flush).
+    gave_way: bool,
 }
 
 impl Conn {
     /// Who is on the other end.
     pub fn info(&self) -> &ConnInfo {
         &self.info
+    }
+
+    fn new(stream: Stream, info: ConnInfo) -> Conn {
+        Conn { stream, info, gave_way: false }
+    }
+
+    /// Pending (and woken at once) for the first write of a batch, so that
+    /// the task polls again once the tasks queued before it have run.
+    fn give_way(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.gave_way {
+            return Poll::Ready(());
+        }
+        self.gave_way = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 
@@ -377,14 +403,18 @@ impl AsyncRead for Conn {
 
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        std::task::ready!(this.give_way(cx));
+        match &mut this.stream {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
     fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        std::task::ready!(this.give_way(cx));
+        match &mut this.stream {
             Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
@@ -398,10 +428,15 @@ impl AsyncWrite for Conn {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        let flushed = match &mut this.stream {
             Stream::Plain(s) => Pin::new(s).poll_flush(cx),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        };
+        if flushed.is_ready() {
+            this.gave_way = false;
         }
+        flushed
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -490,6 +525,41 @@ mod tests {
         assert!(error_of(flags(true, true, false, false).for_client()).starts_with("--tls-key: is required with --tls-cert"));
         assert!(error_of(flags(true, false, false, false).for_client()).contains("/nonexistent/ca.pem"));
         assert!(!flags(false, false, false, true).for_machine().expect("plaintext").is_tls());
+    }
+
+    /// Counts its wake-ups.
+    struct Wakes(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_first_write_of_each_batch_gives_way_once_and_wakes_its_task() {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
+        let mut client = TcpStream::connect(listener.local_addr().expect("bound")).await.expect("connected");
+        let (server, _) = listener.accept().await.expect("accepted");
+        let mut conn = Conn::new(Stream::Plain(server), ConnInfo { remote: None, peer: Peer::Plaintext });
+        let wakes = Arc::new(Wakes(std::sync::atomic::AtomicUsize::new(0)));
+        let waker = std::task::Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        let woken = || wakes.0.load(std::sync::atomic::Ordering::SeqCst);
+        for batch in [&b"first"[..], b"second"] {
+            let before = woken();
+            assert!(Pin::new(&mut conn).poll_write(&mut cx, batch).is_pending(), "a batch's first write gives way");
+            assert_eq!(woken(), before + 1, "and asks to be polled again, or it would never be");
+            assert!(matches!(Pin::new(&mut conn).poll_write(&mut cx, batch), Poll::Ready(Ok(n)) if n == batch.len()));
+            assert!(matches!(Pin::new(&mut conn).poll_write(&mut cx, b"+"), Poll::Ready(Ok(1))), "one turn per batch");
+            assert!(Pin::new(&mut conn).poll_flush(&mut cx).is_ready());
+            assert_eq!(woken(), before + 1);
+        }
+        drop(conn);
+        let mut received = Vec::new();
+        client.read_to_end(&mut received).await.expect("read");
+        assert_eq!(received, b"first+second+");
     }
 
     #[test]

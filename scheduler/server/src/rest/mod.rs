@@ -162,7 +162,7 @@ pub fn router(ctx: Arc<Context>, limiter: Arc<Limiter>) -> Router {
 /// (a retry after a lost answer) is applied once.
 async fn with_request_id(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let id = crate::request_id::choose(request.headers().get(REQUEST_ID_METADATA));
-    let header = HeaderValue::from_str(&id.id).expect("a request id is a valid header value");
+    let header = id.header_value();
     let span = tracing::info_span!("request", request_id = %id.id, method = %request.method(), path = %request.uri().path());
     let mut response = crate::request_id::serve_as(id, next.run(request)).instrument(span).await;
     response.headers_mut().insert(REQUEST_ID_METADATA, header);
