@@ -138,11 +138,9 @@ mod tests {
     /// Synced puts into the log column family, as the log writer makes them.
     fn put_synced(dir: &Path, rows: &[(u64, Vec<u8>)]) {
         let (db, _closed) = open_db(dir).expect("opened");
-        let mut sync = rocksdb::WriteOptions::default();
-        sync.set_sync(true);
         let log = cf(&db, CF_LOG).expect("the log column family");
         for (index, value) in rows {
-            db.put_cf_opt(log, index_key(*index), value, &sync).expect("a synced put");
+            db.put_cf_opt(log, index_key(*index), value, &synced()).expect("a synced put");
         }
     }
 
