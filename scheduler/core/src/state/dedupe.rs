@@ -1,60 +1,334 @@
 //! Bounded table of client request ids, so a client that retries a submit
 //! across a failover gets the job it created first, never a second one.
 //! Eviction is by insertion order, which every replica sees the same.
+//!
+//! Every submit on every replica looks its id up, and nearly every lookup
+//! misses (a retry is rare). Keyed by the id's text, a lookup compared some
+//! twenty keys, each behind its own pointer: at 256 clients that was an
+//! eighth of a follower's time. The ids are now found by a fingerprint (a
+//! hash of the text) held in the tree's nodes beside the id's place in the
+//! insertion order, so a miss reads no id at all, and a hit reads the one id
+//! it names to confirm the text. The entries are plain numbers: a write to
+//! a leaf shared with a frozen copy copies bytes, with no counts to raise.
+//!
+//! The fingerprint's hasher is keyed at random per table and never leaves
+//! the process: the table encodes as the ids and their jobs in insertion
+//! order, as it always did, and each replica fingerprints what it decodes.
+//! Lookups compare the full text, so what apply decides never depends on
+//! the key, and nobody can craft ids that share a fingerprint on purpose.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+
+use serde::de::{self, MapAccess, SeqAccess, Visitor};
+use serde::ser::SerializeStruct;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::shared::{SharedList, SharedMap};
-
-use serde::{Deserialize, Serialize};
-
 use super::types::{JobId, RequestId};
 
-/// Each id is one shared block: the map's key, the order's entry and the
-/// job's own `request_id` are the same allocation when apply made them. A
-/// decoded table holds its keys and its order apart (and apart from the
-/// jobs): relinking 300,000 ids cost some 150 ms of every snapshot install,
-/// and the extra copies, at most the table's capacity, go as it turns over.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// How a table fingerprints ids: keyed at random, or (in tests) every id
+/// alike, to show that ids sharing a fingerprint are told apart.
+#[derive(Debug, Clone)]
+enum Fingerprints {
+    Keyed(RandomState),
+    #[cfg(test)]
+    All(u64),
+    #[cfg(test)]
+    By(fn(&str) -> u64),
+}
+
+/// Where each held id is: `first` maps a fingerprint to the place in the
+/// insertion order (counted from the table's first insert, never reused)
+/// of the oldest id with it; the places of any later ids with the same
+/// fingerprint are in `more`, empty unless two ids share one (about one
+/// chance in 10^13 at the default capacity).
+#[derive(Debug, Clone)]
 pub struct DedupeTable {
     capacity: usize,
-    by_request: SharedMap<RequestId, JobId>,
-    /// Insertion order; the front is evicted first.
-    order: SharedList<RequestId>,
+    fingerprints: Fingerprints,
+    first: SharedMap<u64, u64>,
+    more: SharedMap<(u64, u64), ()>,
+    /// Insertion order with each id's job; the front is evicted first.
+    order: SharedList<(RequestId, JobId)>,
+    /// Ids evicted so far: `order[0]` is the id at place `evicted`.
+    evicted: u64,
 }
 
 impl DedupeTable {
     pub fn new(capacity: usize) -> Self {
         assert!(capacity > 0);
-        Self { capacity, by_request: SharedMap::new(), order: SharedList::new() }
+        Self {
+            capacity,
+            fingerprints: Fingerprints::Keyed(RandomState::new()),
+            first: SharedMap::new(),
+            more: SharedMap::new(),
+            order: SharedList::new(),
+            evicted: 0,
+        }
+    }
+
+    fn fingerprint(&self, request_id: &str) -> u64 {
+        match &self.fingerprints {
+            Fingerprints::Keyed(hasher) => hasher.hash_one(request_id),
+            #[cfg(test)]
+            Fingerprints::All(fingerprint) => *fingerprint,
+            #[cfg(test)]
+            Fingerprints::By(fingerprint) => fingerprint(request_id),
+        }
+    }
+
+    /// The id held at `place`, with its job.
+    fn at(&self, place: u64) -> &(RequestId, JobId) {
+        assert!(place >= self.evicted, "place {place} was evicted");
+        self.order.get((place - self.evicted) as usize).expect("every place held names an id in the order")
+    }
+
+    /// The place, and the job, of the held id equal to `request_id`.
+    fn find(&self, request_id: &str) -> Option<(u64, JobId)> {
+        let fingerprint = self.fingerprint(request_id);
+        let first = *self.first.get(&fingerprint)?;
+        let places = std::iter::once(first).chain(self.shared_with(fingerprint));
+        places
+            .map(|place| (place, self.at(place)))
+            .find(|(_, (held, _))| held.as_str() == request_id)
+            .map(|(place, &(_, job))| (place, job))
+    }
+
+    /// The places of the later ids whose fingerprint is `fingerprint`.
+    fn shared_with(&self, fingerprint: u64) -> impl Iterator<Item = u64> + '_ {
+        let none = self.more.is_empty();
+        (!none).then(|| self.more.range((fingerprint, 0)..=(fingerprint, u64::MAX)).map(|(&(_, place), ())| place)).into_iter().flatten()
     }
 
     pub fn get(&self, request_id: &str) -> Option<JobId> {
-        self.by_request.get(request_id).copied()
+        self.find(request_id).map(|(_, job_id)| job_id)
     }
 
     pub fn insert(&mut self, request_id: RequestId, job_id: JobId) {
-        let previous = self.by_request.insert(request_id.clone(), job_id);
-        assert!(previous.is_none(), "request id inserted twice");
-        self.order.push_back(request_id);
+        let held = self.hold(request_id, job_id);
+        assert!(held, "request id inserted twice");
         while self.order.len() > self.capacity {
-            let evicted = self.order.pop_front().expect("order is non-empty");
-            let removed = self.by_request.remove(evicted.as_str());
-            assert!(removed.is_some(), "order and map disagree");
+            self.evict_oldest();
         }
-        assert_eq!(self.order.len(), self.by_request.len());
+        assert_eq!(self.order.len(), self.first.len() + self.more.len());
+    }
+
+    /// Holds `request_id` at the next place; false (and nothing held) when
+    /// it is held already. One walk of the tree for an unshared fingerprint.
+    fn hold(&mut self, request_id: RequestId, job_id: JobId) -> bool {
+        let place = self.evicted + self.order.len() as u64;
+        let fingerprint = self.fingerprint(&request_id);
+        if let Some(oldest) = self.first.insert(fingerprint, place) {
+            // Rare: an id with this fingerprint is held (this very id, or
+            // another); the oldest stays first.
+            self.first.insert(fingerprint, oldest);
+            if self.find(&request_id).is_some() {
+                return false;
+            }
+            self.more.insert((fingerprint, place), ());
+        }
+        self.order.push_back((request_id, job_id));
+        true
+    }
+
+    fn evict_oldest(&mut self) {
+        let (evicted, _) = self.order.pop_front().expect("order is non-empty");
+        let (fingerprint, place) = (self.fingerprint(&evicted), self.evicted);
+        self.evicted += 1;
+        // Eviction goes in insertion order, so the oldest id is the first of its fingerprint.
+        assert_eq!(self.first.get(&fingerprint), Some(&place), "order and fingerprints disagree");
+        let next = self.shared_with(fingerprint).next();
+        match next {
+            Some(next) => {
+                self.more.remove(&(fingerprint, next));
+                self.first.insert(fingerprint, next);
+            }
+            None => {
+                self.first.remove(&fingerprint);
+            }
+        }
     }
 
     /// The held id equal to `request_id`.
     #[cfg(test)]
     pub(crate) fn held(&self, request_id: &str) -> Option<&RequestId> {
-        self.by_request.get_key_value(request_id).map(|(key, _)| key)
+        self.find(request_id).map(|(place, _)| &self.at(place).0)
     }
 
     pub fn len(&self) -> usize {
-        self.by_request.len()
+        self.order.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_request.is_empty()
+        self.order.is_empty()
+    }
+
+    /// A table of `capacity` holding `entries` in insertion order.
+    fn from_entries(capacity: usize, entries: Vec<(RequestId, JobId)>) -> Result<Self, String> {
+        if capacity == 0 {
+            return Err("dedupe table: capacity 0".into());
+        }
+        if entries.len() > capacity {
+            return Err(format!("dedupe table: {} ids beyond its capacity of {capacity}", entries.len()));
+        }
+        let mut table = DedupeTable::new(capacity);
+        for (request_id, job_id) in entries {
+            if !table.hold(request_id.clone(), job_id) {
+                return Err(format!("dedupe table: {request_id:?} held twice"));
+            }
+        }
+        Ok(table)
+    }
+}
+
+/// Two tables are equal when they hold the same ids for the same jobs in
+/// the same order under the same bound; the fingerprints and the count of
+/// evictions are the process's own bookkeeping.
+impl PartialEq for DedupeTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.capacity == other.capacity && self.order == other.order
+    }
+}
+
+impl Eq for DedupeTable {}
+
+/// The ids and their jobs in insertion order, as a map.
+struct HeldIds<'a>(&'a SharedList<(RequestId, JobId)>);
+
+impl Serialize for HeldIds<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(request_id, job_id)| (request_id, job_id)))
+    }
+}
+
+/// The ids alone in insertion order, as a sequence.
+struct OrderIds<'a>(&'a SharedList<(RequestId, JobId)>);
+
+impl Serialize for OrderIds<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|(request_id, _)| request_id))
+    }
+}
+
+/// The layout of every format so far: the capacity, the ids with their jobs
+/// as a map (in the text's order up to format 13's builds, in insertion
+/// order since), then the ids in insertion order.
+impl Serialize for DedupeTable {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut fields = serializer.serialize_struct("DedupeTable", 3)?;
+        fields.serialize_field("capacity", &self.capacity)?;
+        fields.serialize_field("by_request", &HeldIds(&self.order))?;
+        fields.serialize_field("order", &OrderIds(&self.order))?;
+        fields.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for DedupeTable {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_struct("DedupeTable", &["capacity", "by_request", "order"], TableVisitor)
+    }
+}
+
+struct TableVisitor;
+
+impl<'de> Visitor<'de> for TableVisitor {
+    type Value = DedupeTable;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a dedupe table")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut fields: A) -> Result<DedupeTable, A::Error> {
+        let missing = |what: &str| de::Error::custom(format!("dedupe table: no {what}"));
+        let capacity: usize = fields.next_element()?.ok_or_else(|| missing("capacity"))?;
+        let jobs: DecodedJobs = fields.next_element()?.ok_or_else(|| missing("jobs"))?;
+        let order: DecodedOrder = fields.next_element()?.ok_or_else(|| missing("order"))?;
+        link(capacity, jobs.0, order.0).map_err(de::Error::custom)
+    }
+
+    /// Formats that name the fields (JSON) send them as a map.
+    fn visit_map<A: MapAccess<'de>>(self, mut fields: A) -> Result<DedupeTable, A::Error> {
+        let (mut capacity, mut jobs, mut order) = (None, None, None);
+        while let Some(name) = fields.next_key::<String>()? {
+            match name.as_str() {
+                "capacity" => capacity = Some(fields.next_value::<usize>()?),
+                "by_request" => jobs = Some(fields.next_value::<DecodedJobs>()?.0),
+                "order" => order = Some(fields.next_value::<DecodedOrder>()?.0),
+                other => return Err(de::Error::unknown_field(other, &["capacity", "by_request", "order"])),
+            }
+        }
+        let missing = |what: &str| de::Error::custom(format!("dedupe table: no {what}"));
+        link(capacity.ok_or_else(|| missing("capacity"))?, jobs.ok_or_else(|| missing("jobs"))?, order.ok_or_else(|| missing("order"))?)
+            .map_err(de::Error::custom)
+    }
+}
+
+/// Pairs each id of the order with its job. The map came in insertion
+/// order from this build (checked pair by pair, no second table), in the
+/// ids' order from older ones.
+fn link(capacity: usize, jobs: Vec<(RequestId, JobId)>, order: Vec<RequestId>) -> Result<DedupeTable, String> {
+    if jobs.len() != order.len() {
+        return Err(format!("dedupe table: {} ids with jobs, {} in the order", jobs.len(), order.len()));
+    }
+    let aligned = jobs.iter().zip(&order).all(|((with_job, _), in_order)| with_job == in_order);
+    let entries = if aligned {
+        jobs
+    } else {
+        let by_id: HashMap<RequestId, JobId> = jobs.into_iter().collect();
+        let job_of = |request_id: RequestId| match by_id.get(&request_id) {
+            Some(&job_id) => Ok((request_id, job_id)),
+            None => Err(format!("dedupe table: {request_id:?} in the order has no job")),
+        };
+        order.into_iter().map(job_of).collect::<Result<Vec<_>, _>>()?
+    };
+    DedupeTable::from_entries(capacity, entries)
+}
+
+/// A map decoded into a vector, entry by entry: nothing is reserved from
+/// the length prefix, so a damaged prefix fails as a short read.
+struct DecodedJobs(Vec<(RequestId, JobId)>);
+
+impl<'de> Deserialize<'de> for DecodedJobs {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Pairs;
+        impl<'de> Visitor<'de> for Pairs {
+            type Value = DecodedJobs;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map of request ids to jobs")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<DecodedJobs, A::Error> {
+                let mut pairs = Vec::new();
+                while let Some(pair) = access.next_entry()? {
+                    pairs.push(pair);
+                }
+                Ok(DecodedJobs(pairs))
+            }
+        }
+        deserializer.deserialize_map(Pairs)
+    }
+}
+
+/// A sequence decoded as `DecodedJobs` is.
+struct DecodedOrder(Vec<RequestId>);
+
+impl<'de> Deserialize<'de> for DecodedOrder {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Ids;
+        impl<'de> Visitor<'de> for Ids {
+            type Value = DecodedOrder;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a sequence of request ids")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<DecodedOrder, A::Error> {
+                let mut ids = Vec::new();
+                while let Some(id) = access.next_element()? {
+                    ids.push(id);
+                }
+                Ok(DecodedOrder(ids))
+            }
+        }
+        deserializer.deserialize_seq(Ids)
     }
 }
 
@@ -80,9 +354,110 @@ mod tests {
         let id = RequestId::from("cli-0123456789abcdef0123456789abcdef");
         table.insert(id.clone(), 7);
         assert!(table.held(&id).is_some_and(|key| key.shares_with(&id)));
-        assert!(table.order[0].shares_with(&id));
+        assert!(table.order[0].0.shares_with(&id));
         let decoded: DedupeTable = bincode::deserialize(&bincode::serialize(&table).unwrap()).unwrap();
         assert_eq!(decoded, table);
         assert_eq!(decoded.get(&id), Some(7));
+    }
+
+    /// The layout up to format 13's builds, field for field.
+    #[derive(Serialize)]
+    struct TextOrdered {
+        capacity: usize,
+        by_request: std::collections::BTreeMap<String, JobId>,
+        order: Vec<String>,
+    }
+
+    fn text_ordered(capacity: usize, ids: &[(&str, JobId)]) -> Vec<u8> {
+        let table = TextOrdered {
+            capacity,
+            by_request: ids.iter().map(|&(id, job)| (id.to_string(), job)).collect(),
+            order: ids.iter().map(|&(id, _)| id.to_string()).collect(),
+        };
+        bincode::serialize(&table).unwrap()
+    }
+
+    #[test]
+    fn a_table_written_in_the_texts_order_reads_back_in_insertion_order() {
+        let ids = [("zeta", 1), ("alpha", 2), ("mid", 3)];
+        let decoded: DedupeTable = bincode::deserialize(&text_ordered(5, &ids)).unwrap();
+        let mut built = DedupeTable::new(5);
+        for (id, job) in ids {
+            built.insert(id.into(), job);
+        }
+        assert_eq!(decoded, built);
+        for (id, job) in ids {
+            assert_eq!(decoded.get(id), Some(job));
+        }
+        // Evicts the first inserted, not the first by text.
+        let mut decoded = decoded;
+        decoded.insert("x".into(), 4);
+        decoded.insert("y".into(), 5);
+        decoded.insert("z".into(), 6);
+        assert_eq!((decoded.get("zeta"), decoded.get("alpha"), decoded.get("mid")), (None, Some(2), Some(3)));
+        // This build writes insertion order; an older build reads it as any map.
+        let rewritten = bincode::serialize(&built).unwrap();
+        assert_ne!(rewritten, text_ordered(5, &ids));
+        let old: (usize, std::collections::BTreeMap<String, JobId>, Vec<String>) = bincode::deserialize(&rewritten).unwrap();
+        assert_eq!(old.1.len(), 3);
+        assert_eq!(old.2, vec!["zeta", "alpha", "mid"]);
+    }
+
+    #[test]
+    fn a_damaged_table_is_refused_naming_what_is_wrong() {
+        let cases: [(Vec<u8>, &str); 4] = [
+            (bincode::serialize(&(2usize, vec![("a", 1u64)], vec!["a", "b"])).unwrap(), "1 ids with jobs, 2 in the order"),
+            (bincode::serialize(&(2usize, vec![("a", 1u64)], vec!["b"])).unwrap(), "\"b\" in the order has no job"),
+            (bincode::serialize(&(1usize, vec![("a", 1u64), ("b", 2)], vec!["a", "b"])).unwrap(), "beyond its capacity"),
+            (bincode::serialize(&(3usize, vec![("a", 1u64), ("a", 2)], vec!["a", "a"])).unwrap(), "held twice"),
+        ];
+        for (bytes, expected) in cases {
+            let error = bincode::deserialize::<DedupeTable>(&bytes).unwrap_err().to_string();
+            assert!(error.contains(expected), "{error} (expected {expected})");
+        }
+    }
+
+    /// Ids that share a fingerprint are told apart by their text. The
+    /// hasher is keyed at random, so the test gives every id one fingerprint.
+    #[test]
+    fn ids_that_share_a_fingerprint_are_told_apart_and_evicted_one_by_one() {
+        let mut table = DedupeTable { fingerprints: Fingerprints::All(42), ..DedupeTable::new(3) };
+        for (job, id) in ["one", "two", "three"].into_iter().enumerate() {
+            table.insert(id.into(), job as JobId);
+        }
+        assert_eq!((table.first.len(), table.more.len()), (1, 2));
+        assert_eq!([table.get("one"), table.get("two"), table.get("three"), table.get("four")], [Some(0), Some(1), Some(2), None]);
+        table.insert("four".into(), 3);
+        assert_eq!([table.get("one"), table.get("two"), table.get("three"), table.get("four")], [None, Some(1), Some(2), Some(3)]);
+        table.insert("five".into(), 4);
+        table.insert("six".into(), 5);
+        assert_eq!([table.get("two"), table.get("three"), table.get("four"), table.get("six")], [None, None, Some(3), Some(5)]);
+        assert_eq!((table.len(), table.evicted), (3, 3));
+    }
+
+    /// Against a plain model: ids whose fingerprints collide in fours,
+    /// inserted past a small capacity; every id ever inserted is looked up
+    /// after each insert, and the table survives encoding at every step.
+    #[test]
+    fn colliding_ids_behave_as_a_plain_queue_of_ids() {
+        let capacity = 7;
+        let mut table = DedupeTable { fingerprints: Fingerprints::By(|id| id.len() as u64 % 4), ..DedupeTable::new(capacity) };
+        let mut model: std::collections::VecDeque<(String, JobId)> = Default::default();
+        let ids: Vec<String> = (0..60u64).map(|i| "x".repeat((i * 7 % 11) as usize) + &i.to_string()).collect();
+        for (job, id) in ids.iter().enumerate() {
+            table.insert(id.as_str().into(), job as JobId);
+            model.push_back((id.clone(), job as JobId));
+            if model.len() > capacity {
+                model.pop_front();
+            }
+            for probe in &ids {
+                let expected = model.iter().find(|(held, _)| held == probe).map(|&(_, job)| job);
+                assert_eq!(table.get(probe), expected, "{probe} after inserting {id}");
+            }
+            let decoded: DedupeTable = bincode::deserialize(&bincode::serialize(&table).unwrap()).unwrap();
+            assert_eq!(decoded, table);
+            assert!(model.iter().all(|(held, job)| decoded.get(held) == Some(*job)));
+        }
+        assert!(table.evicted > 0);
     }
 }
