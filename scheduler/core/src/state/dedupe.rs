@@ -360,6 +360,20 @@ mod tests {
         assert_eq!(decoded.get(&id), Some(7));
     }
 
+    #[test]
+    fn a_table_reads_back_from_a_format_that_names_its_fields() {
+        let mut table = DedupeTable::new(3);
+        for (job, id) in ["b", "a", "c", "d"].into_iter().enumerate() {
+            table.insert(id.into(), job as JobId);
+        }
+        let text = serde_json::to_string(&table).unwrap();
+        assert_eq!(text, r#"{"capacity":3,"by_request":{"a":1,"c":2,"d":3},"order":["a","c","d"]}"#);
+        let decoded: DedupeTable = serde_json::from_str(&text).unwrap();
+        assert_eq!(decoded, table);
+        let error = serde_json::from_str::<DedupeTable>(r#"{"capacity":3,"order":[]}"#).unwrap_err().to_string();
+        assert!(error.contains("dedupe table: no jobs"), "{error}");
+    }
+
     /// The layout up to format 13's builds, field for field.
     #[derive(Serialize)]
     struct TextOrdered {
