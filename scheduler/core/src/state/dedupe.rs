@@ -24,7 +24,7 @@ use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::ser::SerializeStruct;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::shared::{SharedList, SharedMap};
+use super::shared::{map_entries, SharedList, SharedMap};
 use super::types::{JobId, RequestId};
 
 /// How a table fingerprints ids: keyed at random, or (in tests) every id
@@ -243,8 +243,8 @@ impl<'de> Visitor<'de> for TableVisitor {
         let missing = |what: &str| de::Error::custom(format!("dedupe table: no {what}"));
         let capacity: usize = fields.next_element()?.ok_or_else(|| missing("capacity"))?;
         let jobs: DecodedJobs = fields.next_element()?.ok_or_else(|| missing("jobs"))?;
-        let order: DecodedOrder = fields.next_element()?.ok_or_else(|| missing("order"))?;
-        link(capacity, jobs.0, order.0).map_err(de::Error::custom)
+        let order: SharedList<RequestId> = fields.next_element()?.ok_or_else(|| missing("order"))?;
+        link(capacity, jobs.0, order).map_err(de::Error::custom)
     }
 
     /// Formats that name the fields (JSON) send them as a map.
@@ -254,7 +254,7 @@ impl<'de> Visitor<'de> for TableVisitor {
             match name.as_str() {
                 "capacity" => capacity = Some(fields.next_value::<usize>()?),
                 "by_request" => jobs = Some(fields.next_value::<DecodedJobs>()?.0),
-                "order" => order = Some(fields.next_value::<DecodedOrder>()?.0),
+                "order" => order = Some(fields.next_value::<SharedList<RequestId>>()?),
                 other => return Err(de::Error::unknown_field(other, &["capacity", "by_request", "order"])),
             }
         }
@@ -267,11 +267,11 @@ impl<'de> Visitor<'de> for TableVisitor {
 /// Pairs each id of the order with its job. The map came in insertion
 /// order from this build (checked pair by pair, no second table), in the
 /// ids' order from older ones.
-fn link(capacity: usize, jobs: Vec<(RequestId, JobId)>, order: Vec<RequestId>) -> Result<DedupeTable, String> {
+fn link(capacity: usize, jobs: Vec<(RequestId, JobId)>, order: SharedList<RequestId>) -> Result<DedupeTable, String> {
     if jobs.len() != order.len() {
         return Err(format!("dedupe table: {} ids with jobs, {} in the order", jobs.len(), order.len()));
     }
-    let aligned = jobs.iter().zip(&order).all(|((with_job, _), in_order)| with_job == in_order);
+    let aligned = jobs.iter().zip(order.iter()).all(|((with_job, _), in_order)| with_job == in_order);
     let entries = if aligned {
         jobs
     } else {
@@ -280,55 +280,17 @@ fn link(capacity: usize, jobs: Vec<(RequestId, JobId)>, order: Vec<RequestId>) -
             Some(&job_id) => Ok((request_id, job_id)),
             None => Err(format!("dedupe table: {request_id:?} in the order has no job")),
         };
-        order.into_iter().map(job_of).collect::<Result<Vec<_>, _>>()?
+        order.iter().cloned().map(job_of).collect::<Result<Vec<_>, _>>()?
     };
     DedupeTable::from_entries(capacity, entries)
 }
 
-/// A map decoded into a vector, entry by entry: nothing is reserved from
-/// the length prefix, so a damaged prefix fails as a short read.
+/// The ids with their jobs as encoded (see `shared::map_entries`).
 struct DecodedJobs(Vec<(RequestId, JobId)>);
 
 impl<'de> Deserialize<'de> for DecodedJobs {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Pairs;
-        impl<'de> Visitor<'de> for Pairs {
-            type Value = DecodedJobs;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a map of request ids to jobs")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<DecodedJobs, A::Error> {
-                let mut pairs = Vec::new();
-                while let Some(pair) = access.next_entry()? {
-                    pairs.push(pair);
-                }
-                Ok(DecodedJobs(pairs))
-            }
-        }
-        deserializer.deserialize_map(Pairs)
-    }
-}
-
-/// A sequence decoded as `DecodedJobs` is.
-struct DecodedOrder(Vec<RequestId>);
-
-impl<'de> Deserialize<'de> for DecodedOrder {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Ids;
-        impl<'de> Visitor<'de> for Ids {
-            type Value = DecodedOrder;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a sequence of request ids")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<DecodedOrder, A::Error> {
-                let mut ids = Vec::new();
-                while let Some(id) = access.next_element()? {
-                    ids.push(id);
-                }
-                Ok(DecodedOrder(ids))
-            }
-        }
-        deserializer.deserialize_seq(Ids)
+        map_entries(deserializer).map(DecodedJobs)
     }
 }
 

@@ -170,7 +170,7 @@ impl<T: Clone + Serialize> Serialize for SharedList<T> {
 
 impl<'de, K: Ord + Clone + Deserialize<'de>, V: Clone + Deserialize<'de>> Deserialize<'de> for SharedMap<K, V> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(MapVisitor(PhantomData))
+        deserializer.deserialize_map(MapVisitor(PhantomData)).map(SharedMap)
     }
 }
 
@@ -180,23 +180,29 @@ impl<'de, T: Clone + Deserialize<'de>> Deserialize<'de> for SharedList<T> {
     }
 }
 
-/// Inserts entry by entry as they decode: nothing is reserved from the
-/// length prefix, and no second copy of the table is built.
-struct MapVisitor<K, V>(PhantomData<(K, V)>);
+/// A map's entries in the order they were encoded, decoded as `SharedMap`'s are.
+pub fn map_entries<'de, D: Deserializer<'de>, K: Deserialize<'de>, V: Deserialize<'de>>(deserializer: D) -> Result<Vec<(K, V)>, D::Error> {
+    deserializer.deserialize_map(MapVisitor(PhantomData))
+}
 
-impl<'de, K: Ord + Clone + Deserialize<'de>, V: Clone + Deserialize<'de>> Visitor<'de> for MapVisitor<K, V> {
-    type Value = SharedMap<K, V>;
+/// Adds entry by entry as they decode into `M` (a table, or a vector of
+/// the entries): nothing is reserved from the length prefix, and no second
+/// copy of the table is built.
+struct MapVisitor<M, K, V>(PhantomData<(M, K, V)>);
+
+impl<'de, M: Default + Extend<(K, V)>, K: Deserialize<'de>, V: Deserialize<'de>> Visitor<'de> for MapVisitor<M, K, V> {
+    type Value = M;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a map")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
-        let mut map = OrdMap::new();
-        while let Some((key, value)) = access.next_entry()? {
-            map.insert(key, value);
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<M, A::Error> {
+        let mut map = M::default();
+        while let Some(entry) = access.next_entry()? {
+            map.extend(std::iter::once(entry));
         }
-        Ok(SharedMap(map))
+        Ok(map)
     }
 }
 
