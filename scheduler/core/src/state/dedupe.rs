@@ -224,10 +224,17 @@ impl Serialize for DedupeTable {
     }
 }
 
+/// The encoded fields, in their order.
+const FIELDS: &[&str] = &["capacity", "by_request", "order"];
+
 impl<'de> Deserialize<'de> for DedupeTable {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_struct("DedupeTable", &["capacity", "by_request", "order"], TableVisitor)
+        deserializer.deserialize_struct("DedupeTable", FIELDS, TableVisitor)
     }
+}
+
+fn missing<E: de::Error>(what: &str) -> E {
+    E::custom(format!("dedupe table: no {what}"))
 }
 
 struct TableVisitor;
@@ -240,7 +247,6 @@ impl<'de> Visitor<'de> for TableVisitor {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut fields: A) -> Result<DedupeTable, A::Error> {
-        let missing = |what: &str| de::Error::custom(format!("dedupe table: no {what}"));
         let capacity: usize = fields.next_element()?.ok_or_else(|| missing("capacity"))?;
         let jobs: DecodedJobs = fields.next_element()?.ok_or_else(|| missing("jobs"))?;
         let order: SharedList<RequestId> = fields.next_element()?.ok_or_else(|| missing("order"))?;
@@ -255,10 +261,9 @@ impl<'de> Visitor<'de> for TableVisitor {
                 "capacity" => capacity = Some(fields.next_value::<usize>()?),
                 "by_request" => jobs = Some(fields.next_value::<DecodedJobs>()?.0),
                 "order" => order = Some(fields.next_value::<SharedList<RequestId>>()?),
-                other => return Err(de::Error::unknown_field(other, &["capacity", "by_request", "order"])),
+                other => return Err(de::Error::unknown_field(other, FIELDS)),
             }
         }
-        let missing = |what: &str| de::Error::custom(format!("dedupe table: no {what}"));
         link(capacity.ok_or_else(|| missing("capacity"))?, jobs.ok_or_else(|| missing("jobs"))?, order.ok_or_else(|| missing("order"))?)
             .map_err(de::Error::custom)
     }
