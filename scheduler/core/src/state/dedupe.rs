@@ -3,13 +3,18 @@
 //! Eviction is by insertion order, which every replica sees the same.
 //!
 //! Every submit on every replica looks its id up, and nearly every lookup
-//! misses (a retry is rare). Keyed by the id's text, a lookup compared some
-//! twenty keys, each behind its own pointer: at 256 clients that was an
-//! eighth of a follower's time. The ids are now found by a fingerprint (a
-//! hash of the text) held in the tree's nodes beside the id's place in the
-//! insertion order, so a miss reads no id at all, and a hit reads the one id
-//! it names to confirm the text. The entries are plain numbers: a write to
-//! a leaf shared with a frozen copy copies bytes, with no counts to raise.
+//! misses (a retry is rare). The ids are found by a fingerprint (a hash of
+//! the text) that leads to the id's place in the insertion order, so a miss
+//! reads no id at all, and a hit reads the one id it names to confirm the
+//! text.
+//!
+//! The fingerprints are an index of this copy of the table alone, in a plain
+//! hash map: a lookup is one probe where a tree of 300,000 fingerprints took
+//! a walk of four nodes, each a likely cache miss (the fingerprints are
+//! random, so neighbouring lookups share no path), an eighth of a follower's
+//! time at 256 clients. A copy of the state (the planner's, a snapshot's) is
+//! taken in O(1) and never looks an id up, so a copy starts without the
+//! index and builds it from the order on its first lookup.
 //!
 //! The fingerprint's hasher is keyed at random per table and never leaves
 //! the process: the table encodes as the ids and their jobs in insertion
@@ -17,14 +22,16 @@
 //! Lookups compare the full text, so what apply decides never depends on
 //! the key, and nobody can craft ids that share a fingerprint on purpose.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::sync::OnceLock;
 
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::ser::SerializeStruct;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::shared::{map_entries, SharedList, SharedMap};
+use super::shared::{map_entries, SharedList};
 use super::types::{JobId, RequestId};
 
 /// How a table fingerprints ids: keyed at random, or (in tests) every id
@@ -38,21 +45,96 @@ enum Fingerprints {
     By(fn(&str) -> u64),
 }
 
+/// The table: the ids in insertion order with their jobs (what is encoded
+/// and compared) and, for this copy, where each id is (see `Places`).
+#[derive(Debug, Clone)]
+pub struct DedupeTable {
+    capacity: usize,
+    fingerprints: Fingerprints,
+    /// Insertion order with each id's job; the front is evicted first.
+    order: SharedList<(RequestId, JobId)>,
+    /// Ids evicted so far: `order[0]` is the id at place `evicted`.
+    evicted: u64,
+    places: PlaceCell,
+}
+
 /// Where each held id is: `first` maps a fingerprint to the place in the
 /// insertion order (counted from the table's first insert, never reused)
 /// of the oldest id with it; the places of any later ids with the same
 /// fingerprint are in `more`, empty unless two ids share one (about one
 /// chance in 10^13 at the default capacity).
-#[derive(Debug, Clone)]
-pub struct DedupeTable {
-    capacity: usize,
-    fingerprints: Fingerprints,
-    first: SharedMap<u64, u64>,
-    more: SharedMap<(u64, u64), ()>,
-    /// Insertion order with each id's job; the front is evicted first.
-    order: SharedList<(RequestId, JobId)>,
-    /// Ids evicted so far: `order[0]` is the id at place `evicted`.
-    evicted: u64,
+#[derive(Debug, Default)]
+struct Places {
+    first: HashMap<u64, u64, BuildHasherDefault<Fingerprint>>,
+    more: BTreeSet<(u64, u64)>,
+}
+
+/// The index of one copy of the table, built on its first use. Copying the
+/// table leaves it behind (see the module docs).
+#[derive(Debug, Default)]
+struct PlaceCell(OnceLock<Places>);
+
+impl Clone for PlaceCell {
+    fn clone(&self) -> Self {
+        PlaceCell::default()
+    }
+}
+
+/// The map's own hash of a fingerprint: the fingerprint itself, already a
+/// keyed hash of the id.
+#[derive(Debug, Default, Clone, Copy)]
+struct Fingerprint(u64);
+
+impl Hasher for Fingerprint {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used; any other input is folded in, never lost.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, fingerprint: u64) {
+        self.0 = fingerprint;
+    }
+}
+
+impl Places {
+    /// Fingerprints of the ids of `order`, the first at place `evicted`.
+    fn of(order: &SharedList<(RequestId, JobId)>, evicted: u64, fingerprint: impl Fn(&str) -> u64) -> Places {
+        let first = HashMap::with_capacity_and_hasher(order.len(), BuildHasherDefault::default());
+        let mut places = Places { first, more: BTreeSet::new() };
+        for (offset, (request_id, _)) in order.iter().enumerate() {
+            places.add(fingerprint(request_id), evicted + offset as u64);
+        }
+        assert_eq!(places.len(), order.len());
+        places
+    }
+
+    /// Records `place` under `fingerprint`: as its first, or after the others.
+    fn add(&mut self, fingerprint: u64, place: u64) {
+        match self.first.entry(fingerprint) {
+            Entry::Vacant(slot) => {
+                slot.insert(place);
+            }
+            Entry::Occupied(_) => {
+                self.more.insert((fingerprint, place));
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.first.len() + self.more.len()
+    }
+
+    /// The places of the later ids whose fingerprint is `fingerprint`.
+    fn shared_with(&self, fingerprint: u64) -> impl Iterator<Item = u64> + '_ {
+        let none = self.more.is_empty();
+        (!none).then(|| self.more.range((fingerprint, 0)..=(fingerprint, u64::MAX)).map(|&(_, place)| place)).into_iter().flatten()
+    }
 }
 
 impl DedupeTable {
@@ -61,10 +143,9 @@ impl DedupeTable {
         Self {
             capacity,
             fingerprints: Fingerprints::Keyed(RandomState::new()),
-            first: SharedMap::new(),
-            more: SharedMap::new(),
             order: SharedList::new(),
             evicted: 0,
+            places: PlaceCell::default(),
         }
     }
 
@@ -84,21 +165,33 @@ impl DedupeTable {
         self.order.get((place - self.evicted) as usize).expect("every place held names an id in the order")
     }
 
+    /// This copy's index, built now if it has none yet.
+    fn places(&self) -> &Places {
+        self.places.0.get_or_init(|| self.build_places())
+    }
+
+    fn places_mut(&mut self) -> &mut Places {
+        if self.places.0.get().is_none() {
+            let built = self.build_places();
+            self.places.0.set(built).expect("the index was just found unbuilt");
+        }
+        self.places.0.get_mut().expect("the index is built")
+    }
+
+    fn build_places(&self) -> Places {
+        Places::of(&self.order, self.evicted, |id| self.fingerprint(id))
+    }
+
     /// The place, and the job, of the held id equal to `request_id`.
     fn find(&self, request_id: &str) -> Option<(u64, JobId)> {
         let fingerprint = self.fingerprint(request_id);
-        let first = *self.first.get(&fingerprint)?;
-        let places = std::iter::once(first).chain(self.shared_with(fingerprint));
-        places
+        let places = self.places();
+        let first = *places.first.get(&fingerprint)?;
+        let candidates = std::iter::once(first).chain(places.shared_with(fingerprint));
+        candidates
             .map(|place| (place, self.at(place)))
             .find(|(_, (held, _))| held.as_str() == request_id)
             .map(|(place, &(_, job))| (place, job))
-    }
-
-    /// The places of the later ids whose fingerprint is `fingerprint`.
-    fn shared_with(&self, fingerprint: u64) -> impl Iterator<Item = u64> + '_ {
-        let none = self.more.is_empty();
-        (!none).then(|| self.more.range((fingerprint, 0)..=(fingerprint, u64::MAX)).map(|(&(_, place), ())| place)).into_iter().flatten()
     }
 
     pub fn get(&self, request_id: &str) -> Option<JobId> {
@@ -111,23 +204,20 @@ impl DedupeTable {
         while self.order.len() > self.capacity {
             self.evict_oldest();
         }
-        assert_eq!(self.order.len(), self.first.len() + self.more.len());
+        assert_eq!(self.order.len(), self.places().len());
     }
 
     /// Holds `request_id` at the next place; false (and nothing held) when
-    /// it is held already. One walk of the tree for an unshared fingerprint.
+    /// it is held already.
     fn hold(&mut self, request_id: RequestId, job_id: JobId) -> bool {
         let place = self.evicted + self.order.len() as u64;
         let fingerprint = self.fingerprint(&request_id);
-        if let Some(oldest) = self.first.insert(fingerprint, place) {
-            // Rare: an id with this fingerprint is held (this very id, or
-            // another); the oldest stays first.
-            self.first.insert(fingerprint, oldest);
-            if self.find(&request_id).is_some() {
-                return false;
-            }
-            self.more.insert((fingerprint, place), ());
+        // Rare: an id with this fingerprint is held (this very id, or another).
+        let shared = self.places_mut().first.contains_key(&fingerprint);
+        if shared && self.find(&request_id).is_some() {
+            return false;
         }
+        self.places_mut().add(fingerprint, place);
         self.order.push_back((request_id, job_id));
         true
     }
@@ -136,16 +226,17 @@ impl DedupeTable {
         let (evicted, _) = self.order.pop_front().expect("order is non-empty");
         let (fingerprint, place) = (self.fingerprint(&evicted), self.evicted);
         self.evicted += 1;
+        let places = self.places_mut();
         // Eviction goes in insertion order, so the oldest id is the first of its fingerprint.
-        assert_eq!(self.first.get(&fingerprint), Some(&place), "order and fingerprints disagree");
-        let next = self.shared_with(fingerprint).next();
+        assert_eq!(places.first.get(&fingerprint), Some(&place), "order and fingerprints disagree");
+        let next = places.shared_with(fingerprint).next();
         match next {
             Some(next) => {
-                self.more.remove(&(fingerprint, next));
-                self.first.insert(fingerprint, next);
+                places.more.remove(&(fingerprint, next));
+                places.first.insert(fingerprint, next);
             }
             None => {
-                self.first.remove(&fingerprint);
+                places.first.remove(&fingerprint);
             }
         }
     }
@@ -341,6 +432,28 @@ mod tests {
         assert!(error.contains("dedupe table: no jobs"), "{error}");
     }
 
+    /// A copy starts without an index and builds its own from the order on
+    /// first use; the two go their own ways after.
+    #[test]
+    fn a_copy_builds_its_own_index_and_goes_its_own_way() {
+        let mut table = DedupeTable { fingerprints: Fingerprints::By(|id| id.len() as u64 % 3), ..DedupeTable::new(4) };
+        for (job, id) in ["a", "bb", "ccc", "dddd", "eeeee"].into_iter().enumerate() {
+            table.insert(id.into(), job as JobId);
+        }
+        assert!(table.places.0.get().is_some());
+        let mut copy = table.clone();
+        assert!(copy.places.0.get().is_none(), "a copy is taken without the index");
+        assert_eq!([copy.get("a"), copy.get("bb"), copy.get("eeeee")], [None, Some(1), Some(4)]);
+        assert_eq!(copy.places().len(), 4);
+        copy.insert("ffffff".into(), 5);
+        copy.insert("g".into(), 6);
+        assert_eq!([copy.get("bb"), copy.get("ccc"), copy.get("g")], [None, None, Some(6)]);
+        assert_eq!([table.get("bb"), table.get("ccc"), table.get("g")], [Some(1), Some(2), None]);
+        table.insert("h".into(), 7);
+        assert_eq!((table.get("bb"), copy.get("h")), (None, None));
+        assert_ne!(table, copy);
+    }
+
     /// The layout up to format 13's builds, field for field.
     #[derive(Serialize)]
     struct TextOrdered {
@@ -406,7 +519,7 @@ mod tests {
         for (job, id) in ["one", "two", "three"].into_iter().enumerate() {
             table.insert(id.into(), job as JobId);
         }
-        assert_eq!((table.first.len(), table.more.len()), (1, 2));
+        assert_eq!((table.places().first.len(), table.places().more.len()), (1, 2));
         assert_eq!([table.get("one"), table.get("two"), table.get("three"), table.get("four")], [Some(0), Some(1), Some(2), None]);
         table.insert("four".into(), 3);
         assert_eq!([table.get("one"), table.get("two"), table.get("three"), table.get("four")], [None, Some(1), Some(2), Some(3)]);
