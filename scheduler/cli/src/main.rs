@@ -834,6 +834,7 @@ enum LogFormat {
 /// Log to stderr, filtered by `ROTA_LOG` (default: info, openraft's
 /// warnings), with the lines a failing replication stream repeats thinned.
 fn init_logging(format: LogFormat) {
+    use rota_server::log_format::LogLines;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
@@ -845,12 +846,15 @@ fn init_logging(format: LogFormat) {
     let colours = std::io::IsTerminal::is_terminal(&std::io::stderr());
     match format {
         LogFormat::Text => {
-            let layer = tracing_subscriber::fmt::layer().with_ansi(colours).with_writer(std::io::stderr);
+            let layer = tracing_subscriber::fmt::layer().event_format(LogLines::Text).with_ansi(colours).with_writer(std::io::stderr);
             registry.with(layer.with_filter(thinned)).init();
         }
         LogFormat::Json => {
-            let layer = tracing_subscriber::fmt::layer().json().with_current_span(true).with_span_list(false);
-            registry.with(layer.with_writer(std::io::stderr).with_filter(thinned)).init();
+            let layer = tracing_subscriber::fmt::layer()
+                .event_format(LogLines::Json)
+                .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+                .with_writer(std::io::stderr);
+            registry.with(layer.with_filter(thinned)).init();
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod identity;
 mod jobs;
 pub mod leader;
 pub mod limits;
+pub mod log_format;
 mod metrics_loop;
 mod policy;
 mod proposer;

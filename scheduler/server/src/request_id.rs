@@ -1,9 +1,17 @@
 //! One id per client action, in every log line it causes. A request keeps
 //! the id its client sent (`rota-request-id`, see `rota_client::wire`) or
 //! gets a fresh one; the replica answers with it in the same header, serves
-//! the request inside a `request` span that names it, and hands it on: to
-//! the leader when a follower forwards, and to the proposer, which puts it
-//! into the log entry so that apply on every replica names it too.
+//! the request with it (and what was called) in a task-local that every
+//! log line written while serving it shows as its `request` (see
+//! `log_format`), and hands it on: to the leader when a follower forwards,
+//! and to the proposer, which puts it into the log entry so that apply on
+//! every replica names it too.
+//!
+//! The request is not a tracing span: a span per request cost a few per
+//! cent of a busy leader (its fields formatted into a string of their own,
+//! a slot in the span registry, the filter consulted at every poll), almost
+//! always for no log line at all. The task-local costs a move per request,
+//! and the text is written only with a line that needs it.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -14,7 +22,6 @@ use http::HeaderValue;
 use rota_client::wire::{is_request_id, new_request_id, REQUEST_ID_METADATA};
 use tonic::body::Body;
 use tonic::server::NamedService;
-use tracing::Instrument;
 
 /// A request's id, and whether its client chose it (only such an id is
 /// the same on a retry, so only it can make a change happen once).
@@ -24,25 +31,50 @@ pub struct RequestId {
     pub from_client: bool,
 }
 
+/// A request being served: its id and what was called.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    pub id: RequestId,
+    pub call: Call,
+}
+
+/// What a request called, as its log lines name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    /// A gRPC method, by its path (`/rota.v1.JobService/SubmitJob`).
+    Grpc { method: Option<http::uri::PathAndQuery> },
+    /// A REST call: the HTTP method and the path.
+    Rest { method: http::Method, path: Option<http::uri::PathAndQuery> },
+}
+
 tokio::task_local! {
-    /// The id of the request the current task serves.
-    static CURRENT: RequestId;
+    /// The request the current task serves.
+    static CURRENT: Served;
 }
 
 /// The id of the request this task serves, if it serves one.
 pub fn current() -> Option<String> {
-    CURRENT.try_with(|current| current.id.clone()).ok()
+    CURRENT.try_with(|current| current.id.id.clone()).ok()
 }
 
 /// The id of the request this task serves, if its client sent it.
 pub fn current_from_client() -> Option<String> {
-    CURRENT.try_with(|current| current.from_client.then(|| current.id.clone())).ok().flatten()
+    CURRENT.try_with(|current| current.id.from_client.then(|| current.id.id.clone())).ok().flatten()
 }
 
-/// Serve `answer` as the request `id` (the REST API's requests, which do
-/// not pass through `Traced`).
-pub async fn serve_as<F: Future>(id: RequestId, answer: F) -> F::Output {
-    CURRENT.scope(id, answer).await
+/// `with(Some(request))` inside a request, `with(None)` outside one.
+pub fn with_current<R>(with: impl FnOnce(Option<&Served>) -> R) -> R {
+    let mut with = Some(with);
+    match CURRENT.try_with(|current| (with.take().expect("called once"))(Some(current))) {
+        Ok(answer) => answer,
+        Err(_) => (with.take().expect("not called yet"))(None),
+    }
+}
+
+/// Serve `answer` as the request `served` (the REST API's requests, which
+/// do not pass through `Traced`).
+pub async fn serve_as<F: Future>(served: Served, answer: F) -> F::Output {
+    CURRENT.scope(served, answer).await
 }
 
 impl RequestId {
@@ -104,9 +136,9 @@ where
         let id = choose(request.headers().get(REQUEST_ID_METADATA));
         let header = id.header_value();
         request.headers_mut().insert(REQUEST_ID_METADATA, header.clone());
-        let span = tracing::info_span!("request", request_id = %id.id, method = %request.uri().path());
+        let call = Call::Grpc { method: request.uri().path_and_query().cloned() };
         let answer = self.inner.call(request);
-        let served = CURRENT.scope(id, answer).instrument(span);
+        let served = CURRENT.scope(Served { id, call }, answer);
         Box::pin(async move {
             let mut response = served.await?;
             response.headers_mut().insert(REQUEST_ID_METADATA, header);
@@ -154,11 +186,13 @@ mod tests {
     #[tokio::test]
     async fn the_id_is_the_current_one_inside_its_request_only() {
         assert_eq!(current(), None);
-        let given = RequestId { id: "r-1".into(), from_client: true };
+        let call = Call::Grpc { method: None };
+        let given = Served { id: RequestId { id: "r-1".into(), from_client: true }, call: call.clone() };
         let seen = CURRENT.scope(given, async { (current(), current_from_client()) }).await;
         assert_eq!(seen, (Some("r-1".to_string()), Some("r-1".to_string())));
-        let made = RequestId { id: "r-2".into(), from_client: false };
+        let made = Served { id: RequestId { id: "r-2".into(), from_client: false }, call };
         let seen = CURRENT.scope(made, async { (current(), current_from_client()) }).await;
         assert_eq!(seen, (Some("r-2".to_string()), None), "a made-up id cannot match a retry");
+        assert!(with_current(|served| served.is_none()), "outside any request");
     }
 }

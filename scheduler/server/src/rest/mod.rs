@@ -38,7 +38,6 @@ use rota_proto::v1::job_service_server::JobService;
 use rota_tls::{ConnInfo, Security};
 use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
-use tracing::Instrument;
 use utoipa::OpenApi;
 
 use crate::limits::{limited_caller, Class, Limiter, Permit};
@@ -163,8 +162,9 @@ pub fn router(ctx: Arc<Context>, limiter: Arc<Limiter>) -> Router {
 async fn with_request_id(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let id = crate::request_id::choose(request.headers().get(REQUEST_ID_METADATA));
     let header = id.header_value();
-    let span = tracing::info_span!("request", request_id = %id.id, method = %request.method(), path = %request.uri().path());
-    let mut response = crate::request_id::serve_as(id, next.run(request)).instrument(span).await;
+    let call = crate::request_id::Call::Rest { method: request.method().clone(), path: request.uri().path_and_query().cloned() };
+    let served = crate::request_id::Served { id, call };
+    let mut response = crate::request_id::serve_as(served, next.run(request)).await;
     response.headers_mut().insert(REQUEST_ID_METADATA, header);
     response
 }
