@@ -21,6 +21,7 @@ pub mod background;
 mod campaign;
 mod db;
 mod error;
+pub mod labelled;
 mod leader_contact;
 mod log_store;
 mod log_writer;

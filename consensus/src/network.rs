@@ -264,7 +264,7 @@ impl PeerClient {
         if matches!(answered, Ok(Ok(_))) {
             // The round trip of an answered call: the network both ways
             // and, for AppendEntries, the follower's own sync.
-            metrics::histogram!("rota_raft_rpc_seconds", "kind" => label).record(started.elapsed().as_secs_f64());
+            crate::labelled::record("rota_raft_rpc_seconds", "kind", label, started.elapsed().as_secs_f64());
         }
         let reply = match answered {
             Err(_) => return Err(RPCError::Timeout(Timeout { action: kind, id: self.net.self_id, target: self.target, timeout })),

@@ -70,7 +70,7 @@ impl RaftService {
         // the round trip into this replica's share and the network's.
         let label = append_entries_kind(req.entries.len() as u64);
         let res = self.raft.append_entries(req).await;
-        metrics::histogram!("rota_raft_serve_seconds", "kind" => label).record(started.elapsed().as_secs_f64());
+        crate::labelled::record("rota_raft_serve_seconds", "kind", label, started.elapsed().as_secs_f64());
         // A stale leader's append is refused (HigherVote): not a leader heard.
         if matches!(&res, Ok(answer) if !matches!(answer, AppendEntriesResponse::HigherVote(_))) {
             self.contact.heard();

@@ -369,28 +369,8 @@ pub fn open_storage<S: StateMachine>(
 /// latency everywhere; this histogram says which holder it was.
 pub(crate) fn record_lock_hold(kind: &'static str, since: std::time::Instant) {
     let held_s = since.elapsed().as_secs_f64();
-    // Every read takes the lock, several times a request: building the
-    // labelled key and looking it up in the recorder's registry each time
-    // cost the leader more than the reads themselves (1.4 % of its CPU at
-    // 24,000 submits/s). Each thread keeps the handle of each kind it has
-    // recorded; the recorder is installed before any replica thread starts.
-    LOCK_HOLDS.with(|handles| {
-        let mut handles = handles.borrow_mut();
-        let index = match handles.iter().position(|(k, _)| *k == kind) {
-            Some(index) => index,
-            None => {
-                handles.push((kind, metrics::histogram!("rota_state_lock_hold_seconds", "kind" => kind)));
-                handles.len() - 1
-            }
-        };
-        handles[index].1.record(held_s);
-    });
-}
-
-thread_local! {
-    /// This thread's handles of `rota_state_lock_hold_seconds`, by kind (a
-    /// handful of kinds: a list is searched faster than a map).
-    static LOCK_HOLDS: std::cell::RefCell<Vec<(&'static str, metrics::Histogram)>> = const { std::cell::RefCell::new(Vec::new()) };
+    // Every read takes the lock, several times a request (see `labelled`).
+    crate::labelled::record("rota_state_lock_hold_seconds", "kind", kind, held_s);
 }
 
 /// Records the hold time when dropped (for holds with early returns).

@@ -283,7 +283,7 @@ where
             }
         }
     };
-    metrics::histogram!("rota_request_duration_seconds", "method" => method).record(started.elapsed().as_secs_f64());
+    rota_consensus::labelled::record("rota_request_duration_seconds", "method", method, started.elapsed().as_secs_f64());
     result
 }
 

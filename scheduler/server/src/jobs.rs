@@ -117,11 +117,16 @@ impl JobApi {
         let (index, result) = self.ctx.proposer.propose(command).await?;
         match result {
             CommandResult::Submitted { job_id, deduplicated } => {
-                metrics::counter!("rota_submits_total", "result" => if deduplicated { "deduplicated" } else { "created" }).increment(1);
+                rota_consensus::labelled::increment(
+                    "rota_submits_total",
+                    "result",
+                    if deduplicated { "deduplicated" } else { "created" },
+                    1,
+                );
                 Ok(pb::SubmitJobResponse { job_id, deduplicated, index })
             }
             CommandResult::Rejected(r) => {
-                metrics::counter!("rota_submits_total", "result" => "rejected").increment(1);
+                rota_consensus::labelled::increment("rota_submits_total", "result", "rejected", 1);
                 Err(rejection(&r).into())
             }
             other => Err(internal("submit", format!("unexpected result {other:?}")).into()),
