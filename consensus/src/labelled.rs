@@ -5,6 +5,10 @@
 //! submits/s that cost more than the work some of them measure. A thread
 //! asks the recorder once per (name, label) and keeps the handle.
 //!
+//! A handle made before the process installs its recorder records nowhere,
+//! for as long as its thread lives: `rota server` installs the recorder
+//! before the replica starts, so before any of these calls.
+//!
 //! The names, label keys and values are `'static` strings from the code,
 //! so each thread holds a handful of handles; past `MAX_HANDLES` (a label
 //! made at run time by mistake) a call goes to the recorder as before
@@ -38,11 +42,7 @@ pub fn increment(name: &'static str, key: &'static str, label: &'static str, by:
 }
 
 fn with_handle<H>(handles: &mut Vec<(Which, H)>, which: Which, make: impl FnOnce() -> H, used: impl FnOnce(&H)) {
-    // Same literal, same address, almost always: the text compare is the fallback.
-    let same = |held: &Which| {
-        (std::ptr::eq(held.0, which.0) || held.0 == which.0) && held.1 == which.1 && (std::ptr::eq(held.2, which.2) || held.2 == which.2)
-    };
-    match handles.iter().find(|(held, _)| same(held)) {
+    match handles.iter().find(|(held, _)| *held == which) {
         Some((_, handle)) => used(handle),
         None if handles.len() < MAX_HANDLES => {
             handles.push((which, make()));

@@ -99,10 +99,15 @@ impl fmt::Display for TextFields<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "request_id={}", self.0.id.id)?;
         match &self.0.call {
-            Call::Grpc { method } => write!(f, " method={}", method.as_ref().map_or("", |m| m.path())),
-            Call::Rest { method, path } => write!(f, " method={method} path={}", path.as_ref().map_or("", |p| p.path())),
+            Call::Grpc { method } => write!(f, " method={}", path_of(method)),
+            Call::Rest { method, path } => write!(f, " method={method} path={}", path_of(path)),
         }
     }
+}
+
+/// The path alone: a query is never written to the log.
+fn path_of(called: &Option<http::uri::PathAndQuery>) -> &str {
+    called.as_ref().map_or("", |called| called.path())
 }
 
 fn json_line<S, N>(ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result
@@ -119,7 +124,8 @@ where
     line.insert("level".into(), Value::String(event.metadata().level().to_string()));
     line.insert("fields".into(), Value::Object(fields.0));
     line.insert("target".into(), Value::String(event.metadata().target().to_string()));
-    let inner = ctx.lookup_current().map(|span| {
+    // The event's own innermost span (its explicit parent, if it names one).
+    let inner = ctx.event_scope().and_then(|mut scope| scope.next()).map(|span| {
         let mut object = span
             .extensions()
             .get::<FormattedFields<N>>()
@@ -141,11 +147,11 @@ fn json_request(served: &Served) -> Map<String, Value> {
     object.insert("request_id".into(), Value::String(served.id.id.clone()));
     match &served.call {
         Call::Grpc { method } => {
-            object.insert("method".into(), Value::String(method.as_ref().map_or("", |m| m.path()).to_string()));
+            object.insert("method".into(), Value::String(path_of(method).to_string()));
         }
         Call::Rest { method, path } => {
             object.insert("method".into(), Value::String(method.to_string()));
-            object.insert("path".into(), Value::String(path.as_ref().map_or("", |p| p.path()).to_string()));
+            object.insert("path".into(), Value::String(path_of(path).to_string()));
         }
     }
     object.insert("name".into(), Value::String(REQUEST.into()));
