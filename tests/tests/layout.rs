@@ -40,6 +40,8 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
     BTreeMap::from([
         ("rota-proto", &[][..]),
         ("rota-core", &[][..]),
+        // The binaries' global allocator: it knows only mimalloc.
+        ("rota-alloc", &[][..]),
         // Generic over the state machine: knows nothing of jobs.
         ("rota-consensus", &["rota-proto"][..]),
         // Transport security every side shares (certificates, TLS links,
@@ -49,11 +51,11 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         // The consensus crate stays generic: the server injects its TLS
         // channels into it, so rota-consensus does not depend on rota-tls.
         ("rota-server", &["rota-core", "rota-client", "rota-proto", "rota-consensus", "rota-tls"][..]),
-        ("rota-agent", &["rota-proto", "rota-client", "rota-tls"][..]),
+        ("rota-agent", &["rota-alloc", "rota-proto", "rota-client", "rota-tls"][..]),
         ("rota-chaos", &["rota-proto", "rota-client", "rota-tls"][..]),
         // The `rota` binary is the composition root: `rota server` starts
         // rota-server; every other command goes through rota-client.
-        ("rota-cli", &["rota-core", "rota-client", "rota-server", "rota-proto", "rota-tls"][..]),
+        ("rota-cli", &["rota-alloc", "rota-core", "rota-client", "rota-server", "rota-proto", "rota-tls"][..]),
         ("rota-e2e", &["rota-proto", "rota-client", "rota-chaos", "rota-tls"][..]),
     ])
 }

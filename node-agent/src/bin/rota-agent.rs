@@ -19,7 +19,7 @@ use tonic::service::interceptor::InterceptedService;
 /// The same allocator as the replicas' (a fleet process holds a thousand
 /// agents' sessions and reports).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: rota_alloc::Allocator = rota_alloc::Allocator;
 
 #[derive(Parser)]
 #[command(name = "rota-agent", version, about = "rota's node agent: runs job ranks on a GPU host")]

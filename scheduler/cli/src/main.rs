@@ -16,7 +16,7 @@ use rota_server::{self as server, limits, ServerConfig};
 /// as fast as the system allocator (BENCHMARKS.md, the state at a million
 /// jobs).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: rota_alloc::Allocator = rota_alloc::Allocator;
 
 #[derive(Parser)]
 #[command(name = "rota", version, about = "A highly available GPU cluster scheduler")]

@@ -17,7 +17,7 @@ use rota_core::state::{ClusterState, Command, Proposal, StateLimits};
 
 /// The allocator the `rota` binary runs with, so the figures are a replica's.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: rota_alloc::Allocator = rota_alloc::Allocator;
 
 #[test]
 fn a_frozen_copy_is_independent_and_its_snapshot_restores_it() {
