@@ -161,4 +161,27 @@ print("servers' CPU microseconds per acknowledged write, three members (medians;
 print("clients  etcd  rota  rota-tls  etcd/rota  etcd/rota-tls")
 cpu = "server_cpu_us_per_write"
 table(cpu, cpu, lambda e, p, t: f"{e:4.0f}  {p:4.0f}  {t:8.0f}  {e / p:9.2f}  {e / t:13.2f}")
+# Each round runs etcd and rota a minute apart; the host's speed drifts more
+# than that over a whole run, so the ratio within each round says more than
+# the ratio of two medians taken from different rounds.
+def paired(stem, c):
+    """rota's rate over etcd's in each round that has both."""
+    out = []
+    for r in range(1, rounds + 1):
+        try:
+            e = json.load(open(f"{d}/etcd-{r}-{c}.json"))["puts_per_s"]
+            p = json.load(open(f"{d}/{stem}-{r}-{c}.json"))["jobs_per_s"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if e > 0:
+            out.append(p / e)
+    return out
+print()
+print("rota's rate over etcd's within each round (the rounds' ratios; their median)")
+for c in (1, 16, 256):
+    cells = []
+    for name, stem in (("plaintext", "rota"), ("tls", "rota-tls")):
+        ratios = paired(stem, c)
+        cells.append(f"{name} " + (" / ".join(f"{x:.2f}" for x in ratios) + f"; {statistics.median(ratios):.2f}" if ratios else "incomplete"))
+    print(f"{c:>7}  " + "   ".join(cells))
 PY
