@@ -137,14 +137,17 @@ done
 python3 - "$dir" "$rounds" <<'PY'
 import json, statistics, sys
 d, rounds = sys.argv[1], int(sys.argv[2])
-def rates(stem, key):
-    out = []
+def by_round(stem, key):
+    """Each round's figure where its report is there and readable."""
+    out = {}
     for r in range(1, rounds + 1):
         try:
-            out.append(json.load(open(f"{d}/{stem.format(r=r)}.json"))[key])
+            out[r] = json.load(open(f"{d}/{stem.format(r=r)}.json"))[key]
         except (OSError, ValueError, KeyError):
             pass
     return out
+def rates(stem, key):
+    return list(by_round(stem, key).values())
 def medians(c, etcd_key, rota_key):
     """etcd's, rota's and rota with TLS's medians at c clients; None if a series is empty."""
     series = [rates(f"etcd-{{r}}-{c}", etcd_key), rates(f"rota-{{r}}-{c}", rota_key), rates(f"rota-tls-{{r}}-{c}", rota_key)]
@@ -166,16 +169,9 @@ table(cpu, cpu, lambda e, p, t: f"{e:4.0f}  {p:4.0f}  {t:8.0f}  {e / p:9.2f}  {e
 # the ratio of two medians taken from different rounds.
 def paired(stem, c):
     """rota's rate over etcd's in each round that has both."""
-    out = []
-    for r in range(1, rounds + 1):
-        try:
-            e = json.load(open(f"{d}/etcd-{r}-{c}.json"))["puts_per_s"]
-            p = json.load(open(f"{d}/{stem}-{r}-{c}.json"))["jobs_per_s"]
-        except (OSError, ValueError, KeyError):
-            continue
-        if e > 0:
-            out.append(p / e)
-    return out
+    etcd = by_round(f"etcd-{{r}}-{c}", "puts_per_s")
+    rota = by_round(f"{stem}-{{r}}-{c}", "jobs_per_s")
+    return [rota[r] / etcd[r] for r in sorted(etcd.keys() & rota.keys()) if etcd[r] > 0]
 print()
 print("rota's rate over etcd's within each round (the rounds' ratios; their median)")
 for c in (1, 16, 256):

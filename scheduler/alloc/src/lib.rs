@@ -104,11 +104,11 @@ mod tests {
                     assert_eq!(zeroed as usize % align, 0, "zeroed {size} bytes aligned to {align}");
                     assert!(std::slice::from_raw_parts(zeroed, size).iter().all(|&b| b == 0));
                     allocator.dealloc(zeroed, layout);
-                    let grown_size = size * 3 + align;
-                    let grown = allocator.realloc(blocks[0], layout, grown_size - grown_size % align);
+                    let grown_layout = Layout::from_size_align(size * 3, align).expect("a valid layout");
+                    let grown = allocator.realloc(blocks[0], layout, grown_layout.size());
                     assert_eq!(grown as usize % align, 0, "{size} bytes grown, aligned to {align}");
                     assert!(std::slice::from_raw_parts(grown, size).iter().all(|&b| b == 0xA5), "kept on growth");
-                    allocator.dealloc(grown, Layout::from_size_align(grown_size - grown_size % align, align).expect("valid"));
+                    allocator.dealloc(grown, grown_layout);
                     for &block in &blocks[1..] {
                         allocator.dealloc(block, layout);
                     }
