@@ -2,7 +2,9 @@
 //! same closed loop as `rota bench submit`, for a side-by-side figure. Only
 //! etcd's `KV/Put` is spoken (its two messages declared here by hand), over
 //! plaintext HTTP/2 to the endpoint given, on as many connections as
-//! `rota bench submit` uses. A benchmark tool, not an etcd client.
+//! `rota bench submit` uses and through the same connections (rota's own
+//! dialler, whose requests leave together). A benchmark tool, not an etcd
+//! client.
 
 use std::time::{Duration, Instant};
 
@@ -61,7 +63,8 @@ pub async fn run(args: &BenchEtcdArgs) -> Result<serde_json::Value> {
     let endpoint = Endpoint::from_shared(uri).context("--endpoint")?.tcp_nodelay(true).timeout(Duration::from_secs(10));
     let mut channels = Vec::with_capacity(CONNECTIONS);
     for _ in 0..CONNECTIONS {
-        channels.push(endpoint.connect().await.with_context(|| format!("connecting to {}", args.endpoint))?);
+        let channel = rota_tls::Security::Plaintext.connect(endpoint.clone()).await;
+        channels.push(channel.with_context(|| format!("connecting to {}", args.endpoint))?);
     }
     if let Err(why) = put_once(channels[0].clone(), b"bench-first".to_vec()).await {
         bail!("{}: the first put failed ({why}; is it an etcd member with a leader?)", args.endpoint);

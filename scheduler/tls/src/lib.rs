@@ -11,6 +11,7 @@
 //! - `auth`: the one place a request's caller is established and checked.
 
 pub mod auth;
+mod batched;
 pub mod certs;
 pub mod der;
 mod error;

@@ -23,6 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::batched::Batched;
 use crate::identity::Identity;
 use crate::reload::{ClientResolver, ReloadingKey, ReloadingRoots, ServerResolver};
 use crate::verify::{ClientVerifier, ServerIdentity, ServerVerifier};
@@ -197,16 +198,16 @@ impl Security {
     /// A lazily connected channel over `endpoint` (made by [`endpoint`]).
     pub fn channel(&self, endpoint: Endpoint) -> Channel {
         match self {
-            Security::Plaintext => endpoint.connect_lazy(),
-            Security::Tls(setup) => endpoint.connect_with_connector_lazy(TlsConnector { config: setup.client.clone() }),
+            Security::Plaintext => endpoint.connect_with_connector_lazy(Connector { tls: None }),
+            Security::Tls(setup) => endpoint.connect_with_connector_lazy(Connector { tls: Some(setup.client.clone()) }),
         }
     }
 
     /// A channel connected now (fails if the peer cannot be reached).
     pub async fn connect(&self, endpoint: Endpoint) -> Result<Channel, tonic::transport::Error> {
         match self {
-            Security::Plaintext => endpoint.connect().await,
-            Security::Tls(setup) => endpoint.connect_with_connector(TlsConnector { config: setup.client.clone() }).await,
+            Security::Plaintext => endpoint.connect_with_connector(Connector { tls: None }).await,
+            Security::Tls(setup) => endpoint.connect_with_connector(Connector { tls: Some(setup.client.clone()) }).await,
         }
     }
 
@@ -255,8 +256,8 @@ impl Security {
         };
         let uri: Uri =
             format!("http://{addr}").parse().map_err(|e| TlsError::BadEndpoint { endpoint: addr.into(), why: format!("{e}") })?;
-        let stream = connect_tls(setup.client.clone(), uri).await.map_err(|e| TlsError::Setup(format!("{addr}: {e}")))?;
-        let (_, connection) = stream.into_inner().into_inner();
+        let stream = connect_tls(setup.client.clone(), &uri).await.map_err(|e| TlsError::Setup(format!("{addr}: {e}")))?;
+        let (_, connection) = stream.into_inner();
         let certs = connection.peer_certificates().ok_or_else(|| TlsError::Setup(format!("{addr} presented no certificate")))?;
         Ok(certs[0].clone().into_owned())
     }
@@ -340,26 +341,66 @@ pub struct ConnInfo {
     pub peer: Peer,
 }
 
-enum Stream {
+/// A TCP connection, in the clear or inside TLS (`T`: rustls' server or
+/// client stream).
+enum Stream<T> {
     Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Tls(Box<T>),
 }
 
-/// An accepted connection, plaintext or TLS.
-///
-/// Its writes give way once before each batch: the first write after a
-/// flush returns pending and asks to be polled again at the back of the
-/// runtime's queue. Responses are made by one task per request, and each
-/// wakes the connection's task, which tokio runs right after the waking
-/// task: without the turn given away, a connection wrote one response per
-/// system call while dozens were being made by tasks already queued behind
-/// it. With it, the tasks ahead run first and their responses leave
-/// together; a lone request waits for an empty queue, which is no wait.
+impl<T: AsyncRead + Unpin> AsyncRead for Stream<T> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Stream<T> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+type ServerStream = Stream<tokio_rustls::server::TlsStream<TcpStream>>;
+
+/// An accepted connection, plaintext or TLS. Its responses leave together
+/// (see [`Batched`]).
 pub struct Conn {
-    stream: Stream,
+    io: Batched<ServerStream>,
     info: ConnInfo,
-    /// This batch's writes have given way already (reset by each flush).
-    gave_way: bool,
 }
 
 impl Conn {
@@ -368,19 +409,8 @@ impl Conn {
         &self.info
     }
 
-    fn new(stream: Stream, info: ConnInfo) -> Conn {
-        Conn { stream, info, gave_way: false }
-    }
-
-    /// Pending (and woken at once) for the first write of a batch, so that
-    /// the task polls again once the tasks queued before it have run.
-    fn give_way(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.gave_way {
-            return Poll::Ready(());
-        }
-        self.gave_way = true;
-        cx.waker().wake_by_ref();
-        Poll::Pending
+    fn new(stream: ServerStream, info: ConnInfo) -> Conn {
+        Conn { io: Batched::new(stream), info }
     }
 }
 
@@ -394,92 +424,80 @@ impl Connected for Conn {
 
 impl AsyncRead for Conn {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        std::task::ready!(this.give_way(cx));
-        match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        std::task::ready!(this.give_way(cx));
-        match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        match &self.stream {
-            Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
-        }
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let flushed = match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        };
-        if flushed.is_ready() {
-            this.gave_way = false;
-        }
-        flushed
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
 
-/// Connects a tonic channel over TCP + rustls, verifying the server's
-/// certificate against the CA for the host of the URI (an IP or a name).
+/// Connects a tonic channel over TCP, and over rustls when `tls` is set
+/// (verifying the server's certificate against the CA for the host of the
+/// URI, an IP or a name). Its requests leave together (see [`Batched`]).
 #[derive(Clone)]
-struct TlsConnector {
-    config: Arc<ClientConfig>,
+struct Connector {
+    tls: Option<Arc<ClientConfig>>,
 }
 
-type TlsIo = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
+type ClientIo = TokioIo<Batched<Stream<tokio_rustls::client::TlsStream<TcpStream>>>>;
 
-impl tower::Service<Uri> for TlsConnector {
-    type Response = TlsIo;
+impl tower::Service<Uri> for Connector {
+    type Response = ClientIo;
     type Error = io::Error;
-    type Future = Pin<Box<dyn Future<Output = io::Result<TlsIo>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = io::Result<ClientIo>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        Box::pin(connect_tls(self.config.clone(), uri))
+        let tls = self.tls.clone();
+        Box::pin(async move {
+            let stream = match tls {
+                None => Stream::Plain(connect_tcp(&uri).await?.0),
+                Some(config) => Stream::Tls(Box::new(connect_tls(config, &uri).await?)),
+            };
+            Ok(TokioIo::new(Batched::new(stream)))
+        })
     }
 }
 
-async fn connect_tls(config: Arc<ClientConfig>, uri: Uri) -> io::Result<TlsIo> {
+/// A TCP connection to the host and port of `uri`, without Nagle's delay,
+/// and the host's name as a TLS server name.
+async fn connect_tcp(uri: &Uri) -> io::Result<(TcpStream, String)> {
     let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
     let host = uri.host().ok_or_else(|| invalid(format!("{uri}: no host")))?;
     let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
     let port = uri.port_u16().ok_or_else(|| invalid(format!("{uri}: no port")))?;
-    let server_name = ServerName::try_from(host.clone()).map_err(|e| invalid(format!("{host}: {e}")))?;
     let tcp = TcpStream::connect((host.as_str(), port)).await?;
     tcp.set_nodelay(true)?;
-    let tls = tokio_rustls::TlsConnector::from(config).connect(server_name, tcp).await?;
-    Ok(TokioIo::new(tls))
+    Ok((tcp, host))
+}
+
+async fn connect_tls(config: Arc<ClientConfig>, uri: &Uri) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let (tcp, host) = connect_tcp(uri).await?;
+    let server_name =
+        ServerName::try_from(host.clone()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{host}: {e}")))?;
+    tokio_rustls::TlsConnector::from(config).connect(server_name, tcp).await
 }
 
 /// Does `der` verify against the CA in `ca_pem` for server name `name`?
@@ -527,39 +545,23 @@ mod tests {
         assert!(!flags(false, false, false, true).for_machine().expect("plaintext").is_tls());
     }
 
-    /// Counts its wake-ups.
-    struct Wakes(std::sync::atomic::AtomicUsize);
-
-    impl std::task::Wake for Wakes {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
+    /// Whether the first write of a batch on `io` gives way (the rule
+    /// itself is tested in `batched`).
+    fn gives_way(io: &mut (impl AsyncWrite + Unpin)) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let first = Pin::new(&mut *io).poll_write(&mut cx, b"x").is_pending();
+        first && Pin::new(&mut *io).poll_write(&mut cx, b"x").is_ready()
     }
 
     #[tokio::test]
-    async fn the_first_write_of_each_batch_gives_way_once_and_wakes_its_task() {
-        use tokio::io::AsyncReadExt;
+    async fn accepted_and_dialled_connections_write_in_batches() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
-        let mut client = TcpStream::connect(listener.local_addr().expect("bound")).await.expect("connected");
-        let (server, _) = listener.accept().await.expect("accepted");
-        let mut conn = Conn::new(Stream::Plain(server), ConnInfo { remote: None, peer: Peer::Plaintext });
-        let wakes = Arc::new(Wakes(std::sync::atomic::AtomicUsize::new(0)));
-        let waker = std::task::Waker::from(wakes.clone());
-        let mut cx = Context::from_waker(&waker);
-        let woken = || wakes.0.load(std::sync::atomic::Ordering::SeqCst);
-        for batch in [&b"first"[..], b"second"] {
-            let before = woken();
-            assert!(Pin::new(&mut conn).poll_write(&mut cx, batch).is_pending(), "a batch's first write gives way");
-            assert_eq!(woken(), before + 1, "and asks to be polled again, or it would never be");
-            assert!(matches!(Pin::new(&mut conn).poll_write(&mut cx, batch), Poll::Ready(Ok(n)) if n == batch.len()));
-            assert!(matches!(Pin::new(&mut conn).poll_write(&mut cx, b"+"), Poll::Ready(Ok(1))), "one turn per batch");
-            assert!(Pin::new(&mut conn).poll_flush(&mut cx).is_ready());
-            assert_eq!(woken(), before + 1);
-        }
-        drop(conn);
-        let mut received = Vec::new();
-        client.read_to_end(&mut received).await.expect("read");
-        assert_eq!(received, b"first+second+");
+        let uri: Uri = format!("http://{}", listener.local_addr().expect("bound")).parse().expect("a uri");
+        let (dialled, accepted) = tokio::join!(tower::Service::call(&mut Connector { tls: None }, uri), listener.accept());
+        let mut dialled = dialled.expect("connected");
+        let mut accepted = Conn::new(Stream::Plain(accepted.expect("accepted").0), ConnInfo { remote: None, peer: Peer::Plaintext });
+        assert!(gives_way(&mut accepted), "a server's responses leave together");
+        assert!(gives_way(dialled.inner_mut()), "a client's requests leave together");
     }
 
     #[test]
