@@ -7,7 +7,9 @@
 # `etcd-server` when it is missing (as root). Stops what it started by PID.
 # Beside each rate: the servers' CPU time (user + system, all three members,
 # from /proc) per acknowledged write, a figure a busy or noisy host moves far
-# less than the rate, and the one that says which store costs the host more.
+# less than the rate, and the one that says which store costs the host more;
+# and the benchmark client's own CPU time per write, which shares the host's
+# cores with the servers.
 #
 #   deploy/bench/etcd-side-by-side.sh DIR [ROUNDS] [SECONDS]
 set -u
@@ -63,14 +65,25 @@ cpu_ticks() {
   echo "$total"
 }
 
-# with_cpu FILE TICKS_BEFORE TICKS_AFTER: adds the servers' CPU microseconds
-# per acknowledged write to the benchmark's JSON report.
+# timed FILE COMMAND...: runs COMMAND, its output to FILE; prints the CPU
+# seconds (user + system) it used.
+timed() {
+  local file="$1" TIMEFORMAT='%U %S' used
+  shift
+  used=$( { time "$@" >"$file" 2>&1; } 2>&1 )
+  awk '{ print $1 + $2 }' <<<"$used"
+}
+
+# with_cpu FILE TICKS_BEFORE TICKS_AFTER CLIENT_S: adds the servers' and the
+# client's CPU microseconds per acknowledged write to the JSON report.
 with_cpu() {
   python3 - "$@" <<'PY' 2>/dev/null || true
 import json, os, sys
-path, before, after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, before, after, client_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 d = json.load(open(path))
-d["server_cpu_us_per_write"] = (after - before) / os.sysconf("SC_CLK_TCK") * 1e6 / max(d["acked"], 1)
+acked = max(d["acked"], 1)
+d["server_cpu_us_per_write"] = (after - before) / os.sysconf("SC_CLK_TCK") * 1e6 / acked
+d["client_cpu_us_per_write"] = client_s * 1e6 / acked
 json.dump(d, open(path, "w"), indent=2)
 PY
 }
@@ -80,8 +93,8 @@ figure() { # FILE KEY
 import json, sys
 d = json.load(open(sys.argv[1]))
 l = d["latency_ms"]
-cpu = d.get("server_cpu_us_per_write")
-cpu_text = f", servers' CPU {cpu:.0f} us per write" if cpu is not None else ""
+cpu, client = d.get("server_cpu_us_per_write"), d.get("client_cpu_us_per_write")
+cpu_text = f", servers' CPU {cpu:.0f} us, client's {client:.0f} us per write" if cpu is not None else ""
 print(f"{d[sys.argv[2]]:.0f}/s, p50 {l['p50']} ms, p99 {l['p99']} ms, {d['errors']} errors{cpu_text}")
 PY
 }
@@ -107,11 +120,11 @@ run_rota() {
     sleep 0.1
   done
   [ -n "$raised" ] || { echo "could not raise the live-job bound" >&2; return 1; }
-  local pids=() before
+  local pids=() before client_s
   for i in 1 2 3; do pids+=("$(cat "$dir/rota/replica-$i/pid")"); done
   before=$(cpu_ticks "${pids[@]}")
-  "${cli[@]}" bench submit --clients "$clients" --duration-s "$seconds" >"$out.json" 2>&1
-  with_cpu "$out.json" "$before" "$(cpu_ticks "${pids[@]}")"
+  client_s=$(timed "$out.json" "${cli[@]}" bench submit --clients "$clients" --duration-s "$seconds")
+  with_cpu "$out.json" "$before" "$(cpu_ticks "${pids[@]}")" "$client_s"
   printf 'round %s rota%-5s %s clients: %s\n' "$round" "$([ "$mode" = tls ] && echo " tls")" "$clients" "$(figure "$out.json" jobs_per_s)"
   ROTA_INSECURE=$insecure ROTA_BIN="$rota" bash "$here/cluster.sh" stop "$dir/rota" >/dev/null
   mv "$dir/rota" "$out-data"
@@ -121,8 +134,8 @@ for round in $(seq 1 "$rounds"); do
   start_etcd "$dir/etcd-$round" || { echo "etcd elected no leader; see $dir/etcd-$round" >&2; exit 1; }
   for clients in 1 16 256; do
     before=$(cpu_ticks "${etcd_pids[@]}")
-    "$rota" bench etcd --endpoint "$leader" --clients "$clients" --duration-s "$seconds" >"$dir/etcd-$round-$clients.json" 2>&1
-    with_cpu "$dir/etcd-$round-$clients.json" "$before" "$(cpu_ticks "${etcd_pids[@]}")"
+    client_s=$(timed "$dir/etcd-$round-$clients.json" "$rota" bench etcd --endpoint "$leader" --clients "$clients" --duration-s "$seconds")
+    with_cpu "$dir/etcd-$round-$clients.json" "$before" "$(cpu_ticks "${etcd_pids[@]}")" "$client_s"
     echo "round $round etcd  $clients clients: $(figure "$dir/etcd-$round-$clients.json" puts_per_s)"
   done
   stop_etcd
@@ -164,6 +177,28 @@ print("servers' CPU microseconds per acknowledged write, three members (medians;
 print("clients  etcd  rota  rota-tls  etcd/rota  etcd/rota-tls")
 cpu = "server_cpu_us_per_write"
 table(cpu, cpu, lambda e, p, t: f"{e:4.0f}  {p:4.0f}  {t:8.0f}  {e / p:9.2f}  {e / t:13.2f}")
+print()
+print("the benchmark client's CPU microseconds per acknowledged write, and the host's in all")
+print("(servers' and client's, summed in each round): what the cores give each write (medians)")
+print("clients  etcd  rota  rota-tls  host: etcd  rota  rota-tls  etcd/rota  etcd/rota-tls")
+client = "client_cpu_us_per_write"
+def host_medians(c):
+    """Medians over the rounds of servers' plus client's CPU per write: etcd, rota, rota with TLS."""
+    out = []
+    for stem in (f"etcd-{{r}}-{c}", f"rota-{{r}}-{c}", f"rota-tls-{{r}}-{c}"):
+        servers, own = by_round(stem, cpu), by_round(stem, client)
+        sums = [servers[r] + own[r] for r in servers.keys() & own.keys()]
+        if not sums:
+            return None
+        out.append(statistics.median(sums))
+    return out
+def host_row(c):
+    k, h = medians(c, client, client), host_medians(c)
+    if k is None or h is None:
+        return "incomplete"
+    return f"{k[0]:4.0f}  {k[1]:4.0f}  {k[2]:8.0f}  {h[0]:10.0f}  {h[1]:4.0f}  {h[2]:8.0f}  {h[0] / h[1]:9.2f}  {h[0] / h[2]:13.2f}"
+for c in (1, 16, 256):
+    print(f"{c:>7}  " + host_row(c))
 # Each round runs etcd and rota a minute apart; the host's speed drifts more
 # than that over a whole run, so the ratio within each round says more than
 # the ratio of two medians taken from different rounds.
