@@ -613,7 +613,7 @@ fn new_replica(root: &Path, id: u64) -> Result<Replica> {
 
 /// A lazily connected channel to `addr` (host:port), TLS or plaintext as `security` says.
 pub fn channel(addr: &str, security: &Security) -> Result<Channel> {
-    let endpoint = rota_tls::endpoint(addr)?.connect_timeout(Duration::from_millis(500)).timeout(Duration::from_secs(10)).tcp_nodelay(true);
+    let endpoint = rota_tls::endpoint(addr)?.connect_timeout(Duration::from_millis(500)).timeout(Duration::from_secs(10));
     Ok(security.channel(endpoint))
 }
 

@@ -170,7 +170,6 @@ fn channel(endpoint: &str, security: &Security) -> Result<Channel, ControlError>
     Ok(security.channel(
         parsed
             .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
-            .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(1))
             .keep_alive_timeout(Duration::from_secs(3))
             .keep_alive_while_idle(true),

@@ -161,9 +161,8 @@ pub async fn run(client: &Client, args: &BenchSubmitArgs) -> Result<serde_json::
     if leader.is_empty() {
         bail!("the cluster has no leader");
     }
-    let channels = (0..CONNECTIONS)
-        .map(|_| Ok(client.security().channel(rota_tls::endpoint(&leader)?.tcp_nodelay(true))))
-        .collect::<Result<Vec<Channel>>>()?;
+    let channels =
+        (0..CONNECTIONS).map(|_| Ok(client.security().channel(rota_tls::endpoint(&leader)?))).collect::<Result<Vec<Channel>>>()?;
     let run_id = format!("bench-{:016x}", rand::random::<u64>());
     // A new leader refuses writes until it has checked its clock against its
     // peers: wait for its first accepted submit (retried through such

@@ -60,7 +60,7 @@ pub async fn run(args: &BenchEtcdArgs) -> Result<serde_json::Value> {
         bail!("--clients: must be 1..={MAX_CLIENTS}");
     }
     let uri = format!("http://{}", args.endpoint);
-    let endpoint = Endpoint::from_shared(uri).context("--endpoint")?.tcp_nodelay(true).timeout(Duration::from_secs(10));
+    let endpoint = Endpoint::from_shared(uri).context("--endpoint")?.timeout(Duration::from_secs(10));
     let mut channels = Vec::with_capacity(CONNECTIONS);
     for _ in 0..CONNECTIONS {
         let channel = rota_tls::Security::Plaintext.connect(endpoint.clone()).await;

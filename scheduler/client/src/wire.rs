@@ -80,7 +80,7 @@ pub const CONNECT_TIMEOUT_MS: u64 = 1_000;
 /// `security` is plaintext.
 pub fn channel(endpoint: &str, security: &Security) -> Result<Channel, TlsError> {
     let parsed = rota_tls::endpoint(endpoint)?;
-    Ok(security.channel(parsed.connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS)).tcp_nodelay(true)))
+    Ok(security.channel(parsed.connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))))
 }
 
 /// How long a refusal asks the caller to wait (`retry-after-ms`), if it does:

@@ -419,7 +419,7 @@ fn consensus_config(config: &ServerConfig, cluster_identity: &cluster_id::Cluste
     let security = config.security.clone();
     consensus.peer_channels = Some(rota_consensus::PeerChannels(Arc::new(move |addr: &str, connect_timeout: Duration| {
         let endpoint = rota_tls::endpoint(addr).map_err(|e| e.to_string())?;
-        Ok(security.channel(endpoint.connect_timeout(connect_timeout).tcp_nodelay(true)))
+        Ok(security.channel(endpoint.connect_timeout(connect_timeout)))
     })));
     let cluster_identity = cluster_identity.clone();
     consensus.request_tags = Some(rota_consensus::RequestTags(Arc::new(move |metadata| cluster_identity.tag(metadata))));

@@ -196,6 +196,9 @@ impl Security {
     }
 
     /// A lazily connected channel over `endpoint` (made by [`endpoint`]).
+    /// rota's own connector dials it (see `Connector`): the endpoint's TCP
+    /// settings are tonic's dialler's and do not apply; its timeouts and
+    /// HTTP/2 settings do.
     pub fn channel(&self, endpoint: Endpoint) -> Channel {
         match self {
             Security::Plaintext => endpoint.connect_with_connector_lazy(Connector { tls: None }),
