@@ -116,7 +116,8 @@ fn start_running(b: &mut Builder, mix: &mut Mix, shape: &BenchShape) {
     let names: Vec<String> = b.state.nodes.keys().cloned().collect();
     let mut free: Vec<Vec<u32>> = b.state.nodes.values().map(|n| n.gpus.iter().filter(|g| g.healthy).map(|g| g.index).collect()).collect();
     let batches = 10u64;
-    let per_batch = shape.running.div_ceil(batches as u32) as usize;
+    // At least one a batch: a cluster with nothing running has no batches at all.
+    let per_batch = shape.running.div_ceil(batches as u32).max(1) as usize;
     // Largest first, so first fit does not strand the 8-GPU jobs.
     let mut specs: Vec<JobSpec> = (0..shape.running).map(|_| spec(mix, shape, true)).collect();
     specs.sort_by_key(|s| std::cmp::Reverse(s.total_gpus()));
@@ -251,5 +252,19 @@ pub fn submit_history(state: &mut ClusterState, index: &mut u64, count: u64) {
         state.apply_proposal(*index, &Proposal { now_ms: state.now_ms.max(*index), commands });
         *index += 1;
         left -= batch;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_with_nothing_running_builds_with_its_pending_jobs() {
+        let shape = BenchShape { nodes: 4, gpus_per_node: 8, pending: 100, running: 0, groups: 2, seed: 1 };
+        let (state, _) = build(&shape);
+        assert_eq!(state.pending().count(), 100);
+        assert_eq!(state.nodes.len(), 4);
+        assert!(state.jobs.values().all(|job| job.state == crate::state::JobState::Pending));
     }
 }
