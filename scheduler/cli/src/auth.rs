@@ -33,14 +33,14 @@ pub async fn whoami(client: &Client, format: Format) -> Result<()> {
         })
         .await?;
     match format {
-        Format::Json => println!(
+        Format::Json => outln!(
             "{}",
             json!({"user": me.user, "impersonator": me.impersonator, "authenticated_by": me.authenticated_by, "role": me.role, "groups": me.groups})
         ),
         Format::Table => {
             let acting = if me.impersonator.is_empty() { String::new() } else { format!(" (acted for by {})", me.impersonator) };
             let role = if me.role.is_empty() { "no role".to_string() } else { me.role.clone() };
-            println!("{}{acting}  {role}  groups [{}]  by {}", me.user, me.groups.join(","), me.authenticated_by);
+            outln!("{}{acting}  {role}  groups [{}]  by {}", me.user, me.groups.join(","), me.authenticated_by);
         }
     }
     Ok(())
@@ -57,8 +57,8 @@ pub async fn user_set(client: &Client, name: &str, role: &str, groups: &[String]
         })
         .await?;
     match format {
-        Format::Json => println!("{}", json!({"user": name, "role": role, "groups": groups, "impersonate": impersonate})),
-        Format::Table => println!("user {name}: {role} of [{}]{}", groups.join(","), if impersonate { ", may impersonate" } else { "" }),
+        Format::Json => outln!("{}", json!({"user": name, "role": role, "groups": groups, "impersonate": impersonate})),
+        Format::Table => outln!("user {name}: {role} of [{}]{}", groups.join(","), if impersonate { ", may impersonate" } else { "" }),
     }
     Ok(())
 }
@@ -72,8 +72,8 @@ pub async fn user_remove(client: &Client, name: &str, format: Format) -> Result<
         })
         .await?;
     match format {
-        Format::Json => println!("{}", json!({"removed": name})),
-        Format::Table => println!("user {name} removed; its tokens are revoked"),
+        Format::Json => outln!("{}", json!({"removed": name})),
+        Format::Table => outln!("user {name} removed; its tokens are revoked"),
     }
     Ok(())
 }
@@ -91,12 +91,12 @@ pub async fn show(client: &Client, format: Format) -> Result<()> {
                 .iter()
                 .map(|u| json!({"name": u.name, "role": u.role, "groups": u.groups, "impersonate": u.impersonate, "created_ms": u.created_ms}))
                 .collect();
-            println!("{}", serde_json::to_string_pretty(&users)?);
+            outln!("{}", serde_json::to_string_pretty(&users)?);
         }
         Format::Table => {
-            println!("{:<24} {:<12} {:<11} GROUPS", "USER", "ROLE", "IMPERSONATE");
+            outln!("{:<24} {:<12} {:<11} GROUPS", "USER", "ROLE", "IMPERSONATE");
             for u in &users {
-                println!("{:<24} {:<12} {:<11} {}", u.name, u.role, if u.impersonate { "yes" } else { "no" }, u.groups.join(","));
+                outln!("{:<24} {:<12} {:<11} {}", u.name, u.role, if u.impersonate { "yes" } else { "no" }, u.groups.join(","));
             }
         }
     }
@@ -115,11 +115,11 @@ pub async fn token_create(client: &Client, user: &str, ttl: &str, format: Format
         })
         .await?;
     match format {
-        Format::Json => println!("{}", json!({"token": created.token, "id": created.id, "expires_ms": created.expires_ms})),
+        Format::Json => outln!("{}", json!({"token": created.token, "id": created.id, "expires_ms": created.expires_ms})),
         // The token alone on stdout, so `export ROTA_TOKEN=$(rota token create ...)` works.
         Format::Table => {
             eprintln!("token {} for {user}, expires at {} ms; it is shown only now", created.id, created.expires_ms);
-            println!("{}", created.token);
+            outln!("{}", created.token);
         }
     }
     Ok(())
@@ -134,8 +134,8 @@ pub async fn token_revoke(client: &Client, id: &str, format: Format) -> Result<(
         })
         .await?;
     match format {
-        Format::Json => println!("{}", json!({"revoked": id})),
-        Format::Table => println!("token {id} revoked"),
+        Format::Json => outln!("{}", json!({"revoked": id})),
+        Format::Table => outln!("token {id} revoked"),
     }
     Ok(())
 }
@@ -155,10 +155,10 @@ pub async fn token_list(client: &Client, user: Option<&str>, format: Format) -> 
                 .iter()
                 .map(|t| json!({"id": t.id, "user": t.user, "created_ms": t.created_ms, "expires_ms": t.expires_ms, "revoked": t.revoked}))
                 .collect();
-            println!("{}", serde_json::to_string_pretty(&tokens)?);
+            outln!("{}", serde_json::to_string_pretty(&tokens)?);
         }
         Format::Table => {
-            println!("{:<14} {:<24} {:<15} STATE", "ID", "USER", "EXPIRES_MS");
+            outln!("{:<14} {:<24} {:<15} STATE", "ID", "USER", "EXPIRES_MS");
             let now = now_ms();
             for t in &tokens {
                 let state = if t.revoked {
@@ -168,7 +168,7 @@ pub async fn token_list(client: &Client, user: Option<&str>, format: Format) -> 
                 } else {
                     "valid"
                 };
-                println!("{:<14} {:<24} {:<15} {state}", t.id, t.user, t.expires_ms);
+                outln!("{:<14} {:<24} {:<15} {state}", t.id, t.user, t.expires_ms);
             }
         }
     }
@@ -203,7 +203,7 @@ pub async fn audit(client: &Client, user: Option<&str>, since: Option<&str>, lim
                            "from": r.from, "what": r.what, "outcome": r.outcome})
                 })
                 .collect();
-            println!("{}", serde_json::to_string_pretty(&json!({"records": records, "dropped": response.dropped}))?);
+            outln!("{}", serde_json::to_string_pretty(&json!({"records": records, "dropped": response.dropped}))?);
         }
         Format::Table => {
             for r in &response.records {
@@ -212,7 +212,7 @@ pub async fn audit(client: &Client, user: Option<&str>, since: Option<&str>, lim
                     (user, "") => user.to_string(),
                     (user, by) => format!("{by} as {user}"),
                 };
-                println!("{:>8} {:>14} {:<24} {:<22} {} -> {}", r.index, r.at_ms, who, r.from, r.what, r.outcome);
+                outln!("{:>8} {:>14} {:<24} {:<22} {} -> {}", r.index, r.at_ms, who, r.from, r.what, r.outcome);
             }
             if response.dropped > 0 {
                 eprintln!("({} older records were dropped from the bounded trail)", response.dropped);

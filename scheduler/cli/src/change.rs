@@ -51,22 +51,22 @@ fn changes_json(response: &pb::ListChangesResponse) -> Value {
 
 fn show(response: &pb::ListChangesResponse, format: Format) {
     if format == Format::Json {
-        println!("{}", changes_json(response));
+        outln!("{}", changes_json(response));
         return;
     }
     if response.rules.is_empty() {
-        println!("no kind of change needs approval");
+        outln!("no kind of change needs approval");
     }
     for rule in &response.rules {
-        println!("{} changes need a second person (a request waits {} s)", rule.kind, rule.expire_after_ms / 1000);
+        outln!("{} changes need a second person (a request waits {} s)", rule.kind, rule.expire_after_ms / 1000);
     }
     if response.changes.is_empty() {
-        println!("no change waits for approval");
+        outln!("no change waits for approval");
         return;
     }
-    println!("{:>6}  {:<8} {:<20} {:<21} CHANGE", "ID", "KIND", "REQUESTED BY", "EXPIRES (UTC)");
+    outln!("{:>6}  {:<8} {:<20} {:<21} CHANGE", "ID", "KIND", "REQUESTED BY", "EXPIRES (UTC)");
     for change in &response.changes {
-        println!("{:>6}  {:<8} {:<20} {:<21} {}", change.id, change.kind, change.requested_by, utc_text(change.expires_ms), change.summary);
+        outln!("{:>6}  {:<8} {:<20} {:<21} {}", change.id, change.kind, change.requested_by, utc_text(change.expires_ms), change.summary);
     }
 }
 

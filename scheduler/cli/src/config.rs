@@ -111,16 +111,24 @@ fn queue_json(q: &pb::Queue) -> serde_json::Value {
 pub async fn queue_show(client: &Client, format: Format) -> Result<()> {
     let queues = list_queues(client).await?;
     match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&queues.iter().map(queue_json).collect::<Vec<_>>())?),
+        Format::Json => outln!("{}", serde_json::to_string_pretty(&queues.iter().map(queue_json).collect::<Vec<_>>())?),
         Format::Table => {
-            println!(
+            outln!(
                 "{:<12} {:>6} {:>8} {:>12} {:>12} {:>11} {:>12} {:>10} {:<8}",
-                "QUEUE", "WEIGHT", "MAXGPUS", "DEFAULT_S", "MAX_S", "PREEMPTIBLE", "PROTECTED_S", "IDLE_AFTER", "IDLE"
+                "QUEUE",
+                "WEIGHT",
+                "MAXGPUS",
+                "DEFAULT_S",
+                "MAX_S",
+                "PREEMPTIBLE",
+                "PROTECTED_S",
+                "IDLE_AFTER",
+                "IDLE"
             );
             for q in &queues {
                 let idle_after = q.idle_after_ms.map_or("-".to_string(), rota_core::state::idle::duration_text);
                 let idle_action = if q.idle_action.is_empty() { "-" } else { q.idle_action.as_str() };
-                println!(
+                outln!(
                     "{:<12} {:>6} {:>8} {:>12} {:>12} {:>11} {:>12} {:>10} {:<8}",
                     q.name,
                     q.weight,
@@ -183,13 +191,13 @@ pub async fn quota_show(client: &Client, format: Format) -> Result<()> {
                            "borrow_limit": q.borrow_limit, "used": s.used, "borrowed": s.borrowed, "lendable": s.lendable, "lent": s.lent})
                 })
                 .collect();
-            println!("{}", serde_json::to_string_pretty(&quotas)?)
+            outln!("{}", serde_json::to_string_pretty(&quotas)?)
         }
         Format::Table => {
-            println!("{:<16} {:>6} {:>6} {:>9} {:>9} {:>6} {:<6}", "GROUP", "QUOTA", "USED", "BORROWED", "LENDABLE", "LENT", "LENDS");
+            outln!("{:<16} {:>6} {:>6} {:>9} {:>9} {:>6} {:<6}", "GROUP", "QUOTA", "USED", "BORROWED", "LENDABLE", "LENT", "LENDS");
             for s in &response.quotas {
                 let q = s.quota.clone().unwrap_or_default();
-                println!("{:<16} {:>6} {:>6} {:>9} {:>9} {:>6} {:<6}", q.group, q.gpus, s.used, s.borrowed, s.lendable, s.lent, q.lend);
+                outln!("{:<16} {:>6} {:>6} {:>9} {:>9} {:>6} {:<6}", q.group, q.gpus, s.used, s.borrowed, s.lendable, s.lent, q.lend);
             }
         }
     }
@@ -210,12 +218,12 @@ pub async fn usage(client: &Client, format: Format) -> Result<()> {
                 .iter()
                 .map(|l| json!({"group": l.group, "queue": l.queue, "gpu_seconds": l.gpu_seconds, "gpus_now": l.gpus_now}))
                 .collect();
-            println!("{}", serde_json::to_string_pretty(&lines)?)
+            outln!("{}", serde_json::to_string_pretty(&lines)?)
         }
         Format::Table => {
-            println!("{:<16} {:<10} {:>14} {:>9}", "GROUP", "QUEUE", "GPU_HOURS", "GPUS_NOW");
+            outln!("{:<16} {:<10} {:>14} {:>9}", "GROUP", "QUEUE", "GPU_HOURS", "GPUS_NOW");
             for l in &response.lines {
-                println!("{:<16} {:<10} {:>14.2} {:>9}", l.group, l.queue, l.gpu_seconds as f64 / 3600.0, l.gpus_now);
+                outln!("{:<16} {:<10} {:>14.2} {:>9}", l.group, l.queue, l.gpu_seconds as f64 / 3600.0, l.gpus_now);
             }
         }
     }
@@ -250,13 +258,13 @@ fn print_alarms(response: &pb::ListAlarmsResponse, format: Format) -> Result<()>
     match format {
         Format::Json => {
             let alarms: Vec<_> = response.alarms.iter().map(|a| json!({"replica_id": a.replica_id, "kind": a.kind})).collect();
-            println!("{}", serde_json::to_string_pretty(&alarms)?);
+            outln!("{}", serde_json::to_string_pretty(&alarms)?);
         }
-        Format::Table if response.alarms.is_empty() => println!("no alarm raised"),
+        Format::Table if response.alarms.is_empty() => outln!("no alarm raised"),
         Format::Table => {
-            println!("{:>8}  KIND", "REPLICA");
+            outln!("{:>8}  KIND", "REPLICA");
             for alarm in &response.alarms {
-                println!("{:>8}  {}", alarm.replica_id, alarm.kind);
+                outln!("{:>8}  {}", alarm.replica_id, alarm.kind);
             }
         }
     }

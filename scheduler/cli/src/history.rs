@@ -150,14 +150,14 @@ pub async fn history(client: &Client, args: &HistoryArgs, output: Output) -> Res
     };
     let records = search_records(client, request, args.limit).await?;
     match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "records": records }))?),
+        Output::Json => outln!("{}", serde_json::to_string_pretty(&serde_json::json!({ "records": records }))?),
         Output::Csv => {
-            println!(
+            outln!(
                 "job_id,state,user,group,queue,name,labels,template,gpus,gpu_model,nodes,submitted_ms,started_ms,finished_ms,exit_code,stop_reason,attempts,preemptions,wait_ms,gpu_ms,idle_gpu_ms"
             );
             for r in &records {
                 let template = r.template.as_ref().map(|t| format!("{}@{}", t.name, t.version)).unwrap_or_default();
-                println!(
+                outln!(
                     "{}",
                     csv_line(&[
                         r.job_id.to_string(),
@@ -186,12 +186,20 @@ pub async fn history(client: &Client, args: &HistoryArgs, output: Output) -> Res
             }
         }
         Output::Table | Output::Toml => {
-            println!(
+            outln!(
                 "{:<8} {:<10} {:<10} {:<12} {:<10} {:>5} {:>9} {:>10} {:<20} LABELS",
-                "ID", "STATE", "USER", "GROUP", "QUEUE", "GPUS", "WAIT_S", "GPU_H", "FINISHED (UTC)"
+                "ID",
+                "STATE",
+                "USER",
+                "GROUP",
+                "QUEUE",
+                "GPUS",
+                "WAIT_S",
+                "GPU_H",
+                "FINISHED (UTC)"
             );
             for r in &records {
-                println!(
+                outln!(
                     "{:<8} {:<10} {:<10} {:<12} {:<10} {:>5} {:>9} {:>10.3} {:<20} {}",
                     r.job_id,
                     r.state,
@@ -227,11 +235,11 @@ pub async fn report(client: &Client, args: &ReportArgs, output: Output) -> Resul
     }
     let view = rota_server::history::report_view(&report, answer.truncated);
     match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&view)?),
+        Output::Json => outln!("{}", serde_json::to_string_pretty(&view)?),
         Output::Csv => {
-            println!("key,gpu_hours,jobs,mean_wait_s,preemptions,idle_gpu_hours,gpu_ms,idle_gpu_ms,started_jobs");
+            outln!("key,gpu_hours,jobs,mean_wait_s,preemptions,idle_gpu_hours,gpu_ms,idle_gpu_ms,started_jobs");
             for row in &view.rows {
-                println!(
+                outln!(
                     "{}",
                     csv_line(&[
                         row.key.clone(),
@@ -248,13 +256,13 @@ pub async fn report(client: &Client, args: &ReportArgs, output: Output) -> Resul
             }
         }
         Output::Table | Output::Toml => {
-            println!(
+            outln!(
                 "report {} by {}{}",
                 view.month,
                 view.by,
                 if view.truncated { " (truncated: the archive is larger than one report reads)" } else { "" }
             );
-            println!(
+            outln!(
                 "{:<20} {:>12} {:>6} {:>12} {:>12} {:>14}",
                 view.by.to_uppercase(),
                 "GPU_HOURS",
@@ -264,13 +272,18 @@ pub async fn report(client: &Client, args: &ReportArgs, output: Output) -> Resul
                 "IDLE_GPU_HOURS"
             );
             for row in &view.rows {
-                println!(
+                outln!(
                     "{:<20} {:>12.3} {:>6} {:>12.1} {:>12} {:>14.3}",
-                    row.key, row.gpu_hours, row.jobs, row.mean_wait_s, row.preemptions, row.idle_gpu_hours
+                    row.key,
+                    row.gpu_hours,
+                    row.jobs,
+                    row.mean_wait_s,
+                    row.preemptions,
+                    row.idle_gpu_hours
                 );
             }
             if let Some(path) = &args.chart {
-                println!("chart written to {}", path.display());
+                outln!("chart written to {}", path.display());
             }
         }
     }

@@ -3,6 +3,21 @@
 //! hands its flags to rota-server; nothing else here touches a replica's
 //! internals: every other command goes through rota-client.
 
+/// Writes to standard output like `print!`, but a reader that went away
+/// (`rota jobs | head -1`) ends the process quietly, as a closed pipe ends
+/// other command-line tools, instead of `print!`'s panic.
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::output::write_stdout(format_args!($($arg)*), false) };
+}
+
+/// `out!` with a newline, in place of `println!`.
+#[macro_export]
+macro_rules! outln {
+    () => { $crate::output::write_stdout(format_args!(""), true) };
+    ($($arg:tt)*) => { $crate::output::write_stdout(format_args!($($arg)*), true) };
+}
+
 pub mod auth;
 pub mod bench;
 pub mod bench_backup;
@@ -214,9 +229,9 @@ pub async fn submit(client: &Client, args: &SubmitArgs, format: Format) -> Resul
     let response = client.submit_job(&args.to_request()?).await?;
     match format {
         Format::Json => {
-            println!("{}", serde_json::json!({"job_id": response.job_id, "deduplicated": response.deduplicated, "index": response.index}))
+            outln!("{}", serde_json::json!({"job_id": response.job_id, "deduplicated": response.deduplicated, "index": response.index}))
         }
-        Format::Table => println!("{}", response.job_id),
+        Format::Table => outln!("{}", response.job_id),
     }
     Ok(())
 }
@@ -234,7 +249,7 @@ pub async fn get_job(client: &Client, job_id: u64) -> Result<pb::Job> {
 pub async fn status(client: &Client, job_id: u64, format: Format) -> Result<()> {
     let job = get_job(client, job_id).await?;
     match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&job_json(&job))?),
+        Format::Json => outln!("{}", serde_json::to_string_pretty(&job_json(&job))?),
         Format::Table => print_job(&job),
     }
     Ok(())
@@ -247,18 +262,18 @@ pub async fn why(client: &Client, job_id: u64, format: Format) -> Result<()> {
     let (code, detail) = (job.reason_code.as_str(), job.reason_detail.as_str());
     let estimated = (job.estimated_start_ms > 0).then_some(job.estimated_start_ms);
     match format {
-        Format::Json => println!(
+        Format::Json => outln!(
             "{}",
             serde_json::json!({"job_id": job_id, "state": state, "code": code, "detail": detail, "reason": job.reason, "estimated_start_ms": estimated})
         ),
         Format::Table => {
-            println!("job {job_id} is {state}");
+            outln!("job {job_id} is {state}");
             if !code.is_empty() || !detail.is_empty() {
-                println!("  {}", job.reason);
+                outln!("  {}", job.reason);
             }
             match estimated {
-                Some(ms) => println!("  estimated start: in {} s", ms.saturating_sub(wall_clock_ms()) / 1000),
-                None if job.state == pb::JobState::Pending as i32 => println!("  estimated start: unknown"),
+                Some(ms) => outln!("  estimated start: in {} s", ms.saturating_sub(wall_clock_ms()) / 1000),
+                None if job.state == pb::JobState::Pending as i32 => outln!("  estimated start: unknown"),
                 None => {}
             }
         }
@@ -324,7 +339,7 @@ pub async fn jobs(client: &Client, filter: &JobFilter, limit: u32, format: Forma
     match format {
         Format::Json => {
             let jobs: Vec<_> = response.jobs.iter().map(job_json).collect();
-            println!("{}", serde_json::to_string_pretty(&serde_json::json!({"total": response.total, "jobs": jobs}))?)
+            outln!("{}", serde_json::to_string_pretty(&serde_json::json!({"total": response.total, "jobs": jobs}))?)
         }
         Format::Table if filter.idle => output::print_idle_jobs(&response.jobs, response.total, wall_clock_ms()),
         Format::Table => print_jobs(&response.jobs, response.total),
@@ -336,8 +351,8 @@ pub async fn cancel(client: &Client, job_id: u64, format: Format) -> Result<()> 
     let response = client.cancel_job(job_id).await?;
     let state = output::state_name(response.state);
     match format {
-        Format::Json => println!("{}", serde_json::json!({"job_id": job_id, "state": state})),
-        Format::Table => println!("job {job_id}: {state}"),
+        Format::Json => outln!("{}", serde_json::json!({"job_id": job_id, "state": state})),
+        Format::Table => outln!("job {job_id}: {state}"),
     }
     Ok(())
 }
@@ -347,8 +362,8 @@ pub async fn set_priority(client: &Client, job_id: u64, priority: &str, format: 
     let job = client.set_job_priority(job_id, priority_to_pb(level)).await?;
     let shown = output::priority_name(job.spec.as_ref().map_or(0, |s| s.priority));
     match format {
-        Format::Json => println!("{}", serde_json::json!({"job_id": job_id, "priority": shown, "state": output::state_name(job.state)})),
-        Format::Table => println!("job {job_id}: priority {shown}"),
+        Format::Json => outln!("{}", serde_json::json!({"job_id": job_id, "priority": shown, "state": output::state_name(job.state)})),
+        Format::Table => outln!("job {job_id}: priority {shown}"),
     }
     Ok(())
 }
@@ -370,7 +385,7 @@ pub async fn cluster_status(client: &Client) -> Result<pb::ClusterStatus> {
 pub async fn cluster(client: &Client, format: Format) -> Result<()> {
     let status = cluster_status(client).await?;
     match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&cluster_json(&status))?),
+        Format::Json => outln!("{}", serde_json::to_string_pretty(&cluster_json(&status))?),
         Format::Table => print_cluster(&status),
     }
     Ok(())
@@ -386,7 +401,7 @@ pub async fn nodes(client: &Client, format: Format) -> Result<()> {
     match format {
         Format::Json => {
             let nodes: Vec<_> = response.nodes.iter().map(node_json).collect();
-            println!("{}", serde_json::to_string_pretty(&nodes)?)
+            outln!("{}", serde_json::to_string_pretty(&nodes)?)
         }
         Format::Table => print_nodes(&response.nodes),
     }
@@ -423,7 +438,7 @@ pub async fn node_command(client: &Client, request: NodeRequest, format: Format)
         })
         .await?;
     match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&node_json(&node))?),
+        Format::Json => outln!("{}", serde_json::to_string_pretty(&node_json(&node))?),
         Format::Table => print_nodes(std::slice::from_ref(&node)),
     }
     Ok(())
@@ -491,7 +506,7 @@ pub async fn events(client: &Client, since: u64, topics: Vec<String>, max_events
             Followed::Compacted(compacted) => {
                 if format == Format::Json {
                     let line = serde_json::json!({"compacted": {"oldest_index": compacted.oldest_index, "current_index": compacted.current_index}});
-                    println!("{line}");
+                    outln!("{line}");
                 }
                 bail!(
                     "compacted: events before index {} are gone; read the current state, then follow with --since {}",
@@ -522,7 +537,7 @@ pub async fn member_add(client: &Client, id: u64, address: &str, format: Format)
         })
         .await?;
     match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&cluster_json(&status))?),
+        Format::Json => outln!("{}", serde_json::to_string_pretty(&cluster_json(&status))?),
         Format::Table => print_cluster(&status),
     }
     Ok(())
@@ -536,7 +551,7 @@ pub async fn member_remove(client: &Client, id: u64, format: Format) -> Result<(
         })
         .await?;
     match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&cluster_json(&status))?),
+        Format::Json => outln!("{}", serde_json::to_string_pretty(&cluster_json(&status))?),
         Format::Table => print_cluster(&status),
     }
     Ok(())

@@ -40,13 +40,13 @@ fn limits_json(limits: &pb::Limits) -> Value {
 
 fn show(limits: &pb::Limits, format: Format) -> Result<()> {
     match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&limits_json(limits))?),
+        Format::Json => outln!("{}", serde_json::to_string_pretty(&limits_json(limits))?),
         Format::Table => {
-            println!("{:<14} {:>14} {:>14} {:>6}", "TABLE", "HELD", "MAX", "USED%");
+            outln!("{:<14} {:>14} {:>14} {:>6}", "TABLE", "HELD", "MAX", "USED%");
             for table in &limits.tables {
                 let (held, bound) = (table.held, table.max);
                 let used = if bound == 0 { 0.0 } else { held as f64 * 100.0 / bound as f64 };
-                println!("{:<14} {held:>14} {bound:>14} {used:>6.1}", table.table);
+                outln!("{:<14} {held:>14} {bound:>14} {used:>6.1}", table.table);
             }
         }
     }

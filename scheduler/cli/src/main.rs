@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use rota_cli::outln;
 use rota_cli::{self as cli, bench::BenchSubmitArgs, drill::DrillArgs, output::Format, SubmitArgs};
 use rota_client::Client;
 use rota_server::{self as server, limits, ServerConfig};
@@ -335,7 +336,7 @@ fn run_tls(what: TlsWhat) -> Result<()> {
     match what {
         TlsWhat::Ca { action: TlsCaAction::Create { dir, days } } => {
             let files = rota_tls::certs::create_ca(&dir, days)?;
-            println!("{}\n{}", files.cert.display(), files.key.display());
+            outln!("{}\n{}", files.cert.display(), files.key.display());
         }
         TlsWhat::Cert { action: TlsCertAction::Create(args) } => {
             let identity = match (args.server, args.agent, args.client) {
@@ -345,7 +346,7 @@ fn run_tls(what: TlsWhat) -> Result<()> {
                 _ => bail!("one of --server, --agent, --client is required"),
             };
             let files = rota_tls::certs::create_cert(&args.dir, &identity, &args.san, args.days)?;
-            println!("{}\n{}", files.cert.display(), files.key.display());
+            outln!("{}\n{}", files.cert.display(), files.key.display());
         }
     }
     Ok(())
@@ -688,7 +689,7 @@ async fn run_server(args: ServerArgs, tls: &TlsArgs) -> Result<()> {
 }
 
 fn print_json(value: &serde_json::Value) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    outln!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
 
@@ -806,12 +807,12 @@ async fn main() -> Result<()> {
         Command::Audit { user, since, limit } => cli::auth::audit(&client, user.as_deref(), since.as_deref(), limit, format).await,
         Command::Drill(drill) => {
             let report = cli::drill::run(&client, &drill).await?;
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            outln!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }
         Command::Bench { what: BenchWhat::Submit(bench) } => {
             let report = cli::bench::run(&client, &bench).await?;
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            outln!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }
     };

@@ -53,8 +53,8 @@ pub async fn health(client: Option<&Client>, security: &Security, target: Health
     };
     let status = serving_status(security, &address).await?;
     match format {
-        Format::Json => println!("{}", serde_json::json!({"endpoint": address, "status": status.as_str_name()})),
-        Format::Table => println!("{address}: {}", status.as_str_name()),
+        Format::Json => outln!("{}", serde_json::json!({"endpoint": address, "status": status.as_str_name()})),
+        Format::Table => outln!("{address}: {}", status.as_str_name()),
     }
     if status != ServingStatus::Serving {
         bail!("{address} is {}", status.as_str_name());
@@ -100,8 +100,8 @@ pub async fn snapshot_save(client: &Client, file: &Path, format: Format) -> Resu
         "sha256": checksum,
     });
     match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        Format::Table => println!(
+        Format::Json => outln!("{}", serde_json::to_string_pretty(&report)?),
+        Format::Table => outln!(
             "saved {} ({} bytes): state at index {} (term {}) of cluster {}, sha256 {checksum}",
             file.display(),
             bytes.len(),
@@ -124,11 +124,16 @@ pub fn snapshot_restore(
 ) -> Result<()> {
     let report = backup::restore(file, data_dir, id, peers, cluster_id)?;
     match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        Format::Table => println!(
+        Format::Json => outln!("{}", serde_json::to_string_pretty(&report)?),
+        Format::Table => outln!(
             "restored replica {} of the new cluster {} (from cluster {}): state at index {} with {} jobs; \
              restore the other members with --cluster-id {}",
-            report.replica_id, report.cluster_id, report.from_cluster_id, report.index, report.jobs, report.cluster_id
+            report.replica_id,
+            report.cluster_id,
+            report.from_cluster_id,
+            report.index,
+            report.jobs,
+            report.cluster_id
         ),
     }
     Ok(())

@@ -73,84 +73,81 @@ pub fn job_json(job: &pb::Job) -> Value {
 
 pub fn print_job(job: &pb::Job) {
     let spec = job.spec.clone().unwrap_or_default();
-    println!("job {}  {}", job.id, state_name(job.state));
-    println!("  group {}  queue {}  priority {}", spec.group, spec.queue, priority_name(spec.priority));
-    println!("  {} x {} GPU  command {:?}", spec.replicas, spec.gpus_per_replica, spec.command);
+    outln!("job {}  {}", job.id, state_name(job.state));
+    outln!("  group {}  queue {}  priority {}", spec.group, spec.queue, priority_name(spec.priority));
+    outln!("  {} x {} GPU  command {:?}", spec.replicas, spec.gpus_per_replica, spec.command);
     if !job.owner.is_empty() {
-        println!("  owner {}", job.owner);
+        outln!("  owner {}", job.owner);
     }
     if !job.template.is_empty() {
-        println!("  template {} version {}", job.template, job.template_version);
+        outln!("  template {} version {}", job.template, job.template_version);
     }
     if !job.labels.is_empty() {
         let mut labels: Vec<String> = job.labels.iter().map(|(key, value)| format!("{key}={value}")).collect();
         labels.sort();
-        println!("  labels {}", labels.join(" "));
+        outln!("  labels {}", labels.join(" "));
     }
     if !spec.env.is_empty() {
         let env: Vec<String> = spec.env.iter().map(|(name, value)| format!("{name}={value}")).collect();
-        println!("  env {}", env.join(" "));
+        outln!("  env {}", env.join(" "));
     }
     if !job.reason.is_empty() {
-        println!("  reason: {}", job.reason);
+        outln!("  reason: {}", job.reason);
     }
     if !job.stop_reason.is_empty() {
-        println!("  stop reason {}", job.stop_reason);
+        outln!("  stop reason {}", job.stop_reason);
     }
     if !job.lost_after.is_empty() {
-        println!("  lost after {} of its node's silence", job.lost_after);
+        outln!("  lost after {} of its node's silence", job.lost_after);
     }
     if job.state == pb::JobState::Unknown as i32 {
-        println!("  its node is down: whether it still runs is unknown until the node is heard again");
+        outln!("  its node is down: whether it still runs is unknown until the node is heard again");
     }
     if let Some(version) = job.policy_version {
-        println!("  placed under policy version {version}");
+        outln!("  placed under policy version {version}");
     }
     if job.idle_since_ms != 0 {
         let flagged = if job.idle_flagged_ms != 0 { format!(", flagged at {}", utc_text(job.idle_flagged_ms)) } else { String::new() };
-        println!("  idle since {}{flagged}", utc_text(job.idle_since_ms));
+        outln!("  idle since {}{flagged}", utc_text(job.idle_since_ms));
     }
     if job.idle_gpu_ms != 0 {
-        println!("  idle GPU time {}", duration_text(job.idle_gpu_ms));
+        outln!("  idle GPU time {}", duration_text(job.idle_gpu_ms));
     }
     if job.master_port != 0 {
-        println!("  master {}:{}", job.master_addr, job.master_port);
+        outln!("  master {}:{}", job.master_addr, job.master_port);
     }
     for a in &job.allocations {
         let exit = a.exit_code.map_or(String::new(), |c| format!("  exit {c}"));
-        println!("  rank {:>3}  node {:<20} gpus {:<24} {}{exit}", a.rank, a.node, format!("{:?}", a.gpus), a.state);
+        outln!("  rank {:>3}  node {:<20} gpus {:<24} {}{exit}", a.rank, a.node, format!("{:?}", a.gpus), a.state);
     }
     if job.allocations.is_empty() && !job.last_nodes.is_empty() {
-        println!("  last attempt ran on: {}", job.last_nodes.join(", "));
+        outln!("  last attempt ran on: {}", job.last_nodes.join(", "));
     }
     if let Some(code) = job.exit_code {
-        println!("  exit code {code}");
+        outln!("  exit code {code}");
     }
 }
 
 pub fn print_jobs(jobs: &[pb::Job], total: u64) {
-    println!("{:>8}  {:<10} {:<12} {:<10} {:>8}  REASON", "ID", "STATE", "GROUP", "QUEUE", "GPUS");
+    outln!("{:>8}  {:<10} {:<12} {:<10} {:>8}  REASON", "ID", "STATE", "GROUP", "QUEUE", "GPUS");
     for job in jobs {
         let spec = job.spec.clone().unwrap_or_default();
         let gpus = u64::from(spec.replicas) * u64::from(spec.gpus_per_replica);
-        println!("{:>8}  {:<10} {:<12} {:<10} {:>8}  {}", job.id, state_name(job.state), spec.group, spec.queue, gpus, job.reason);
+        outln!("{:>8}  {:<10} {:<12} {:<10} {:>8}  {}", job.id, state_name(job.state), spec.group, spec.queue, gpus, job.reason);
     }
     if total as usize > jobs.len() {
-        println!("({} of {} jobs shown)", jobs.len(), total);
+        outln!("({} of {} jobs shown)", jobs.len(), total);
     }
 }
 
 /// Jobs flagged idle: since when, for how long (to `now_ms`, this
 /// machine's clock) and their idle GPU-time.
 pub fn print_idle_jobs(jobs: &[pb::Job], total: u64, now_ms: u64) {
-    println!(
-        "{:>8}  {:<12} {:<10} {:>5}  {:<20}  {:>9}  {:>12}",
-        "ID", "GROUP", "QUEUE", "GPUS", "IDLE SINCE", "IDLE FOR", "IDLE GPU TIME"
-    );
+    outln!("{:>8}  {:<12} {:<10} {:>5}  {:<20}  {:>9}  {:>12}", "ID", "GROUP", "QUEUE", "GPUS", "IDLE SINCE", "IDLE FOR", "IDLE GPU TIME");
     for job in jobs {
         let spec = job.spec.clone().unwrap_or_default();
         let gpus = u64::from(spec.replicas) * u64::from(spec.gpus_per_replica);
-        println!(
+        outln!(
             "{:>8}  {:<12} {:<10} {:>5}  {:<20}  {:>9}  {:>12}",
             job.id,
             spec.group,
@@ -162,7 +159,7 @@ pub fn print_idle_jobs(jobs: &[pb::Job], total: u64, now_ms: u64) {
         );
     }
     if total as usize > jobs.len() {
-        println!("({} of {} jobs shown)", jobs.len(), total);
+        outln!("({} of {} jobs shown)", jobs.len(), total);
     }
 }
 
@@ -190,7 +187,7 @@ pub fn cluster_json(status: &pb::ClusterStatus) -> Value {
 }
 
 pub fn print_cluster(status: &pb::ClusterStatus) {
-    println!(
+    outln!(
         "leader {} ({})  term {}  commit {}  applied {}  cluster version {} (this replica reads up to {})",
         status.leader_id,
         status.leader_address,
@@ -200,9 +197,9 @@ pub fn print_cluster(status: &pb::ClusterStatus) {
         status.cluster_version,
         status.format_version
     );
-    println!("{:>4}  {:<22} {:<9} {:>10}", "ID", "ADDRESS", "ROLE", "MATCHED");
+    outln!("{:>4}  {:<22} {:<9} {:>10}", "ID", "ADDRESS", "ROLE", "MATCHED");
     for m in &status.members {
-        println!("{:>4}  {:<22} {:<9} {:>10}", m.id, m.address, m.role, m.matched_index);
+        outln!("{:>4}  {:<22} {:<9} {:>10}", m.id, m.address, m.role, m.matched_index);
     }
 }
 
@@ -235,13 +232,13 @@ fn fence_line(fence: &pb::NodeFence) -> String {
 }
 
 pub fn print_nodes(nodes: &[pb::Node]) {
-    println!("{:<20} {:<9} {:<8} {:<8} {:>5} {:>5}", "NODE", "STATE", "RACK", "LEAF", "GPUS", "FREE");
+    outln!("{:<20} {:<9} {:<8} {:<8} {:>5} {:>5}", "NODE", "STATE", "RACK", "LEAF", "GPUS", "FREE");
     for node in nodes {
         let ready = node.state == "ready";
         let free = node.gpus.iter().filter(|g| ready && g.healthy && g.fence.is_empty() && g.job_id == 0).count();
-        println!("{:<20} {:<9} {:<8} {:<8} {:>5} {:>5}", node.name, node.state, node.rack, node.leaf, node.gpus.len(), free);
+        outln!("{:<20} {:<9} {:<8} {:<8} {:>5} {:>5}", node.name, node.state, node.rack, node.leaf, node.gpus.len(), free);
         for fence in &node.fences {
-            println!("    {}", fence_line(fence));
+            outln!("    {}", fence_line(fence));
         }
         for g in &node.gpus {
             let holder = if g.job_id == 0 { "-".to_string() } else { format!("job {}", g.job_id) };
@@ -252,9 +249,15 @@ pub fn print_nodes(nodes: &[pb::Node]) {
             };
             let utilization = g.utilization_percent.map_or("-".to_string(), |u| format!("{u}%"));
             let used = g.memory_used_mib.map_or("-".to_string(), |m| format!("{m}"));
-            println!(
+            outln!(
                 "    gpu {:>2}  {:<12} {:>6} MiB  {:<9}  util {:>4}  used {:>6} MiB  {}",
-                g.index, g.model, g.memory_mib, health, utilization, used, holder
+                g.index,
+                g.model,
+                g.memory_mib,
+                health,
+                utilization,
+                used,
+                holder
             );
         }
     }
@@ -292,4 +295,21 @@ pub fn event_line(event: &pb::Event) -> String {
         line.push_str(&format!(" {name}={value}"));
     }
     line
+}
+
+/// What `out!` and `outln!` call: writes `args` (and a newline) to standard
+/// output. A closed pipe exits with success, since the reader has all it
+/// wanted; any other write error exits non-zero with the error named.
+pub fn write_stdout(args: std::fmt::Arguments<'_>, newline: bool) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout.write_fmt(args).and_then(|()| if newline { stdout.write_all(b"\n") } else { Ok(()) });
+    match written {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(error) => {
+            eprintln!("rota: writing to standard output: {error}");
+            std::process::exit(1);
+        }
+    }
 }

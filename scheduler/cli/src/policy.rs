@@ -127,7 +127,7 @@ fn history_json(history: &pb::PolicyHistory) -> Value {
 }
 
 fn print_history(history: &pb::PolicyHistory) {
-    println!("{:>8}  {:<8} {:<16} {:<21} {:<16} COMMENT", "VERSION", "STATE", "AUTHOR", "APPLIED (UTC)", "CANARY");
+    outln!("{:>8}  {:<8} {:<16} {:<21} {:<16} COMMENT", "VERSION", "STATE", "AUTHOR", "APPLIED (UTC)", "CANARY");
     for v in &history.versions {
         let state = if v.version == history.active {
             "active"
@@ -137,21 +137,21 @@ fn print_history(history: &pb::PolicyHistory) {
             ""
         };
         let applied = if v.applied_ms == 0 { "-".to_string() } else { utc_text(v.applied_ms) };
-        println!("{:>8}  {:<8} {:<16} {:<21} {:<16} {}", v.version, state, v.author, applied, v.canary, v.comment);
+        outln!("{:>8}  {:<8} {:<16} {:<21} {:<16} {}", v.version, state, v.author, applied, v.canary, v.comment);
     }
 }
 
 fn print_diff(a: u64, b: u64, changes: &[(&str, Value, Value)], output: Output) {
     if output == Output::Json {
         let fields: Vec<Value> = changes.iter().map(|(field, x, y)| json!({ "field": field, "from": x, "to": y })).collect();
-        println!("{}", json!({ "from": a, "to": b, "changes": fields }));
+        outln!("{}", json!({ "from": a, "to": b, "changes": fields }));
         return;
     }
     if changes.is_empty() {
-        println!("versions {a} and {b} set every field alike");
+        outln!("versions {a} and {b} set every field alike");
     }
     for (field, x, y) in changes {
-        println!("{field}: {x} -> {y}");
+        outln!("{field}: {x} -> {y}");
     }
 }
 
@@ -172,11 +172,11 @@ pub async fn policy(client: &Client, action: PolicyAction, output: Output) -> Re
             let version = version.unwrap_or(history.active);
             let document = document_of(&history, version)?;
             match output {
-                Output::Json => println!("{}", json!({ "version": version, "document": document.to_json() })),
-                Output::Toml => print!("{}", document_toml(&document)),
+                Output::Json => outln!("{}", json!({ "version": version, "document": document.to_json() })),
+                Output::Toml => out!("{}", document_toml(&document)),
                 Output::Table | Output::Csv => {
-                    println!("# policy version {version}{}", if version == history.active { " (active)" } else { "" });
-                    print!("{}", document_toml(&document));
+                    outln!("# policy version {version}{}", if version == history.active { " (active)" } else { "" });
+                    out!("{}", document_toml(&document));
                 }
             }
             return Ok(());
@@ -184,7 +184,7 @@ pub async fn policy(client: &Client, action: PolicyAction, output: Output) -> Re
         PolicyAction::History => {
             let history = history(client).await?;
             match output {
-                Output::Json => println!("{}", history_json(&history)),
+                Output::Json => outln!("{}", history_json(&history)),
                 _ => print_history(&history),
             }
             return Ok(());
@@ -236,14 +236,14 @@ pub async fn policy(client: &Client, action: PolicyAction, output: Output) -> Re
             .context("roll the policy back")?,
     };
     match output {
-        Output::Json => println!("{}", history_json(&changed)),
+        Output::Json => outln!("{}", history_json(&changed)),
         _ => {
             let staged = if changed.canary_version != 0 {
                 format!(", version {} staged for {}", changed.canary_version, changed.canary_scope)
             } else {
                 String::new()
             };
-            println!("active policy version {}{staged}", changed.active);
+            outln!("active policy version {}{staged}", changed.active);
         }
     }
     Ok(())
@@ -312,20 +312,29 @@ async fn dry_run(client: &Client, proposed: &PolicyDocument, weeks: u64) -> Resu
 
 fn print_dry_run(comparison: &[GroupComparison], output: Output) {
     if output == Output::Json {
-        println!("{}", json!({ "groups": comparison }));
+        outln!("{}", json!({ "groups": comparison }));
         return;
     }
     if comparison.is_empty() {
-        println!("no finished jobs to replay");
+        outln!("no finished jobs to replay");
         return;
     }
-    println!(
+    outln!(
         "{:<16} {:>6} {:>12} {:>12} {:>12} {:>12} {:>8} {:>8} {:>10} {:>10}  VERDICT",
-        "GROUP", "JOBS", "MEAN WAIT", "-> PROPOSED", "P90 WAIT", "-> PROPOSED", "PREEMPT", "->", "GPU-H", "->"
+        "GROUP",
+        "JOBS",
+        "MEAN WAIT",
+        "-> PROPOSED",
+        "P90 WAIT",
+        "-> PROPOSED",
+        "PREEMPT",
+        "->",
+        "GPU-H",
+        "->"
     );
     for line in comparison {
         let (a, p) = (&line.active, &line.proposed);
-        println!(
+        outln!(
             "{:<16} {:>6} {:>11.0}s {:>11.0}s {:>11.0}s {:>11.0}s {:>8} {:>8} {:>10.1} {:>10.1}  {}",
             line.group,
             a.jobs,

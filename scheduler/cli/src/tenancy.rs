@@ -95,14 +95,14 @@ fn template_json(template: &pb::Template) -> Value {
 
 fn print_template(template: &pb::Template, every_version: bool) {
     let grants = if template.grants.is_empty() { "none".to_string() } else { template.grants.join(",") };
-    println!("template {}  group {}  latest version {}  granted to {}", template.name, template.group, template.latest_version, grants);
+    outln!("template {}  group {}  latest version {}  granted to {}", template.name, template.group, template.latest_version, grants);
     let shown =
         if every_version { template.versions.iter().collect::<Vec<_>>() } else { template.versions.iter().last().into_iter().collect() };
     for v in shown {
         let spec = v.spec.clone().unwrap_or_default();
         let mut labels: Vec<String> = v.labels.iter().map(|(k, value)| format!("{k}={value}")).collect();
         labels.sort();
-        println!(
+        outln!(
             "  version {:>3}  {} x {} GPU  queue {}  limit {} s  by {}  labels [{}]  command {:?}",
             v.version,
             spec.replicas,
@@ -132,7 +132,7 @@ fn show_templates(templates: &[pb::Template], every_version: bool, format: Forma
     match format {
         Format::Json => {
             let all: Vec<Value> = templates.iter().map(template_json).collect();
-            println!("{}", serde_json::to_string_pretty(&json!({ "templates": all }))?);
+            outln!("{}", serde_json::to_string_pretty(&json!({ "templates": all }))?);
         }
         Format::Table => templates.iter().for_each(|t| print_template(t, every_version)),
     }
@@ -151,8 +151,8 @@ pub async fn template(client: &Client, action: TemplateAction, format: Format) -
                 })
                 .await?;
             match format {
-                Format::Json => println!("{}", serde_json::to_string_pretty(&template_json(&saved))?),
-                Format::Table => println!("template {} version {}", saved.name, saved.latest_version),
+                Format::Json => outln!("{}", serde_json::to_string_pretty(&template_json(&saved))?),
+                Format::Table => outln!("template {} version {}", saved.name, saved.latest_version),
             }
             Ok(())
         }
@@ -172,8 +172,8 @@ pub async fn template(client: &Client, action: TemplateAction, format: Format) -
                 })
                 .await?;
             match format {
-                Format::Json => println!("{}", json!({ "deleted": name })),
-                Format::Table => println!("template {name} deleted"),
+                Format::Json => outln!("{}", json!({ "deleted": name })),
+                Format::Table => outln!("template {name} deleted"),
             }
             Ok(())
         }
@@ -209,12 +209,18 @@ fn show_budgets(budgets: &[pb::BudgetStatus], format: Format) -> Result<()> {
     match format {
         Format::Json => {
             let all: Vec<Value> = budgets.iter().map(budget_json).collect();
-            println!("{}", serde_json::to_string_pretty(&json!({ "budgets": all }))?);
+            outln!("{}", serde_json::to_string_pretty(&json!({ "budgets": all }))?);
         }
         Format::Table => {
-            println!(
+            outln!(
                 "{:<16} {:<8} {:>14} {:>14} {:>14} {:>14} {:>6}  STATE",
-                "GROUP", "MONTH", "BUDGET", "USED", "LEFT", "PROJECTED", "USED%"
+                "GROUP",
+                "MONTH",
+                "BUDGET",
+                "USED",
+                "LEFT",
+                "PROJECTED",
+                "USED%"
             );
             for b in budgets {
                 let state = match (b.exhausted, b.strict) {
@@ -222,7 +228,7 @@ fn show_budgets(budgets: &[pb::BudgetStatus], format: Format) -> Result<()> {
                     (false, true) => "strict",
                     (false, false) => "",
                 };
-                println!(
+                outln!(
                     "{:<16} {:<8} {:>14.3} {:>14.3} {:>14.3} {:>14.3} {:>6.1}  {state}",
                     b.group,
                     b.month,
@@ -259,8 +265,8 @@ pub async fn budget(client: &Client, action: BudgetAction, format: Format) -> Re
                 pb::SetBudgetRequest { group: group.clone(), month: month.unwrap_or_default(), remove: true, ..Default::default() };
             set(request).await?;
             match format {
-                Format::Json => println!("{}", json!({ "removed": group })),
-                Format::Table => println!("budget of {group} removed"),
+                Format::Json => outln!("{}", json!({ "removed": group })),
+                Format::Table => outln!("budget of {group} removed"),
             }
             Ok(())
         }
