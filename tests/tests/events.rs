@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use rota_chaos::agents::{AgentOptions, LocalAgent};
-use rota_chaos::cluster::{ClusterOptions, LocalCluster};
+use rota_chaos::cluster::{rota_bin, ClusterOptions, LocalCluster};
 use rota_chaos::pki::HARNESS_USER;
 use rota_client::events::{EventFollower, Followed};
 use rota_client::Client;
@@ -274,6 +274,29 @@ async fn sse_resumes_with_last_event_id_old_entries_are_compacted_and_bad_input_
     ensure!(exit.success(), "rota events: {stderr}");
     let printed: Vec<Value> = stdout.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
     ensure!(printed.iter().map(|e| e["job_id"].as_u64().unwrap_or(0)).collect::<Vec<_>>() == job_ids, "{stdout}");
+
+    // A reader that stops early (`rota events | head -1`) ends the follow
+    // quietly with success: the first event's write finds the pipe closed.
+    let args: Vec<&str> = flags.iter().copied().chain(["events", "--since", &since_arg, "--topic", "jobs"]).collect();
+    let mut reader = std::process::Command::new(rota_bin()?)
+        .args(cluster.cli_flags()?)
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    drop(reader.stdout.take());
+    let ended = wait_until("rota events to end on a closed pipe", WAIT, || {
+        let ended = reader.try_wait();
+        async move { Ok(ended?) }
+    })
+    .await;
+    if ended.is_err() {
+        reader.kill()?;
+    }
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut reader.stderr.take().context("stderr")?, &mut stderr)?;
+    let exit = ended?;
+    ensure!(exit.success() && stderr.is_empty(), "rota events on a closed pipe: {exit}, {stderr}");
 
     // Bad input names its field, over gRPC and REST.
     let mut grpc = EventServiceClient::new(cluster.channel(&cluster.replicas[&follower].addr)?);

@@ -472,8 +472,7 @@ pub async fn logs(client: &Client, job_id: u64, rank: u32, stderr: bool, follow:
         let broke = loop {
             match chunks.message().await {
                 Ok(Some(chunk)) => {
-                    out.write_all(&chunk.data)?;
-                    out.flush()?;
+                    output::stdout_written(out.write_all(&chunk.data).and_then(|()| out.flush()));
                     received += chunk.data.len() as u64;
                 }
                 Ok(None) => return Ok(()),
@@ -517,13 +516,14 @@ pub async fn events(client: &Client, since: u64, topics: Vec<String>, max_events
         };
         let mut out = std::io::stdout().lock();
         for event in events.iter().take(max_events.map_or(usize::MAX, |max| (max - printed) as usize)) {
-            match format {
-                Format::Json => writeln!(out, "{}", output::event_json(event))?,
-                Format::Table => writeln!(out, "{}", output::event_line(event))?,
-            }
+            let line = match format {
+                Format::Json => output::event_json(event).to_string(),
+                Format::Table => output::event_line(event),
+            };
+            output::stdout_written(writeln!(out, "{line}"));
             printed += 1;
         }
-        out.flush()?;
+        output::stdout_written(out.flush());
     }
 }
 

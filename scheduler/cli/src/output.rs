@@ -298,12 +298,18 @@ pub fn event_line(event: &pb::Event) -> String {
 }
 
 /// What `out!` and `outln!` call: writes `args` (and a newline) to standard
-/// output. A closed pipe exits with success, since the reader has all it
-/// wanted; any other write error exits non-zero with the error named.
+/// output, ending the CLI through [`stdout_written`] if that fails.
 pub fn write_stdout(args: std::fmt::Arguments<'_>, newline: bool) {
     use std::io::Write as _;
     let mut stdout = std::io::stdout().lock();
-    let written = stdout.write_fmt(args).and_then(|()| if newline { stdout.write_all(b"\n") } else { Ok(()) });
+    stdout_written(stdout.write_fmt(args).and_then(|()| if newline { stdout.write_all(b"\n") } else { Ok(()) }));
+}
+
+/// The verdict on a write to standard output, for every writer of the CLI
+/// (the macros, the log and event streams). A closed pipe exits with
+/// success, since the reader has all it wanted (`rota events | head -3`);
+/// any other write error exits non-zero with the error named.
+pub fn stdout_written(written: std::io::Result<()>) {
     match written {
         Ok(()) => {}
         Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),

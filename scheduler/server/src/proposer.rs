@@ -11,7 +11,8 @@
 //! only cut batches smaller. At 256 closed-loop clients, 4 entries at once
 //! made entries of 33 submits, one at a time entries of 98 and 6 % more
 //! submits a second with 8 % less of the replicas' CPU per submit; at 16
-//! and 64 clients 10-13 % more (BENCHMARKS.md, "Group commit"). What it
+//! and 64 clients more too, by amounts that vary from run to run
+//! (BENCHMARKS.md, "Group commit", has each run). What it
 //! gives up: on a disk whose sync takes long, a request that arrives while
 //! an entry is under way waits for it to finish before its own starts.
 //!
