@@ -94,7 +94,7 @@ pub fn pending<'a>(
     config: &PolicyConfig,
     canary: Option<(&PolicyConfig, &CanaryScope)>,
     quota: &mut QuotaBook<'a>,
-) -> Vec<Cand<'a>> {
+) -> Ordered<'a> {
     let mut queues: FastMap<&str, (u32, u64)> = FastMap::default();
     for (name, q) in &state.queues {
         queues.insert(name.as_str(), (q.weight, q.default_runtime_s));
@@ -146,7 +146,8 @@ pub fn pending<'a>(
         if !in_submit_order {
             cands.sort_unstable_by_key(|c| (c.job.submitted_at_ms, c.job.id));
         }
-        return cands;
+        let order = (0..cands.len() as u32).collect();
+        return Ordered { cands, order };
     }
     let order = if in_submit_order { bucket_order(&cands) } else { None };
     let order = order.unwrap_or_else(|| comparison_order(&cands));
@@ -170,19 +171,48 @@ pub fn pending<'a>(
         .collect();
     ahead.sort_unstable();
     ahead.truncate(config.starving_ahead);
+    if ahead.is_empty() && config.quota_points == 0 {
+        return Ordered { cands, order };
+    }
     let mut is_ahead = vec![false; cands.len()];
     for &(_, _, i) in &ahead {
         is_ahead[i as usize] = true;
     }
-    let mut out: Vec<Cand<'a>> = Vec::with_capacity(cands.len());
-    out.extend(ahead.iter().map(|&(_, _, i)| cands[i as usize].clone()));
-    let rest = order.iter().filter(|&&i| !is_ahead[i as usize]).map(|&i| &cands[i as usize]);
+    let mut in_order: Vec<u32> = Vec::with_capacity(cands.len());
+    in_order.extend(ahead.iter().map(|&(_, _, i)| i));
+    let rest = order.into_iter().filter(|&i| !is_ahead[i as usize]);
     if config.quota_points == 0 {
-        out.extend(rest.cloned());
+        in_order.extend(rest);
     } else {
-        out.extend(merge_quota_bonus(rest, config.quota_points).cloned());
+        in_order.extend(merge_quota_bonus(&cands, rest, config.quota_points));
     }
-    out
+    debug_assert_eq!(in_order.len(), cands.len());
+    Ordered { cands, order: in_order }
+}
+
+/// The pending jobs of one pass in the order it considers them. The
+/// candidates stay where they were built and only their indices are put in
+/// order: copying 100-byte candidates into a second vector cost a pass more
+/// than ordering them (the copy's fresh pages faulted in besides).
+#[derive(Debug)]
+pub struct Ordered<'a> {
+    cands: Vec<Cand<'a>>,
+    /// Indices into `cands`, each once.
+    order: Vec<u32>,
+}
+
+impl<'a> Ordered<'a> {
+    pub fn iter(&self) -> impl Iterator<Item = &Cand<'a>> + '_ {
+        self.order.iter().map(|&i| &self.cands[i as usize])
+    }
+
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
 }
 
 /// Candidates (by index) in `(standing desc, submitted_at, id)` order, for
@@ -254,24 +284,28 @@ fn mark_in_quota(cands: &mut [Cand], order: &[u32], quota: &QuotaBook) {
     }
 }
 
-/// Jobs in standing order, with `bonus` points added to those inside their
-/// guarantee. The bonus is the same for all of them, so each half stays in
-/// order and one linear merge re-sorts the whole (no second sort).
-fn merge_quota_bonus<'c, 'a: 'c>(ordered: impl Iterator<Item = &'c Cand<'a>>, bonus: u64) -> impl Iterator<Item = &'c Cand<'a>> {
-    let (inside, borrowing): (Vec<&Cand>, Vec<&Cand>) = ordered.partition(|c| c.in_quota);
-    let key = move |c: &Cand, plus: u64| (std::cmp::Reverse(c.standing.saturating_add(plus)), c.job.submitted_at_ms, c.job.id);
+/// Jobs (by index) in standing order, with `bonus` points added to those
+/// inside their guarantee. The bonus is the same for all of them, so each
+/// half stays in order and one linear merge re-sorts the whole (no second
+/// sort).
+fn merge_quota_bonus(cands: &[Cand], ordered: impl Iterator<Item = u32>, bonus: u64) -> Vec<u32> {
+    let (inside, borrowing): (Vec<u32>, Vec<u32>) = ordered.partition(|&i| cands[i as usize].in_quota);
+    let key = |i: u32, plus: u64| {
+        let c = &cands[i as usize];
+        (std::cmp::Reverse(c.standing.saturating_add(plus)), c.job.submitted_at_ms, c.job.id)
+    };
     let mut out = Vec::with_capacity(inside.len() + borrowing.len());
     let (mut a, mut b) = (inside.into_iter().peekable(), borrowing.into_iter().peekable());
     loop {
         let take_inside = match (a.peek(), b.peek()) {
-            (Some(x), Some(y)) => key(x, bonus) <= key(y, 0),
+            (Some(&x), Some(&y)) => key(x, bonus) <= key(y, 0),
             (Some(_), None) => true,
             (None, Some(_)) => false,
             (None, None) => break,
         };
         out.push(if take_inside { a.next() } else { b.next() }.expect("peeked"));
     }
-    out.into_iter()
+    out
 }
 
 #[cfg(test)]
@@ -326,10 +360,10 @@ mod tests {
     fn order_of(state: &ClusterState, now_ms: u64, config: &PolicyConfig) -> Vec<u64> {
         let mut view = super::super::view::View::build(state, now_ms);
         let mut quota = QuotaBook::new(state, &mut view);
-        let cands = pending(state, now_ms, config, None, &mut quota);
-        assert_eq!(cands.len(), state.pending().count(), "every pending job once");
-        let order: Vec<u64> = cands.iter().map(|c| c.job.id).collect();
-        assert_eq!(order, expected_order(&cands));
+        let ordered = pending(state, now_ms, config, None, &mut quota);
+        assert_eq!(ordered.len(), state.pending().count(), "every pending job once");
+        let order: Vec<u64> = ordered.iter().map(|c| c.job.id).collect();
+        assert_eq!(order, expected_order(&ordered.cands));
         order
     }
 
@@ -341,7 +375,7 @@ mod tests {
         let config = PolicyConfig { starving_ahead: 0, ..PolicyConfig::default() };
         let mut view = super::super::view::View::build(&state, now_ms);
         let mut quota = QuotaBook::new(&state, &mut view);
-        let cands = pending(&state, now_ms, &config, None, &mut quota);
+        let cands = pending(&state, now_ms, &config, None, &mut quota).cands;
         let distinct: std::collections::BTreeSet<u64> = cands.iter().map(|c| c.standing).collect();
         assert!(distinct.len() > 20, "the queue spans many standings: {}", distinct.len());
         let counted = bucket_order(&cands).expect("few buckets");
@@ -359,7 +393,7 @@ mod tests {
         let before = order_of(&state, now_ms, &config);
         // A state not built by apply alone (restored, imported) may hold a
         // later id submitted earlier: the order follows the submit time.
-        let last = *state.pending_jobs.keys().last().expect("pending");
+        let last = *state.pending_jobs.keys().next_back().expect("pending");
         state.jobs.get_mut(&last).expect("held").submitted_at_ms = 0;
         let after = order_of(&state, now_ms, &config);
         assert_ne!(before, after, "the moved job changes place");
@@ -384,7 +418,7 @@ mod tests {
         let config = PolicyConfig { starving_ahead: 0, priority_points: MAX_BUCKETS as u64, ..PolicyConfig::default() };
         let mut view = super::super::view::View::build(&state, 2 * 3_600_000);
         let mut quota = QuotaBook::new(&state, &mut view);
-        let cands = pending(&state, 2 * 3_600_000, &config, None, &mut quota);
+        let cands = pending(&state, 2 * 3_600_000, &config, None, &mut quota).cands;
         assert!(bucket_order(&cands).is_none());
         order_of(&state, 2 * 3_600_000, &config);
     }

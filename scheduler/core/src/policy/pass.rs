@@ -129,7 +129,7 @@ impl<'a> Pass<'a> {
         self.releases =
             self.running.iter().flat_map(|r| r.release.iter().map(move |&(node, gpus)| Release { end_ms: r.end_ms, node, gpus })).collect();
         let cands = order::pending(self.state, self.now_ms, self.config, self.canary, &mut self.quota);
-        for cand in &cands {
+        for cand in cands.iter() {
             if let Outcome::Pending(reason, estimate) = self.consider(cand) {
                 self.note(cand, reason, estimate);
             }
