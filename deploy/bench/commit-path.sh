@@ -10,8 +10,10 @@
 #
 # ROTA_BIN: the rota binary (default: the release build).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
 dir="${1:?usage: commit-path.sh DIR [CLIENTS] [SECONDS] [BASE_PORT]}"
+dir=$(realpath -m -- "$dir")
+case "${ROTA_BIN:-}" in */*) ROTA_BIN=$(realpath -m -- "$ROTA_BIN") ;; esac
+cd "$(dirname "$0")/../.."
 clients="${2:-1}"; seconds="${3:-8}"; base="${4:-7701}"
 ROTA="${ROTA_BIN:-${CARGO_TARGET_DIR:-/var/tmp/rota-target}/release/rota}"
 export ROTA_BIN="$ROTA"

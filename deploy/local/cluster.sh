@@ -13,10 +13,14 @@
 # ROTA_SERVER_ARGS adds flags to every `rota server` (e.g. "--snapshot-every 50000").
 # ROTA_INSECURE=1 starts plaintext processes instead (--insecure; never in production).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-ROTA="${ROTA_BIN:-${CARGO_TARGET_DIR:-/var/tmp/rota-target}/release/rota}"
 cmd="${1:-}"; dir="${2:-}"
 [ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,14p' "$0"; exit 2; }
+# DIR and a ROTA_BIN path mean what they meant where the script was called
+# from, not in the repository root it moves to.
+dir=$(realpath -m -- "$dir")
+case "${ROTA_BIN:-}" in */*) ROTA_BIN=$(realpath -m -- "$ROTA_BIN") ;; esac
+cd "$(dirname "$0")/../.."
+ROTA="${ROTA_BIN:-${CARGO_TARGET_DIR:-/var/tmp/rota-target}/release/rota}"
 tls="$dir/tls"
 
 # tls_flags KIND NAME: the --tls-* flags of a process (making its certificate

@@ -4,8 +4,8 @@
 # under DIR (default /tmp/rota-demo), and run a 2 x 8 GPU gang.
 # Stop it with: deploy/local/cluster.sh stop /tmp/rota-demo
 set -euo pipefail
+dir=$(realpath -m -- "${1:-/tmp/rota-demo}")
 cd "$(dirname "$0")/../.."
-dir="${1:-/tmp/rota-demo}"
 bash deploy/setup-debian.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/rota-target}"
 cargo build --release --workspace --bins
