@@ -283,6 +283,36 @@ pub fn rota_cli(cluster: &LocalCluster, args: &[&str]) -> Result<(std::process::
     Ok((output.status, String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned()))
 }
 
+/// Run `rota ARGS` (a command that prints as it follows, such as `logs
+/// --follow` or `events`) with its standard output closed from the start,
+/// as `rota ... | head -1` leaves it once `head` has read its line: the CLI
+/// must end within `timeout`, with success and nothing on stderr.
+pub async fn check_ends_quietly_on_a_closed_pipe(cluster: &LocalCluster, args: &[&str], timeout: Duration) -> Result<()> {
+    use std::process::Stdio;
+    let mut reader = std::process::Command::new(rota_bin()?)
+        .args(cluster.cli_flags()?)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running rota")?;
+    drop(reader.stdout.take());
+    let ended = wait_until(&format!("rota {} to end on a closed pipe", args.join(" ")), timeout, || {
+        let ended = reader.try_wait();
+        async move { Ok(ended?) }
+    })
+    .await;
+    if ended.is_err() {
+        reader.kill()?;
+    }
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut reader.stderr.take().context("stderr")?, &mut stderr)?;
+    let exit = ended?;
+    ensure!(exit.success() && stderr.is_empty(), "rota {} on a closed pipe: {exit}, {stderr}", args.join(" "));
+    Ok(())
+}
+
 /// A Prometheus tool (`promtool`, `prometheus`) on the PATH. Missing, it is
 /// an error under `CI=true` (CI installs the Debian package `prometheus`),
 /// and None otherwise: the caller skips, saying why.

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use rota_chaos::agents::{AgentOptions, LocalAgent};
-use rota_chaos::cluster::{rota_bin, ClusterOptions, LocalCluster};
+use rota_chaos::cluster::{ClusterOptions, LocalCluster};
 use rota_chaos::pki::HARNESS_USER;
 use rota_client::events::{EventFollower, Followed};
 use rota_client::Client;
-use rota_e2e::{rota_cli, shell_job, wait_access_control, wait_nodes_ready, wait_until, AnyReplica};
+use rota_e2e::{check_ends_quietly_on_a_closed_pipe, rota_cli, shell_job, wait_access_control, wait_nodes_ready, wait_until, AnyReplica};
 use rota_proto::v1 as pb;
 use rota_proto::v1::event_service_client::EventServiceClient;
 use rota_tls::IdentityKind;
@@ -278,25 +278,7 @@ async fn sse_resumes_with_last_event_id_old_entries_are_compacted_and_bad_input_
     // A reader that stops early (`rota events | head -1`) ends the follow
     // quietly with success: the first event's write finds the pipe closed.
     let args: Vec<&str> = flags.iter().copied().chain(["events", "--since", &since_arg, "--topic", "jobs"]).collect();
-    let mut reader = std::process::Command::new(rota_bin()?)
-        .args(cluster.cli_flags()?)
-        .args(&args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    drop(reader.stdout.take());
-    let ended = wait_until("rota events to end on a closed pipe", WAIT, || {
-        let ended = reader.try_wait();
-        async move { Ok(ended?) }
-    })
-    .await;
-    if ended.is_err() {
-        reader.kill()?;
-    }
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut reader.stderr.take().context("stderr")?, &mut stderr)?;
-    let exit = ended?;
-    ensure!(exit.success() && stderr.is_empty(), "rota events on a closed pipe: {exit}, {stderr}");
+    check_ends_quietly_on_a_closed_pipe(&cluster, &args, WAIT).await?;
 
     // Bad input names its field, over gRPC and REST.
     let mut grpc = EventServiceClient::new(cluster.channel(&cluster.replicas[&follower].addr)?);

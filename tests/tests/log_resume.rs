@@ -3,7 +3,8 @@
 //! lines for a few seconds while `rota logs -f` follows it through a
 //! follower, which is SIGKILLed mid-stream. The command opens the stream
 //! again through another replica from the bytes it has printed, and its
-//! output is the rank's whole log, each line once, in order.
+//! output is the rank's whole log, each line once, in order. Before that,
+//! the same follow with its standard output closed ends quietly.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use rota_chaos::agents::{AgentOptions, LocalAgent};
 use rota_chaos::cluster::{rota_bin, ClusterOptions, LocalCluster};
-use rota_e2e::{rota_cli, shell_job, wait_access_control, wait_nodes_ready, wait_until, AnyReplica};
+use rota_e2e::{check_ends_quietly_on_a_closed_pipe, rota_cli, shell_job, wait_access_control, wait_nodes_ready, wait_until, AnyReplica};
 use rota_proto::v1 as pb;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -39,6 +40,12 @@ async fn log_follow_resumes_where_it_broke_when_its_replica_is_killed() -> Resul
         Ok(printed.starts_with("line-1\n").then_some(()))
     })
     .await?;
+
+    // A reader that stops early (`rota logs -f JOB | head -1`) ends the
+    // follow quietly with success: the first chunk's write finds the pipe
+    // closed. Before, it ended with "Error: Broken pipe" and exit status 1.
+    let args = ["--endpoints", &cluster.endpoints_csv(), "logs", &job.to_string(), "--follow"];
+    check_ends_quietly_on_a_closed_pipe(&cluster, &args, WAIT).await?;
 
     // The command reads through a follower first (the endpoint listed first).
     let leader = cluster.wait_leader(WAIT).await?;
