@@ -357,10 +357,15 @@ mod tests {
         keys.into_iter().map(|(_, _, id)| id).collect()
     }
 
-    fn order_of(state: &ClusterState, now_ms: u64, config: &PolicyConfig) -> Vec<u64> {
+    /// `pending` as a pass calls it, with no canary.
+    fn ordered<'a>(state: &'a ClusterState, now_ms: u64, config: &PolicyConfig) -> Ordered<'a> {
         let mut view = super::super::view::View::build(state, now_ms);
         let mut quota = QuotaBook::new(state, &mut view);
-        let ordered = pending(state, now_ms, config, None, &mut quota);
+        pending(state, now_ms, config, None, &mut quota)
+    }
+
+    fn order_of(state: &ClusterState, now_ms: u64, config: &PolicyConfig) -> Vec<u64> {
+        let ordered = ordered(state, now_ms, config);
         assert_eq!(ordered.len(), state.pending().count(), "every pending job once");
         let order: Vec<u64> = ordered.iter().map(|c| c.job.id).collect();
         assert_eq!(order, expected_order(&ordered.cands));
@@ -373,9 +378,7 @@ mod tests {
         let state = mixed_queue(3_000, 10 * 3_600_000);
         let now_ms = 11 * 3_600_000;
         let config = PolicyConfig { starving_ahead: 0, ..PolicyConfig::default() };
-        let mut view = super::super::view::View::build(&state, now_ms);
-        let mut quota = QuotaBook::new(&state, &mut view);
-        let cands = pending(&state, now_ms, &config, None, &mut quota).cands;
+        let cands = ordered(&state, now_ms, &config).cands;
         let distinct: std::collections::BTreeSet<u64> = cands.iter().map(|c| c.standing).collect();
         assert!(distinct.len() > 20, "the queue spans many standings: {}", distinct.len());
         let counted = bucket_order(&cands).expect("few buckets");
@@ -403,9 +406,7 @@ mod tests {
     }
 
     fn order_of_fifo(state: &ClusterState, now_ms: u64, config: &PolicyConfig) -> Vec<u64> {
-        let mut view = super::super::view::View::build(state, now_ms);
-        let mut quota = QuotaBook::new(state, &mut view);
-        let cands = pending(state, now_ms, config, None, &mut quota);
+        let cands = ordered(state, now_ms, config);
         let keys: Vec<(u64, u64)> = cands.iter().map(|c| (c.job.submitted_at_ms, c.job.id)).collect();
         assert!(keys.windows(2).all(|w| w[0] < w[1]), "FIFO is submit order");
         cands.iter().map(|c| c.job.id).collect()
@@ -416,9 +417,7 @@ mod tests {
         let state = mixed_queue(200, 3_600_000);
         // Points so large that standings span more than the bucket table.
         let config = PolicyConfig { starving_ahead: 0, priority_points: MAX_BUCKETS as u64, ..PolicyConfig::default() };
-        let mut view = super::super::view::View::build(&state, 2 * 3_600_000);
-        let mut quota = QuotaBook::new(&state, &mut view);
-        let cands = pending(&state, 2 * 3_600_000, &config, None, &mut quota).cands;
+        let cands = ordered(&state, 2 * 3_600_000, &config).cands;
         assert!(bucket_order(&cands).is_none());
         order_of(&state, 2 * 3_600_000, &config);
     }
