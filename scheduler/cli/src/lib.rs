@@ -516,11 +516,11 @@ pub async fn events(client: &Client, since: u64, topics: Vec<String>, max_events
         };
         let mut out = std::io::stdout().lock();
         for event in events.iter().take(max_events.map_or(usize::MAX, |max| (max - printed) as usize)) {
-            let line = match format {
-                Format::Json => output::event_json(event).to_string(),
-                Format::Table => output::event_line(event),
+            let written = match format {
+                Format::Json => writeln!(out, "{}", output::event_json(event)),
+                Format::Table => writeln!(out, "{}", output::event_line(event)),
             };
-            output::stdout_written(writeln!(out, "{line}"));
+            output::stdout_written(written);
             printed += 1;
         }
         output::stdout_written(out.flush());

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use rota_cli::outln;
-use rota_cli::{self as cli, bench::BenchSubmitArgs, drill::DrillArgs, output::Format, SubmitArgs};
+use rota_cli::{self as cli, bench::BenchSubmitArgs, drill::DrillArgs, outln, output::Format, SubmitArgs};
 use rota_client::Client;
 use rota_server::{self as server, limits, ServerConfig};
 
