@@ -5,7 +5,7 @@
 # volume with provisioned IOPS), then a closed loop of submits at each
 # concurrency. Rounds alternate between the builds given, each on fresh
 # data directories. Needs root and a cgroup v1 blkio hierarchy; removes the
-# cgroups it made and stops what it started by PID.
+# cgroups it made and stops what it started by PID, also when interrupted.
 #
 #   deploy/bench/slow-disk.sh DIR IOPS ROUNDS SECONDS "CLIENTS..." TAG=BIN [TAG=BIN...]
 #
@@ -19,11 +19,12 @@ blkio=/sys/fs/cgroup/blkio
 [ -w "$blkio" ] || { echo "no writable cgroup v1 blkio hierarchy at $blkio" >&2; exit 2; }
 here="$(cd "$(dirname "$0")/../local" && pwd)"
 mkdir -p "$dir"
-device=$(stat -c '%d' "$dir")
 # The device holding DIR, as MAJOR:MINOR (a whole disk: throttles apply to it).
-devnum="$((device / 256)):$((device % 256))"
+devnum=$(stat -c '%Hd:%Ld' "$dir")
 groups=()
+running=()  # the cluster under way: its directory and binary
 cleanup() {
+  [ ${#running[@]} -eq 0 ] || ROTA_INSECURE=1 ROTA_BIN="${running[1]}" bash "$here/cluster.sh" stop "${running[0]}" >/dev/null 2>&1
   for group in "${groups[@]}"; do
     # A cgroup is removed once empty: move anything left back to the root.
     [ -d "$group" ] && { while read -r pid; do echo "$pid" >"$blkio/cgroup.procs" 2>/dev/null; done <"$group/cgroup.procs"; rmdir "$group"; }
@@ -39,9 +40,10 @@ echo "write IOPS per replica: $iops on device $devnum"
 for round in $(seq 1 "$rounds"); do
   for spec in "$@"; do
     tag="${spec%%=*}"; bin="${spec#*=}"; d="$dir/$tag-$round"
+    running=("$d" "$bin")
     ROTA_INSECURE=1 ROTA_SERVER_ARGS="--user-requests-per-s 0 --user-max-in-flight 100000" ROTA_BIN="$bin" \
       bash "$here/cluster.sh" start "$d" 3 7601 >"$d.log" 2>&1 || { echo "$tag: the cluster did not start (see $d.log)" >&2; exit 1; }
-    for i in 1 2 3; do echo "$(cat "$d/replica-$i/pid")" >"${groups[$((i - 1))]}/cgroup.procs"; done
+    for i in 1 2 3; do cat "$d/replica-$i/pid" >"${groups[$((i - 1))]}/cgroup.procs"; done
     cli=("$bin" --insecure --endpoints "$(cat "$d/endpoints")")
     for _ in $(seq 1 100); do "${cli[@]}" limits set --max-live-jobs 1000000 >/dev/null 2>&1 && break; sleep 0.1; done
     for clients in $concurrency; do
@@ -58,6 +60,7 @@ print(f"round {round_} {tag:>8} {int(clients):>4} clients: {d['jobs_per_s']:8.0f
 PY
     done
     ROTA_INSECURE=1 ROTA_BIN="$bin" bash "$here/cluster.sh" stop "$d" >/dev/null 2>&1
+    running=()
     rm -rf "$d"
   done
 done
