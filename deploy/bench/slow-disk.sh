@@ -37,8 +37,13 @@ mkdir -p "$dir"
 blkio=/sys/fs/cgroup/blkio
 groups=()
 running=()  # the cluster under way: its directory and binary
-cleanup() {
+# Stop the cluster under way, if any.
+stop_running() {
   [ ${#running[@]} -eq 0 ] || ROTA_INSECURE=1 ROTA_BIN="${running[1]}" bash "$here/cluster.sh" stop "${running[0]}" >/dev/null 2>&1
+  running=()
+}
+cleanup() {
+  stop_running
   for group in "${groups[@]}"; do
     # A cgroup is removed once empty: move anything left back to the root.
     [ -d "$group" ] && { while read -r pid; do echo "$pid" >"$blkio/cgroup.procs" 2>/dev/null; done <"$group/cgroup.procs"; rmdir "$group"; }
@@ -85,8 +90,7 @@ l = d["latency_ms"]
 print(f"round {round_} {tag:>8} {int(clients):>4} clients: {d['jobs_per_s']:8.0f}/s, p50 {l['p50']} ms, p99 {l['p99']} ms, {d['errors']} errors")
 PY
     done
-    ROTA_INSECURE=1 ROTA_BIN="$bin" bash "$here/cluster.sh" stop "$d" >/dev/null 2>&1
-    running=()
+    stop_running
     rm -rf "$d"
   done
 done
